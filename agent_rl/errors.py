@@ -1,0 +1,49 @@
+"""The error hierarchy of agent-rl, one class per boundary a failure crossed.
+
+A failure inside one episode (a tool, a sandbox, the environment's code, the engine) is
+recorded on that episode with its cause and never takes down the others; a failure of the
+process's own setup (config, store) stops the command with a one-line message that says how
+to fix it. Messages are written for the person who has to act on them.
+"""
+
+from __future__ import annotations
+
+
+class AgentRLError(Exception):
+    """Base of every error agent-rl raises on purpose."""
+
+
+class ConfigError(AgentRLError):
+    """The configuration (file, environment variables, flags) is invalid."""
+
+
+class StoreError(AgentRLError):
+    """The trajectory store cannot be reached, is behind its migrations, or refused a write."""
+
+
+class SchemaBehindError(StoreError):
+    """The database schema is older than this version of agent-rl expects."""
+
+
+class NotFoundError(StoreError):
+    """A row asked for by id does not exist."""
+
+
+class LeaseLostError(StoreError):
+    """A trainer tried to commit groups whose claim it no longer holds."""
+
+
+class EnvError(AgentRLError):
+    """User environment code raised; recorded on the episode with its traceback."""
+
+
+class ToolError(AgentRLError):
+    """A tool call was malformed or its implementation failed."""
+
+
+class SandboxError(AgentRLError):
+    """A sandbox could not be created, crashed, or broke its protocol."""
+
+
+class EngineError(AgentRLError):
+    """The inference engine (or the router in front of it) failed or is unreachable."""

@@ -1,0 +1,1 @@
+"""Alembic migrations of the trajectory store (script location `migrations`)."""
