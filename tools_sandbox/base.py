@@ -1,0 +1,241 @@
+"""The sandbox contract: what every backend (bubblewrap, Docker, rlimit) promises.
+
+A `SandboxBackend` creates one `Sandbox` per episode from a `SandboxSpec`. A sandbox runs
+commands and Python code with stdin and a timeout and returns an `ExecResult` that always says
+what happened (exit code, captured output up to a cap, timed out, output truncated, killed for
+memory, restarted). A misbehaving call is data, not an exception: it costs one turn, and the next
+call in the same sandbox works, because a backend respawns its sandbox when a call had to kill
+it. Exceptions (`SandboxError`) are reserved for the infrastructure failing: a sandbox that cannot
+be created, or a backend that is unavailable.
+
+Files live in the sandbox's work dir (`/work` inside the sandbox), which survives a respawn;
+`read_file`/`write_file` take paths relative to it (or absolute under `/work`) and refuse to
+leave it. `close()` is idempotent and removes everything the sandbox owned.
+
+Everything is async (anyio). Backends are safe to use from many tasks at once; one sandbox
+serves one call at a time (calls on the same sandbox are serialized).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_rl.errors import ToolError
+
+WORK_DIR = "/work"
+"""Where the work dir appears inside every sandbox."""
+
+
+class Limits(BaseModel):
+    """Resource limits of one sandbox; per-call timeouts may only lower `wall_s`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    wall_s: float = Field(default=30.0, gt=0)
+    """Default wall-clock timeout of one call, seconds."""
+
+    cpu_s: int = Field(default=30, ge=1)
+    """CPU seconds one call's processes may use (RLIMIT_CPU per process)."""
+
+    memory_mb: int = Field(default=512, ge=32)
+    """Memory of the whole sandbox (memory+swap), MiB; exceeding it kills the hungriest process."""
+
+    pids: int = Field(default=64, ge=8)
+    """Processes and threads alive at once in the sandbox, the persistent worker included."""
+
+    disk_mb: int = Field(default=256, ge=1)
+    """Size of the work dir (a tmpfs, so it also counts as memory on the host)."""
+
+    tmp_mb: int = Field(default=64, ge=1)
+    """Size of the private /tmp."""
+
+    output_bytes: int = Field(default=1 << 20, ge=1024)
+    """Bytes of stdout+stderr kept per call; the call is killed once it writes more."""
+
+    nofile: int = Field(default=256, ge=16)
+    """Open file descriptors per process."""
+
+
+class Mount(BaseModel):
+    """A host path made visible inside the sandbox."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    source: str
+    """Absolute host path."""
+
+    target: str
+    """Absolute path inside the sandbox (not under /work)."""
+
+    read_only: bool = True
+    """Mount read-only (the default; a writable mount lets the sandbox change the host)."""
+
+
+class SandboxSpec(BaseModel):
+    """What a sandbox looks like; sandboxes with equal specs are interchangeable (pooling key)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    limits: Limits = Limits()
+    """Resource limits."""
+
+    image: str | None = None
+    """Docker image tag; None means the backend's own minimal Python image (built locally)."""
+
+    mounts: tuple[Mount, ...] = ()
+    """Extra host paths to expose (bubblewrap, Docker); the system dirs are always read-only."""
+
+    network: bool = False
+    """Allow network access. Off by default; backends refuse to turn it on unless they can."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables (name, value) for every call; nothing leaks from the host."""
+
+
+class ExecResult(BaseModel):
+    """Outcome of one call. Every failure mode is a field, never an exception."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    exit_code: int | None
+    """Exit status (negative: killed by that signal); None when the call never produced one."""
+
+    stdout: str = ""
+    """Captured stdout, decoded as UTF-8 with replacement, at most `output_bytes`."""
+
+    stderr: str = ""
+    """Captured stderr, same rules."""
+
+    timed_out: bool = False
+    """The call ran past its timeout and was killed."""
+
+    truncated: bool = False
+    """The call wrote more than `output_bytes` and was killed."""
+
+    oom_killed: bool = False
+    """A process of the sandbox was killed for exceeding the memory limit during the call."""
+
+    restarted: bool = False
+    """The sandbox had to be killed and was respawned; state outside /work was lost."""
+
+    duration_s: float = 0.0
+    """Wall time of the call as the host saw it."""
+
+    @property
+    def ok(self) -> bool:
+        """The call finished by itself with exit code 0."""
+        return self.exit_code == 0 and not (self.timed_out or self.truncated or self.oom_killed)
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One isolated environment, usually one per episode."""
+
+    @property
+    def id(self) -> str:
+        """Unique id, also used to name its host resources (cgroups, containers, dirs)."""
+        ...
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The spec it was created from."""
+        ...
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: str | bytes = b"",
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run a command (argv[0] looked up on the sandbox's PATH) in /work."""
+        ...
+
+    async def run_python(
+        self,
+        code: str,
+        *,
+        stdin: str | bytes = b"",
+        timeout: float | None = None,
+        persistent: bool = False,
+    ) -> ExecResult:
+        """Run Python source. `persistent=True` runs it in the sandbox's REPL, whose globals
+        survive across calls (until a call has to be killed); otherwise every call starts from a
+        fresh, pre-imported interpreter."""
+        ...
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Bytes of a file in the work dir; raises ToolError if missing or outside it."""
+        ...
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        """Create or replace a file in the work dir (parents created)."""
+        ...
+
+    async def close(self) -> None:
+        """Kill everything and remove every host resource; safe to call twice."""
+        ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    """A kind of isolation. Create it once per process; it owns every sandbox it creates."""
+
+    name: str
+    """'bwrap', 'docker' or 'rlimit'."""
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """A started sandbox, ready for calls; raises SandboxError if it cannot start."""
+        ...
+
+    async def reap(self) -> int:
+        """Remove what sandboxes of this backend left behind (a crashed server's processes,
+        cgroups, containers, dirs); returns how many sandboxes were reaped."""
+        ...
+
+    def live(self) -> int:
+        """Sandboxes this backend has created and not yet closed."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close every live sandbox."""
+        ...
+
+
+def work_path(path: str) -> str:
+    """`path` as a normalized path relative to /work; raises ToolError if it leaves /work.
+
+    Only a lexical check: the worker inside the sandbox resolves symlinks again, and the sandbox
+    cannot see anything outside its own filesystem anyway.
+    """
+    p = PurePosixPath(path)
+    if p.is_absolute():
+        try:
+            p = p.relative_to(WORK_DIR)
+        except ValueError:
+            raise ToolError(f"path {path!r} is outside {WORK_DIR}: use a path inside it") from None
+    parts: list[str] = []
+    for part in p.parts:
+        if part == "..":
+            if not parts:
+                raise ToolError(f"path {path!r} leaves {WORK_DIR}: remove the '..'")
+            parts.pop()
+        elif part not in (".", ""):
+            parts.append(part)
+    if not parts:
+        raise ToolError(f"path {path!r} names the work dir itself, not a file")
+    return "/".join(parts)
