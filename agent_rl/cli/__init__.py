@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from agent_rl.cli import config_cmd
+from agent_rl.cli import config_cmd, db, episodes
 from agent_rl.cli.common import CliState, err_console
 from agent_rl.errors import AgentRLError
 
@@ -37,6 +37,8 @@ def root(
 
 
 app.add_typer(config_cmd.app, name="config")
+app.add_typer(db.app, name="db")
+app.add_typer(episodes.app, name="episodes")
 
 
 def main() -> None:

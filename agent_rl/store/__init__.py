@@ -1,0 +1,48 @@
+"""The persisted trajectory store: every episode, turn, tool call and token, durably.
+
+`Store` is the one async API the runner, the trainer, the web API and the CLI use:
+
+    async with await Store.open(config.store) as store:
+        run = await store.ensure_run("default")
+        ...
+
+Its parts: `lifecycle` (admission and episode writes), `queries` (reads and the ledger),
+`consume` (trainer claims and commits), over `models` (the schema, owned by `migrations/`).
+"""
+
+from __future__ import annotations
+
+from agent_rl.store.arrays import TokenArrays
+from agent_rl.store.consume import Consumption
+from agent_rl.store.lifecycle import LifecycleWrites
+from agent_rl.store.queries import Queries
+from agent_rl.store.records import (
+    Claim,
+    ClaimedGroup,
+    EpisodeDetail,
+    EpisodeSummary,
+    Ledger,
+    MessageRecord,
+    ToolCallRecord,
+    TurnRecord,
+    TurnView,
+)
+
+
+class Store(LifecycleWrites, Queries, Consumption):
+    """The trajectory store (open it with `await Store.open(cfg)`)."""
+
+
+__all__ = [
+    "Claim",
+    "ClaimedGroup",
+    "EpisodeDetail",
+    "EpisodeSummary",
+    "Ledger",
+    "MessageRecord",
+    "Store",
+    "TokenArrays",
+    "ToolCallRecord",
+    "TurnRecord",
+    "TurnView",
+]

@@ -1,0 +1,172 @@
+"""Plain records that cross the store's API: what the runner writes and what readers get back.
+
+They are dataclasses, not ORM objects, so that callers never hold a session and token arrays
+stay numpy. The web API defines its own pydantic schemas on top of these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_rl.store.arrays import TokenArrays
+
+
+@dataclass
+class MessageRecord:
+    """One chat message as the environment and the model exchanged it."""
+
+    role: str
+    content: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call made in a turn, with its outcome. `arguments` is the model's raw text."""
+
+    name: str
+    arguments: str
+    status: str = "ok"
+    """ok | error | malformed | timeout."""
+    output: str = ""
+    exit_status: int | None = None
+    duration_s: float = 0.0
+    sandbox_error: str | None = None
+
+
+@dataclass
+class TurnRecord:
+    """A turn as the runner persists it: the tokens it appended, and the messages and tool
+    calls it produced. The span's first `num_prompt_tokens` tokens are the rendered prompt
+    (initial prompt or observations, loss mask 0); the rest is the completion."""
+
+    tokens: TokenArrays
+    num_prompt_tokens: int
+    started_at: float
+    finished_at: float
+    messages: list[MessageRecord] = field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    finish_reason: str | None = None
+    drift: bool = False
+
+
+@dataclass
+class EpisodeSummary:
+    """An episode's row: status, reward, counters, versions, timings, cause."""
+
+    id: int
+    run_id: int
+    group_id: int
+    task_id: int
+    env_id: str
+    index: int
+    seed: int | None
+    status: str
+    reward: float | None
+    reward_details: dict[str, Any] | None
+    advantage: float | None
+    num_turns: int
+    num_tokens: int
+    num_model_tokens: int
+    min_version: int | None
+    max_version: int | None
+    drift_count: int
+    tool_error_count: int
+    owner: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    filter_reason: str | None
+    error_type: str | None
+    error_cause: str | None
+    trained_step: int | None
+    parent_episode_id: int | None
+
+
+@dataclass
+class TurnView:
+    index: int
+    span_start: int
+    num_tokens: int
+    num_prompt_tokens: int
+    finish_reason: str | None
+    drift: bool
+    started_at: float
+    finished_at: float
+
+
+@dataclass
+class EpisodeDetail:
+    """An episode with its transcript; token arrays are loaded separately (they can be large)."""
+
+    episode: EpisodeSummary
+    turns: list[TurnView]
+    messages: list[dict[str, Any]]
+    tool_calls: list[dict[str, Any]]
+
+
+@dataclass
+class Ledger:
+    """Where every admitted episode is. `in_flight` counts episodes being generated or
+    generated and awaiting training, so admitted = trained + filtered + failed + in_flight
+    + waiting holds at every moment."""
+
+    waiting: int = 0
+    running: int = 0
+    completed: int = 0
+    trained: int = 0
+    filtered: int = 0
+    failed: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.running + self.completed
+
+    @property
+    def admitted(self) -> int:
+        return self.waiting + self.running + self.completed + self.trained + self.filtered + self.failed
+
+    def balances(self) -> bool:
+        return self.admitted == self.trained + self.filtered + self.failed + self.in_flight + self.waiting
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "admitted": self.admitted,
+            "trained": self.trained,
+            "filtered": self.filtered,
+            "failed": self.failed,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "running": self.running,
+            "awaiting_training": self.completed,
+        }
+
+
+@dataclass
+class ClaimedGroup:
+    id: int
+    task_id: int
+    env_id: str
+    min_version: int | None
+    episode_ids: list[int]
+    """The group's completed episodes, the ones a training step consumes."""
+
+
+@dataclass
+class Claim:
+    """Groups held by one trainer under a lease until it commits or the lease expires."""
+
+    claim_id: str
+    trainer_id: str
+    lease_expires_at: float
+    groups: list[ClaimedGroup]
+
+    @property
+    def group_ids(self) -> list[int]:
+        return [g.id for g in self.groups]
+
+    @property
+    def episode_ids(self) -> list[int]:
+        return [e for g in self.groups for e in g.episode_ids]
