@@ -11,9 +11,10 @@ chat templates (Qwen2.5, Qwen3, Hermes) expect in `message["tool_calls"][i]["fun
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypedDict
 
 Role = Literal["system", "user", "assistant", "tool"]
 

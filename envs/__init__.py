@@ -1,1 +1,11 @@
-"""envs package."""
+"""The built-in environments, one folder each, registered here with the SDK.
+
+Entry points are strings, so registering imports nothing: an environment's module (and its
+dependencies, e.g. the BM25 index of search-qa) loads only when it is made.
+"""
+
+from __future__ import annotations
+
+from agent_rl.registry import register
+
+register("calculator", entry_point="envs.calculator.env:CalculatorEnv")

@@ -1,0 +1,161 @@
+"""Demonstrations: an environment's teacher policy played through the environment itself.
+
+`run_demonstration(env, task)` is the episode loop without tokens: the env's `demonstrate`
+writes each completion as text, exactly as a model should, and that text goes through the
+same `parse_completion` and `env.step` the episode runner uses. So a transcript with full
+reward proves the env, its tools (in a real sandbox when it needs one), the parser and the
+reward agree; and the transcripts are supervised warm-start data (the assistant messages'
+content is the raw completion text, tool-call markup included).
+
+`sample_texts(env_id, n)` and `corpus_samples()` render transcripts as ChatML text for
+training a tokenizer that covers the built-in environments.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from pydantic import BaseModel, Field
+
+from agent_rl.env import Env, StepInfo
+from agent_rl.messages import Message
+from agent_rl.registry import make, specs
+from agent_rl.rollout.tool_calls import parse_completion
+from agent_rl.tasks import Task
+
+if TYPE_CHECKING:
+    from tools_sandbox.base import Sandbox
+
+SandboxFactory = Callable[[], Awaitable["Sandbox"]]
+
+
+class Transcript(BaseModel):
+    """One demonstrated episode."""
+
+    env_id: str
+    task: Task
+    seed: int | None
+    messages: list[Message]
+    """The whole conversation: initial messages, assistant turns (raw text), observations."""
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    reward: float
+    terminated: bool
+    truncated: bool
+    steps: list[StepInfo] = Field(default_factory=list)
+
+    def completions(self) -> list[str]:
+        return [m["content"] for m in self.messages if m["role"] == "assistant"]
+
+    def chatml(self, *, with_tools: bool = False) -> str:
+        return render_chatml(self.messages, self.tools if with_tools else None)
+
+
+async def run_demonstration(
+    env: Env, task: Task, *, seed: int | None = 0, sandbox: Sandbox | None = None, max_turns: int = 16
+) -> Transcript:
+    """Play `env.demonstrate` through `env` on `task`; the env's errors propagate as EnvError."""
+    first = await env.reset(task, seed, sandbox=sandbox)
+    messages: list[Message] = list(first.messages)
+    steps: list[StepInfo] = []
+    reward, terminated, truncated = 0.0, False, False
+    try:
+        for turn_no in range(max_turns):
+            text = await env.demonstrate(list(messages))
+            turn = parse_completion(text, id_prefix=f"call_{turn_no}_")
+            messages.append(turn.to_message())
+            result = await env.step(turn)
+            messages.extend(result.observations)
+            steps.append(result.info)
+            reward += result.reward
+            terminated, truncated = result.terminated, result.truncated
+            if terminated or truncated:
+                break
+        else:
+            truncated = True
+    finally:
+        await env.close()
+    return Transcript(
+        env_id=env.env_id, task=task, seed=seed, messages=messages, tools=first.tools,
+        reward=reward, terminated=terminated, truncated=truncated, steps=steps,
+    )  # fmt: skip
+
+
+async def demonstrations(
+    env_id: str,
+    n: int,
+    *,
+    seed: int = 0,
+    split: str = "train",
+    sandbox_factory: SandboxFactory | None = None,
+    **env_kwargs: Any,
+) -> list[Transcript]:
+    """Transcripts of the first `n` tasks of `env_id`'s task stream for `seed`.
+
+    Sandbox envs get one sandbox per episode from `sandbox_factory` (closed afterwards).
+    """
+    env = make(env_id, **env_kwargs)
+    out = []
+    for i, task in enumerate(env.task_source(split).take(n, seed)):
+        sandbox = await sandbox_factory() if env.needs_sandbox and sandbox_factory is not None else None
+        try:
+            out.append(await run_demonstration(env, task, seed=seed + i, sandbox=sandbox))
+        finally:
+            if sandbox is not None:
+                await sandbox.close()
+    return out
+
+
+def sample_texts(env_id: str, n: int, *, seed: int = 0, sandbox_factory: SandboxFactory | None = None) -> list[str]:
+    """ChatML texts of `n` demonstrated episodes of one environment (sync, for tokenizer training)."""
+
+    async def go() -> list[str]:
+        return [t.chatml() for t in await demonstrations(env_id, n, seed=seed, sandbox_factory=sandbox_factory)]
+
+    return anyio.run(go)
+
+
+def corpus_samples(
+    n_per_env: int = 200,
+    *,
+    seed: int = 0,
+    env_ids: Iterable[str] | None = None,
+    sandbox_factory: SandboxFactory | None = None,
+) -> Iterator[str]:
+    """ChatML texts covering the built-in environments (or `env_ids`), `n_per_env` each.
+
+    Environments that need a sandbox are skipped unless a `sandbox_factory` is given.
+    """
+    ids = list(env_ids) if env_ids is not None else [s.id for s in specs() if s.source == "builtin"]
+    for env_id in ids:
+        if make(env_id).needs_sandbox and sandbox_factory is None:
+            continue
+        yield from sample_texts(env_id, n_per_env, seed=seed, sandbox_factory=sandbox_factory)
+
+
+def render_chatml(messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:
+    """Qwen2.5-style ChatML: consecutive tool messages share one user block of
+    `<tool_response>` sections; tool schemas, if given, go in the system message."""
+    parts: list[str] = []
+    msgs = list(messages)
+    if tools:
+        sys_text = msgs.pop(0)["content"] if msgs and msgs[0]["role"] == "system" else ""
+        schema_lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        sys_text += (
+            ("\n\n" if sys_text else "") + "# Tools\n\nYou may call one or more functions.\n\n"
+            f"<tools>\n{schema_lines}\n</tools>\n\nFor each call, return "
+            '<tool_call>{"name": <function-name>, "arguments": <args-json-object>}</tool_call>'
+        )
+        parts.append(f"<|im_start|>system\n{sys_text}<|im_end|>\n")
+    for i, m in enumerate(msgs):
+        if m["role"] != "tool":
+            parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+            continue
+        if i == 0 or msgs[i - 1]["role"] != "tool":
+            parts.append("<|im_start|>user")
+        parts.append(f"\n<tool_response>\n{m['content']}\n</tool_response>")
+        if i == len(msgs) - 1 or msgs[i + 1]["role"] != "tool":
+            parts.append("<|im_end|>\n")
+    return "".join(parts)

@@ -1,0 +1,168 @@
+"""Rewards: rules over the final answer, verifiers run in the sandbox, and group hooks.
+
+An episode's reward is a `Reward` (a value plus named components for inspection). It comes
+from one of two places an environment chooses in `Env.score`:
+- a rule over the answer text (`exact_match`, `token_f1`, `number_match` below);
+- a verifier: a Python program run in the episode's sandbox (`verify_in_sandbox`), e.g.
+  hidden unit tests, so untrusted model code never runs on the host.
+
+After a whole group of episodes on one task has finished, the scheduler may call the
+environment's group hook (`Env.group_reward`) with every `EpisodeOutcome`; it returns one
+reward per episode (e.g. a bonus for the shortest correct answer), or None to keep them.
+`apply_group_reward` does that call with the checks a scheduler needs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from agent_rl.errors import EnvError
+
+if TYPE_CHECKING:
+    from agent_rl.env import Env
+    from tools_sandbox.base import Sandbox
+
+
+class Reward(BaseModel):
+    """The score of one episode."""
+
+    value: float
+    components: dict[str, float] = Field(default_factory=dict)
+    """Named parts (e.g. em, f1, tests_passed) kept for inspection, not summed again."""
+    detail: str = ""
+    """Why, in words (e.g. which test failed); never shown to the model."""
+
+
+class EpisodeOutcome(BaseModel):
+    """What a group reward hook sees of one finished episode."""
+
+    episode_id: str | None = None
+    task_id: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    turns: int
+    answer: str = ""
+    """Content of the final assistant turn."""
+    completion_tokens: int = 0
+
+
+# ---------------------------------------------------------------------------- answer rules
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalization: lowercase, drop punctuation and articles, squeeze whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def extract_answer(text: str) -> str:
+    """The answer inside `<answer>...</answer>` if present, else the whole text, stripped."""
+    m = re.search(r"<answer>(.*?)</answer>", text, flags=re.S)
+    return (m.group(1) if m else text).strip()
+
+
+def exact_match(prediction: str, gold: str | Sequence[str]) -> float:
+    golds = [gold] if isinstance(gold, str) else list(gold)
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(g) for g in golds))
+
+
+def token_f1(prediction: str, gold: str | Sequence[str]) -> float:
+    """Best SQuAD token F1 of the prediction against any gold answer."""
+    golds = [gold] if isinstance(gold, str) else list(gold)
+    pred = normalize_answer(prediction).split()
+    best = 0.0
+    for g in golds:
+        ref = normalize_answer(g).split()
+        common = sum((Counter(pred) & Counter(ref)).values())
+        if common:
+            p, r = common / len(pred), common / len(ref)
+            best = max(best, 2 * p * r / (p + r))
+    return best
+
+
+def last_number(text: str) -> str | None:
+    found = _NUMBER.findall(text.replace(",", ""))
+    return found[-1] if found else None
+
+
+def number_match(prediction: str, gold: str | int | float) -> float:
+    """1.0 if the last number in the prediction equals the gold number exactly."""
+    got = last_number(prediction)
+    if got is None:
+        return 0.0
+    try:
+        return float(float(got) == float(gold))
+    except ValueError:
+        return 0.0
+
+
+# ---------------------------------------------------------------------------- verifiers
+
+
+async def verify_in_sandbox(
+    sandbox: Sandbox, program: str, *, files: Mapping[str, str] | None = None, timeout: float | None = None
+) -> Reward:
+    """Run a verifier program in the sandbox; its last stdout line is a JSON `Reward`.
+
+    The program runs in a fresh interpreter, after `files` are written to the work dir. If it
+    times out or dies without printing a result (the model's code can do that, e.g. with an
+    endless loop or `os._exit`), the reward is 0 with the reason in `detail`. A broken sandbox
+    raises `SandboxError`, which is an infrastructure failure, not a score.
+    """
+    for path, text in (files or {}).items():
+        await sandbox.write_file(path, text)
+    res = await sandbox.run_python(program, timeout=timeout)
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
+    if lines and not res.timed_out:
+        try:
+            return Reward.model_validate(json.loads(lines[-1]))
+        except ValueError:
+            pass
+    why = "timed out" if res.timed_out else f"exit code {res.exit_code}, no result line"
+    tail = (res.stderr or res.stdout)[-500:]
+    return Reward(value=0.0, detail=f"verifier {why}: {tail}".strip())
+
+
+# ---------------------------------------------------------------------------- group hook
+
+
+async def apply_group_reward(env: Env, outcomes: Sequence[EpisodeOutcome]) -> list[float]:
+    """Rewards after the env's group hook: one float per outcome, in order.
+
+    Raises `EnvError` (with the user's traceback, via the Env guard) if the hook raises or
+    returns the wrong number of rewards.
+    """
+    new = await env.group_reward(list(outcomes))
+    if new is None:
+        return [o.reward for o in outcomes]
+    rewards = [float(r) for r in new]
+    if len(rewards) != len(outcomes):
+        raise EnvError(
+            f"{type(env).__name__}.group_reward returned {len(rewards)} rewards for "
+            f"{len(outcomes)} episodes: return exactly one per episode, in order"
+        )
+    return rewards
+
+
+def as_reward(value: Reward | float | int | bool | Mapping[str, Any]) -> Reward:
+    """Accept what a user's `score` returns: a Reward, a number, or a dict shaped like one."""
+    if isinstance(value, Reward):
+        return value
+    if isinstance(value, (int, float)):
+        return Reward(value=float(value))
+    if isinstance(value, Mapping):
+        return Reward.model_validate(dict(value))
+    raise EnvError(f"score() returned {type(value).__name__}: return a float or a Reward")

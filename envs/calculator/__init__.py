@@ -1,0 +1,1 @@
+"""`calculator`: arithmetic word problems solved with a `calc` tool (see env.py)."""
