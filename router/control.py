@@ -1,0 +1,197 @@
+"""Control operations fanned out to the workers: abort, pause/continue, weight updates, loads.
+
+SGLang's control endpoints act on one server; a trainer or scheduler talking to the router wants
+them to act on the fleet. Each handler here sends the caller's body, unchanged, to the workers it
+concerns and answers with one JSON object holding every worker's status and reply, so a partial
+failure is visible instead of averaged away. The answer is 200 when every worker succeeded and
+502 otherwise.
+
+Weight updates from disk run, on each worker concurrently: pause generation (`in_place` by
+default, so in-flight requests keep their place and finish on the new weights, their tokens
+labelled by `meta_info.weight_versions`), update, continue, read back `weight_version` from
+`/model_info`. While a worker is in that sequence it is marked `updating`, and new sessions go to
+workers that already finished. Tensor and distributed updates are driven by the trainer against
+each worker (they carry per-worker payloads and ranks); the router brackets them with
+`/begin_weight_update` and `/end_weight_update` fanned out to all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Callable
+
+import aiohttp
+from aiohttp import web
+
+from agent_rl.config import RouterConfig
+from router.proxy import Proxy, error_response
+from router.workers import Worker, WorkerPool
+
+Result = dict[str, Any]
+
+
+class Control:
+    """Handlers for the fan-out endpoints."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        pool: WorkerPool,
+        proxy: Proxy,
+        session: Callable[[], aiohttp.ClientSession],
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.proxy = proxy
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(
+            total=config.control_timeout_s, sock_connect=config.connect_timeout_s
+        )
+        self.update_lock = asyncio.Lock()
+        """One weight update at a time; a second waits rather than interleaving pause/continue."""
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    async def call(self, worker: Worker, method: str, path: str, body: bytes | None) -> Result:
+        """One control call to one worker; never raises, the failure is in the result."""
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            async with self._session().request(
+                method, worker.url + path, data=body, headers=headers, timeout=self._timeout
+            ) as r:
+                raw = await r.read()
+                try:
+                    reply: Any = json.loads(raw) if raw else None
+                except ValueError:
+                    reply = raw.decode(errors="replace")
+                ok = r.status < 400 and not (isinstance(reply, dict) and reply.get("success") is False)
+                return {"url": worker.url, "status": r.status, "success": ok, "response": reply}
+        except asyncio.TimeoutError:
+            return {"url": worker.url, "status": None, "success": False,
+                    "response": f"no answer within {self.config.control_timeout_s}s"}
+        except aiohttp.ClientError as e:
+            return {"url": worker.url, "status": None, "success": False,
+                    "response": f"{type(e).__name__}: {e}"}
+
+    async def fan_out(
+        self, method: str, path: str, body: bytes | None, workers: list[Worker] | None = None
+    ) -> list[Result]:
+        targets = self.pool.all() if workers is None else workers
+        return list(await asyncio.gather(*(self.call(w, method, path, body) for w in targets)))
+
+    @staticmethod
+    def answer(results: list[Result], **extra: Any) -> web.Response:
+        if not results:
+            return error_response(503, "the router has no workers to send this to")
+        ok = all(r["success"] for r in results)
+        return web.json_response({"success": ok, **extra, "workers": results},
+                                 status=200 if ok else 502)
+
+    # -- endpoints ---------------------------------------------------------------------------
+
+    async def broadcast(self, request: web.Request) -> web.Response:
+        """`/pause_generation`, `/continue_generation`, `/flush_cache`, `/update_weight_version`,
+        `/update_weights_from_distributed`, `/destroy_weights_update_group`: same call to all."""
+        body = await request.read() if request.can_read_body else None
+        return self.answer(await self.fan_out(request.method, request.path, body))
+
+    async def abort(self, request: web.Request) -> web.Response:
+        """`/abort_request`: by `rid` to the worker holding it, or to all (`abort_all`, unknown rid)."""
+        body = await request.read()
+        try:
+            payload = json.loads(body or b"{}")
+        except ValueError:
+            return error_response(400, "body must be JSON: {\"rid\": ...} or {\"abort_all\": true}")
+        rid = payload.get("rid") if isinstance(payload, dict) else None
+        holder = self.proxy.rids.get(rid) if isinstance(rid, str) else None
+        targets = [holder] if holder is not None and not payload.get("abort_all") else None
+        return self.answer(await self.fan_out("POST", "/abort_request", body, targets))
+
+    async def begin_update(self, request: web.Request) -> web.Response:
+        body = await request.read() if request.can_read_body else None
+        for w in self.pool:
+            w.updating = True
+        return self.answer(await self.fan_out("POST", "/begin_weight_update", body))
+
+    async def end_update(self, request: web.Request) -> web.Response:
+        body = await request.read() if request.can_read_body else None
+        results = await self.fan_out("POST", "/end_weight_update", body)
+        versions = await asyncio.gather(*(self.refresh_version(w) for w in self.pool))
+        for w in self.pool:
+            w.updating = False
+        return self.answer(results, weight_version=_common(versions))
+
+    async def update_from_disk(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return error_response(400, "body must be JSON with at least model_path")
+        if not isinstance(payload, dict) or not payload.get("model_path"):
+            return error_response(400, "update_weights_from_disk needs model_path in the body")
+        async with self.update_lock:
+            workers = self.pool.all()
+            for w in workers:
+                w.updating = True
+            results = await asyncio.gather(*(self._update_one(w, body) for w in workers))
+        versions = [r.get("weight_version") for r in results]
+        return self.answer(list(results), weight_version=_common(versions))
+
+    async def _update_one(self, worker: Worker, body: bytes) -> Result:
+        mode = self.config.update_pause_mode
+        try:
+            if mode != "none":
+                paused = await self.call(worker, "POST", "/pause_generation",
+                                         json.dumps({"mode": mode}).encode())
+                if not paused["success"]:
+                    return dict(paused, step="pause_generation")
+            result = await self.call(worker, "POST", "/update_weights_from_disk", body)
+            if mode != "none":
+                # Continue even after a failed update: a worker left paused would hang every
+                # request sent to it.
+                resumed = await self.call(worker, "POST", "/continue_generation", b"{}")
+                if result["success"] and not resumed["success"]:
+                    result = dict(resumed, step="continue_generation")
+            result["weight_version"] = await self.refresh_version(worker)
+            return result
+        finally:
+            worker.updating = False
+
+    async def refresh_version(self, worker: Worker) -> str | None:
+        """Read the worker's `weight_version` from `/model_info` (None if it cannot say)."""
+        info = await self.call(worker, "GET", "/model_info", None)
+        if info["success"] and isinstance(info["response"], dict):
+            worker.weight_version = info["response"].get("weight_version")
+        return worker.weight_version
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """`GET /v1/loads`: every worker's `loads` list, each entry tagged with its worker."""
+        path = "/v1/loads" + (f"?{request.query_string}" if request.query_string else "")
+        results = await self.fan_out("GET", path, None)
+        merged: list[Any] = []
+        for r in results:
+            if r["success"] and isinstance(r["response"], dict):
+                for load in r["response"].get("loads", []):
+                    merged.append(dict(load, worker=r["url"]) if isinstance(load, dict) else load)
+        ok = all(r["success"] for r in results)
+        return web.json_response({"loads": merged, "workers": results}, status=200 if ok else 502)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        """`GET /model_info`: the first healthy worker's answer, plus every worker's version."""
+        healthy = [w for w in self.pool if not w.quarantined] or self.pool.all()
+        if not healthy:
+            return error_response(503, "the router has no workers")
+        first = await self.call(healthy[0], "GET", "/model_info", None)
+        if not first["success"] or not isinstance(first["response"], dict):
+            return error_response(502, f"worker could not describe its model: {first['response']}",
+                                  healthy[0].url)
+        info = dict(first["response"])
+        info["worker_weight_versions"] = {w.url: w.weight_version for w in self.pool}
+        return web.json_response(info)
+
+
+def _common(versions: list[str | None]) -> str | None:
+    """The version all workers agree on, or None when they differ."""
+    distinct = set(versions)
+    return versions[0] if len(distinct) == 1 and versions else None

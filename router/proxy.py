@@ -1,0 +1,236 @@
+"""Forwarding one request to one worker, bytes unchanged both ways.
+
+The request body is read once and sent as received: the router parses it only to find a
+`session_id` or `rid` (and only when those keys appear in the bytes), never to rebuild it, so a
+field it has never heard of reaches the worker exactly as the caller wrote it. The worker's
+status, headers (hop-by-hop ones aside) and body come back unchanged: a body of known length in
+one piece, anything else (SSE streams, chunked replies) chunk by chunk as it arrives.
+
+Retries: a request is re-sent to another worker only when the connection to the first one could
+not be opened, so the worker cannot have seen a byte of it. A reset, a timeout or a 5xx after the
+request was sent is returned to the caller as an error, never repeated, because the generation
+may have run. Every failure the router produces is a JSON body of the OpenAI error shape with a
+status of 502 (worker failed), 503 (no worker can take the request) or 504 (worker timed out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Callable
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from agent_rl.config import RouterConfig
+from router.balance import Balancer
+from router.health import Health
+from router.metrics import RouterMetrics, RouterTracer
+from router.workers import Worker, WorkerPool
+
+log = logging.getLogger("agent_rl.router")
+
+# Headers that describe one connection, not the message (RFC 9110 section 7.6.1), plus the ones
+# aiohttp computes itself for the new message.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+})
+# Request headers the aiohttp client would otherwise add on its own; the worker should see only
+# what the caller sent.
+_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+
+def error_response(status: int, message: str, worker: str | None = None) -> web.Response:
+    """A router-made error: OpenAI error shape, so SDK clients surface the message."""
+    err: dict[str, Any] = {"message": message, "type": "router_error", "code": status}
+    if worker is not None:
+        err["worker"] = worker
+    return web.json_response({"error": err}, status=status)
+
+
+class Proxy:
+    """Forwards proxied routes (`/generate`, `/v1/...`) to a chosen worker."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        pool: WorkerPool,
+        balancer: Balancer,
+        health: Health,
+        metrics: RouterMetrics,
+        tracer: RouterTracer,
+        session: Callable[[], aiohttp.ClientSession],
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.balancer = balancer
+        self.health = health
+        self.metrics = metrics
+        self.tracer = tracer
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(
+            total=config.request_timeout_s, sock_connect=config.connect_timeout_s
+        )
+        self._routing_header = config.routing_key_header
+        self.rids: dict[str, Worker] = {}
+        """Which worker holds each in-flight request id, for `/abort_request` by rid."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        route = request.path
+        status = 500
+        span = self.tracer.start(route, request.headers)
+        try:
+            response = await self._forward(request, span)
+            status = response.status
+            return response
+        except asyncio.CancelledError:
+            status = 499  # the caller went away; its upstream request was closed with it
+            raise
+        finally:
+            span.set_attribute("http.response.status_code", status)
+            span.end()
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+
+    async def _forward(self, request: web.Request, span: Any) -> web.StreamResponse:
+        body = await request.read()
+        session_key, rids = self._routing_facts(request, body)
+        headers = _end_to_end(request.headers)
+        self.tracer.inject(span, headers)
+        tried: list[Worker] = []
+        last_error = ""
+        for attempt in range(self.config.retries + 1):
+            candidates = [w for w in self.pool.eligible(self.config.breaker_cooldown_s)
+                          if w not in tried]
+            if not candidates:
+                break
+            worker = self.balancer.choose(candidates, session_key)
+            if attempt:
+                self.metrics.retries.labels(worker.url).inc()
+            span.set_attribute("server.address", worker.url)
+            try:
+                return await self._send(request, worker, body, headers, rids)
+            except _NotSent as e:
+                tried.append(worker)
+                last_error = str(e)
+        if not len(self.pool):
+            return error_response(503, "the router has no workers: add one with POST /workers "
+                                  "or list them under [router] workers in the config")
+        if tried:
+            return error_response(502, f"could not connect to any worker ({last_error})",
+                                  tried[-1].url)
+        return error_response(503, f"no healthy worker: all {len(self.pool)} are quarantined or "
+                              "have an open circuit breaker; see GET /workers")
+
+    def _routing_facts(self, request: web.Request, body: bytes) -> tuple[str | None, list[str]]:
+        """The session key and request ids, parsing JSON only when the body mentions them."""
+        session = request.headers.get(self._routing_header)
+        want_session = session is None and self.config.policy == "session-affinity"
+        if not ((want_session and b'"session_id"' in body) or b'"rid"' in body):
+            return session, []
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return session, []  # the worker answers malformed JSON itself, in its own words
+        if not isinstance(payload, dict):
+            return session, []
+        if want_session and isinstance(payload.get("session_id"), str):
+            session = payload["session_id"]
+        rid = payload.get("rid")
+        rids = [rid] if isinstance(rid, str) else [r for r in rid or [] if isinstance(r, str)] \
+            if isinstance(rid, list) else []
+        return session, rids
+
+    async def _send(
+        self, request: web.Request, worker: Worker, body: bytes, headers: CIMultiDict[str],
+        rids: list[str],
+    ) -> web.StreamResponse:
+        url = URL(worker.url + request.raw_path, encoded=True)
+        worker.outstanding += 1
+        gauge = self.metrics.in_flight.labels(worker.url)
+        gauge.inc()
+        self.health.request_started(worker)
+        for rid in rids:
+            self.rids[rid] = worker
+        try:
+            try:
+                upstream = await self._session().request(
+                    request.method, url, data=body, headers=headers, timeout=self._timeout,
+                    skip_auto_headers=_NO_AUTO_HEADERS, allow_redirects=False,
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+                self.health.request_failed(worker, "connect", str(e))
+                raise _NotSent(f"{worker.url}: {e}") from e
+            except asyncio.TimeoutError:
+                self.health.request_failed(worker, "timeout", "no response headers")
+                return error_response(504, f"worker gave no answer within "
+                                      f"{self.config.request_timeout_s}s", worker.url)
+            except aiohttp.ClientError as e:
+                self.health.request_failed(worker, "reset", f"{type(e).__name__}: {e}")
+                return error_response(502, f"worker failed after the request was sent "
+                                      f"(not retried, the generation may have run): "
+                                      f"{type(e).__name__}: {e}", worker.url)
+            async with upstream:
+                return await self._relay(request, worker, upstream)
+        finally:
+            worker.outstanding -= 1
+            gauge.dec()
+            for rid in rids:
+                if self.rids.get(rid) is worker:
+                    del self.rids[rid]
+
+    async def _relay(
+        self, request: web.Request, worker: Worker, upstream: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        out_headers = _end_to_end(upstream.headers)
+        streamed = upstream.content_length is None or upstream.content_type == "text/event-stream"
+        response: web.StreamResponse | None = None
+        try:
+            if not streamed:
+                payload = await upstream.read()
+                self._record_status(worker, upstream.status)
+                return web.Response(status=upstream.status, reason=upstream.reason,
+                                    body=payload, headers=out_headers)
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                          headers=out_headers)
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            self._record_status(worker, upstream.status)
+            return response
+        except (asyncio.TimeoutError, aiohttp.ClientError) as e:
+            kind = "timeout" if isinstance(e, asyncio.TimeoutError) else "reset"
+            self.health.request_failed(worker, kind, f"during the response: {type(e).__name__}")
+            if response is not None and response.prepared:
+                # Status and part of the body are out: the only honest signal left is to cut
+                # the connection, so the caller sees a broken stream rather than a short one.
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            if kind == "timeout":
+                return error_response(504, f"worker did not finish within "
+                                      f"{self.config.request_timeout_s}s", worker.url)
+            return error_response(502, f"worker broke the connection mid-response (not retried): "
+                                  f"{type(e).__name__}: {e}", worker.url)
+
+    def _record_status(self, worker: Worker, status: int) -> None:
+        if status >= 500:
+            self.health.request_failed(worker, "5xx", f"status {status}")
+        else:
+            self.health.request_succeeded(worker)
+
+
+def _end_to_end(headers: Any) -> CIMultiDict[str]:
+    """The headers of a message minus the hop-by-hop ones, repeated headers kept."""
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+class _NotSent(Exception):
+    """The connection to a worker could not be opened: no byte of the request reached it."""
