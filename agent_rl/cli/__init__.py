@@ -14,6 +14,7 @@ import typer
 
 from agent_rl.cli import config_cmd, db, episodes
 from agent_rl.cli.common import CliState, err_console
+from agent_rl.cli.router import router as router_command
 from agent_rl.errors import AgentRLError
 
 app = typer.Typer(
@@ -39,6 +40,7 @@ def root(
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(db.app, name="db")
 app.add_typer(episodes.app, name="episodes")
+app.command("router")(router_command)
 
 
 def main() -> None:
