@@ -1,0 +1,166 @@
+"""The tiny-model factory: random-init HF model directories that SGLang and transformers load.
+
+No model can be downloaded on a CI machine, so agent-rl makes its own. `init_model(out, preset)`
+writes `config.json`, `generation_config.json`, `model.safetensors` and the tokenizer files
+(with the chat template) into `out`:
+
+- `tiny-dense`: a Qwen2 decoder (`Qwen2ForCausalLM`), ~3M parameters.
+- `tiny-moe`: a Qwen3-MoE decoder (`Qwen3MoeForCausalLM`), 8 experts, top-2, ~3M parameters.
+
+Shapes follow what the rest of the stack needs: head dim 64 (SGLang's CPU attention and
+Megatron's fused paths), a vocabulary padded to a multiple of 128 (Megatron's tensor-parallel
+split), and `rope_theta` written at the top level of config.json beside transformers 5's
+`rope_parameters` (older readers, including the Megatron converter, look there).
+The same preset, overrides and seed give byte-identical weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from transformers import GenerationConfig
+
+from agent_rl.models.tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer
+
+PresetName = Literal["tiny-dense", "tiny-moe"]
+VOCAB_MULTIPLE = 128
+
+
+class ModelPreset(BaseModel):
+    """Architecture of a tiny model; any field can be overridden when calling `init_model`."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    architecture: Literal["qwen2", "qwen3_moe"]
+    """HF model family: dense Qwen2 or Qwen3-MoE."""
+    hidden_size: int = 256
+    """Width of the residual stream."""
+    num_hidden_layers: int = 4
+    """Number of decoder layers."""
+    num_attention_heads: int = 4
+    """Query heads; hidden_size / heads is the head dim unless head_dim is set."""
+    num_key_value_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
+    head_dim: int = 64
+    """Per-head dimension."""
+    intermediate_size: int = 512
+    """Dense MLP width (and the dense layers of the MoE model)."""
+    num_experts: int = 8
+    """MoE only: experts per layer."""
+    num_experts_per_tok: int = 2
+    """MoE only: experts routed per token (top-k)."""
+    moe_intermediate_size: int = 128
+    """MoE only: width of each expert's MLP."""
+    max_position_embeddings: int = 4096
+    """Longest sequence (prompt + completion) the model accepts."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    tokenizer_vocab_size: int = DEFAULT_VOCAB_SIZE
+    """Target size of the trained tokenizer; the model's vocab is padded up to a multiple of 128."""
+
+
+PRESETS: dict[str, ModelPreset] = {
+    "tiny-dense": ModelPreset(architecture="qwen2"),
+    "tiny-moe": ModelPreset(architecture="qwen3_moe", num_hidden_layers=2),
+}
+
+
+def padded_vocab(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def _hf_config(p: ModelPreset, vocab_size: int, eos_id: int, pad_id: int) -> Any:
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=p.hidden_size,
+        num_hidden_layers=p.num_hidden_layers,
+        num_attention_heads=p.num_attention_heads,
+        num_key_value_heads=p.num_key_value_heads,
+        head_dim=p.head_dim,
+        intermediate_size=p.intermediate_size,
+        max_position_embeddings=p.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": p.rope_theta},
+        tie_word_embeddings=False,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        pad_token_id=pad_id,
+        dtype="float32",
+    )
+    if p.architecture == "qwen2":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(**common)
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        **common,
+        num_experts=p.num_experts,
+        num_experts_per_tok=p.num_experts_per_tok,
+        moe_intermediate_size=p.moe_intermediate_size,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+    )
+
+
+def _model_class(architecture: str) -> Any:
+    if architecture == "qwen2":
+        from transformers import Qwen2ForCausalLM
+
+        return Qwen2ForCausalLM
+    from transformers import Qwen3MoeForCausalLM
+
+    return Qwen3MoeForCausalLM
+
+
+def init_model(
+    out: Path | str, preset: PresetName | str = "tiny-dense", seed: int = 0, **overrides: Any
+) -> Path:
+    """Write a random-init model directory for `preset` (fields overridable) and return it."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    p = PRESETS[preset].model_copy(update=overrides)
+    p = ModelPreset.model_validate(p.model_dump())  # re-validate the overridden fields
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = build_tokenizer(p.tokenizer_vocab_size)
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = _hf_config(p, padded_vocab(len(tokenizer)), eos_id, pad_id)
+
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        model = _model_class(p.architecture)(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, do_sample=True, temperature=1.0
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["rope_theta"] = p.rope_theta
+    if p.architecture == "qwen3_moe":
+        # transformers 5.2x writes `num_local_experts`; SGLang and converters read `num_experts`.
+        cfg["num_experts"] = p.num_experts
+    cfg["agent_rl_preset"] = preset
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def count_parameters(model_dir: Path | str) -> int:
+    """Number of parameters stored in a model directory's safetensors file(s)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                total += math.prod(st.get_slice(name).get_shape())
+    return total
