@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 from sqlalchemy import bindparam, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import LeaseLostError, StoreError
 from agent_rl.store.base import StoreBase, now
@@ -148,9 +149,15 @@ class Consumption(StoreBase):
                         .values(advantage=bindparam("adv")),
                         [{"eid": e, "adv": float(a)} for e, a in advantages.items()],
                     )
-            await conn.execute(
-                insert(PolicyVersion).values(
-                    run_id=run_id, version=version, checkpoint=checkpoint, trainer_step=step,
-                    metrics=metrics, created_at=now(),
+            try:
+                await conn.execute(
+                    insert(PolicyVersion).values(
+                        run_id=run_id, version=version, checkpoint=checkpoint, trainer_step=step,
+                        metrics=metrics, created_at=now(),
+                    )
                 )
-            )
+            except IntegrityError as e:
+                # Another trainer published the same version between our check and insert.
+                raise StoreError(
+                    f"policy version {version} is not newer than the latest (published concurrently)"
+                ) from e

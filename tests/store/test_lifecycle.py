@@ -1,0 +1,125 @@
+"""Episode and group lifecycle: every episode ends in exactly one recorded state."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_rl.errors import NotFoundError, StoreError
+from agent_rl.store import MessageRecord
+from tests.store.helpers import completed_group, make_turn, migrated_store
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_lifecycle_and_ledger(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r", {"lr": 1e-5})
+        assert await store.ensure_run("r") == run
+        assert await store.latest_version(run) == 0
+        task = await store.add_task(run, "calculator", "7", {"question": "2+2"})
+        group, eps = await store.admit_group(run, task, "calculator", 4, seeds=[1, 2, 3, 4])
+        ledger = await store.ledger(run)
+        assert (ledger.waiting, ledger.admitted) == (4, 4) and ledger.balances()
+
+        for e in eps[:3]:
+            await store.start_episode(e, "serve-1")
+        with pytest.raises(StoreError, match="running, expected waiting"):
+            await store.start_episode(eps[0], "serve-1")
+        await store.append_turn(eps[0], make_turn(1, version=3))
+        await store.append_turn(eps[0], make_turn(2, version=4))
+        await store.add_messages(eps[0], [MessageRecord("tool", "final observation")])
+        await store.finish_episode(eps[0], 1.0, {"exact": 1.0})
+        await store.fail_episode(eps[1], "EnvError", "Traceback ...\nValueError: boom")
+        await store.fail_episode(eps[3], "EngineError", "engine crashed")
+        ledger = await store.ledger(run)
+        assert (ledger.running, ledger.completed, ledger.failed) == (1, 1, 2) and ledger.balances()
+
+        with pytest.raises(StoreError, match="still has 1 episodes in flight"):
+            await store.complete_group(group)
+        assert await store.groups_to_complete(run) == []
+        await store.finish_episode(eps[2], 0.0)
+        assert await store.groups_to_complete(run) == [group]
+        assert await store.complete_group(group) == "ready"
+        assert await store.complete_group(group) == "ready"  # idempotent
+
+        detail = await store.get_episode(eps[0])
+        e = detail.episode
+        assert (e.status, e.reward, e.reward_details) == ("completed", 1.0, {"exact": 1.0})
+        assert (e.num_turns, e.num_tokens, e.num_model_tokens) == (2, 24, 14)
+        assert (e.min_version, e.max_version) == (3, 4)
+        assert [t.span_start for t in detail.turns] == [0, 12]
+        assert detail.messages[-1]["content"] == "final observation"
+        assert len(detail.tool_calls) == 2
+        failed = (await store.get_episode(eps[1])).episode
+        assert failed.error_type == "EnvError" and "ValueError: boom" in failed.error_cause
+
+        with pytest.raises(StoreError, match="not running"):
+            await store.append_turn(eps[0], make_turn(3))
+        with pytest.raises(NotFoundError):
+            await store.get_episode(10_000)
+
+
+async def test_filter_and_failed_groups(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        task = await store.add_task(run, "calculator", "1", {})
+        group, eps = await store.admit_group(run, task, "calculator", 2)
+        for e in eps:
+            await store.start_episode(e, "s")
+            await store.finish_episode(e, 1.0)
+        assert await store.complete_group(group, filter_reason="zero variance") == "filtered"
+        statuses = {(await store.get_episode(e)).episode.filter_reason for e in eps}
+        assert statuses == {"zero variance"}
+
+        group2, eps2 = await store.admit_group(run, task, "calculator", 2)
+        for e in eps2:
+            await store.fail_episode(e, "SandboxError", "sandbox died")
+        assert await store.complete_group(group2) == "failed"
+        ledger = await store.ledger(run)
+        assert (ledger.filtered, ledger.failed) == (2, 2) and ledger.balances()
+
+
+async def test_resolve_interrupted(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        task = await store.add_task(run, "calculator", "1", {})
+        _, eps = await store.admit_group(run, task, "calculator", 3)
+        await store.start_episode(eps[0], "dead")
+        await store.start_episode(eps[1], "alive")
+        await store.append_turn(eps[0], make_turn(5))
+        assert await store.resolve_interrupted(owner="dead") == [eps[0]]
+        e = (await store.get_episode(eps[0])).episode
+        assert e.status == "failed" and e.error_cause.startswith("interrupted")
+        assert e.num_turns == 1  # what was persisted stays for inspection
+        assert await store.resolve_interrupted(stale_after_s=3600) == []
+        assert await store.resolve_interrupted(stale_after_s=-1) == [eps[1]]
+
+
+async def test_list_filters(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        _, eps = await completed_group(store, run, size=4, version=2)
+        assert [e.id for e in await store.list_episodes(run_id=run)] == eps
+        assert len(await store.list_episodes(min_reward=0.5)) == 2
+        assert len(await store.list_episodes(max_reward=0.5)) == 2
+        assert len(await store.list_episodes(status="completed", env_id="calculator")) == 4
+        assert await store.list_episodes(env_id="other") == []
+        assert len(await store.list_episodes(min_version=2, max_version=2)) == 4
+        assert await store.list_episodes(min_version=3) == []
+        page = await store.list_episodes(limit=2)
+        rest = await store.list_episodes(after_id=page[-1].id)
+        assert [e.id for e in page + rest] == eps
+
+
+async def test_trainer_logprobs(db_url: str) -> None:
+    import numpy as np
+
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        _, eps = await completed_group(store, run, size=1)
+        assert await store.trainer_logprobs(eps[0]) is None
+        values = np.linspace(-3, 0, 12, dtype=np.float32)
+        await store.record_trainer_logprobs(eps[0], values)
+        assert np.array_equal(await store.trainer_logprobs(eps[0]), values)
+        with pytest.raises(StoreError, match="12 tokens"):
+            await store.record_trainer_logprobs(eps[0], values[:3])
