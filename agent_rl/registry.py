@@ -49,6 +49,8 @@ class EnvSpec:
     """Defaults passed to the constructor (overridden by `make`'s kwargs)."""
     source: str = ""
     """Where the registration came from: builtin, an entry point's distribution, or a module."""
+    env_class: type[Env] | None = field(default=None, compare=False, repr=False)
+    """The class itself when registered with one (it may not be importable by name)."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,15 @@ def register(id: str, entry_point: str | type[Env] | None = None, **kwargs: Any)
             return cls
 
         return decorate
+    env_class = None
     if isinstance(entry_point, type):
         if not issubclass(entry_point, Env):
             raise EnvError(f"register({id!r}): {entry_point.__name__} is not a subclass of agent_rl.Env")
-        entry_point = f"{entry_point.__module__}:{entry_point.__qualname__}"
+        env_class, entry_point = entry_point, f"{entry_point.__module__}:{entry_point.__qualname__}"
     if ":" not in entry_point:
         raise EnvError(f"register({id!r}): entry_point {entry_point!r} must look like 'package.module:Class'")
-    _add(EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), source=_source_for(entry_point)))
+    source = _source_for(entry_point)
+    _add(EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), source=source, env_class=env_class))
     return None
 
 
@@ -120,6 +124,8 @@ def load_errors() -> list[LoadError]:
 
 def load_class(s: EnvSpec) -> type[Env]:
     """Import the spec's entry point; EnvError (with the traceback) if that fails."""
+    if s.env_class is not None:
+        return s.env_class
     module_name, _, qualname = s.entry_point.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)

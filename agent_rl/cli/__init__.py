@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from agent_rl.cli import config_cmd, db, episodes, model
+from agent_rl.cli import config_cmd, db, envs, episodes, model
 from agent_rl.cli.common import CliState, err_console
 from agent_rl.cli.router import router as router_command
 from agent_rl.errors import AgentRLError
@@ -40,6 +40,7 @@ def root(
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(db.app, name="db")
 app.add_typer(episodes.app, name="episodes")
+app.add_typer(envs.app, name="envs")
 app.command("router")(router_command)
 app.add_typer(model.app, name="model")
 
