@@ -1,0 +1,244 @@
+"""CPU compatibility patches for megatron-core 0.16.1 on a CPU-only torch build (gloo backend).
+
+megatron-core is written for CUDA: it asks torch.cuda for devices, RNG state, streams and
+synchronisation, and creates a few tensors with a literal `device="cuda"`. On a CPU-only torch
+every one of those raises "Torch not compiled with CUDA enabled". `apply()` replaces exactly
+those calls with CPU equivalents. It is a no-op when CUDA is available, idempotent, and
+touches no installed file. Each patch was shown necessary for a path the trainer uses (model
+forward/backward, MoE alltoall with EP, TP with sequence parallelism, Megatron DDP and
+(distributed) optimizer, dist_checkpointing); see ../shared/notes/megatron-cpu for the lab runs.
+
+Call `apply()` before building any megatron module (trainer.model does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from typing import Any
+
+import torch
+
+APPLIED: list[str] = []
+
+
+def apply() -> list[str]:
+    """Patch megatron-core/torch for CPU when CUDA is absent; return the names of the patches."""
+    if torch.cuda.is_available() or APPLIED:
+        return APPLIED
+    _device_and_rng()
+    _causal_mask()
+    _moe()
+    _cuda_literals()
+    return APPLIED
+
+
+def _device_and_rng() -> None:
+    import megatron.core.tensor_parallel.random as mrandom
+
+    # Reason: GlobalMemoryBuffer, attention and MoE ask torch.cuda.current_device() for a device.
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+    APPLIED.append("current_device->cpu")
+
+    # Reason: the model-parallel RNG tracker saves/restores CUDA RNG state; use the CPU generator.
+    # (Not torch.manual_seed: it calls torch.cuda.manual_seed_all, i.e. would recurse.)
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()  # type: ignore[assignment]
+    torch.cuda.set_rng_state = lambda new_state, device="cuda": torch.set_rng_state(new_state)  # type: ignore[assignment]
+    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))  # type: ignore[assignment]
+    mrandom._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: (
+        torch.get_rng_state().clone() if clone else torch.get_rng_state()
+    )
+    mrandom._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(
+        new_state
+    )
+    APPLIED.append("cuda_rng->cpu_generator")
+
+    # Reason: dist_checkpointing.save preloads tensors and calls torch.cuda.synchronize().
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    APPLIED.append("synchronize->noop")
+
+    # Reason: the MoE alltoall dispatcher and DDP create CUDA streams/events; CPU ops are ordered.
+    torch.cuda.Event = _NoEvent  # type: ignore[assignment,misc]
+    torch.cuda.Stream = _NoStream  # type: ignore[assignment,misc]
+    torch.cuda.current_stream = lambda device=None: _STREAM  # type: ignore[assignment]
+    torch.cuda.default_stream = lambda device=None: _STREAM  # type: ignore[assignment]
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[assignment]
+    APPLIED.append("streams/events->no-ops")
+
+
+def _causal_mask() -> None:
+    import megatron.core.fusions.fused_softmax as fused_softmax
+    import megatron.core.transformer.utils as tutils
+
+    # Reason: attention_mask=None (right-padded causal batches) builds the mask on device="cuda".
+    @functools.lru_cache(maxsize=32)
+    def causal(sq: int) -> torch.Tensor:
+        return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+    tutils.get_default_causal_mask = causal
+    fused_softmax.get_default_causal_mask = causal
+    APPLIED.append("default_causal_mask->cpu")
+
+
+def _moe() -> None:
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.moe.token_dispatcher as dispatcher
+    import megatron.core.transformer.torch_norm as torch_norm
+
+    # Reason: 0.16.x references te_general_gemm, defined only when TransformerEngine imports.
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+        APPLIED.append("moe_utils.te_general_gemm=None")
+
+    # Reason: EP>1 alltoall turns split sizes into lists only for CUDA tensors; CPU ones reach
+    # all_to_all_single(split_sizes=<Tensor>) and fail.
+    def maybe_move_tensor_to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if torch.is_tensor(tensor):
+            tensor = tensor.cpu()
+            if as_numpy:
+                tensor = tensor.numpy()
+        return tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    APPLIED.append("moe split sizes->numpy on cpu")
+
+    # Reason: MoE with TP>1 requires sequence parallelism, but the local-spec torch norm asserts
+    # it off (only TE norms support it). The norm is elementwise, so build it and tag its params
+    # sequence_parallel so finalize_model_grads all-reduces their grads over the TP group.
+    original_new = torch_norm.WrappedTorchNorm.__new__
+
+    def new(cls: type, config: Any, hidden_size: int, eps: float = 1e-5, *a: Any, **k: Any) -> Any:
+        if not config.sequence_parallel:
+            return original_new(cls, config, hidden_size, eps, *a, **k)
+        object.__setattr__(config, "sequence_parallel", False)
+        try:
+            norm = original_new(cls, config, hidden_size, eps, *a, **k)
+        finally:
+            object.__setattr__(config, "sequence_parallel", True)
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    torch_norm.WrappedTorchNorm.__new__ = staticmethod(new)  # type: ignore[assignment]
+    APPLIED.append("torch norm with sequence_parallel")
+
+
+# megatron modules that create tensors with a literal device="cuda" on paths we use.
+_CUDA_LITERAL_MODULES = (
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.distrib_optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.grad_scaler",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.models.common.language_module.language_module",
+    "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.tensor_parallel.data",
+)
+_FACTORIES = frozenset({
+    "tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",
+    "empty_like", "full_like", "as_tensor",
+})
+
+
+class _TorchOnCpu:
+    """`torch` as seen by the modules above: factories send device="cuda" to the CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(torch, name)
+        return _cpu_factory(attr) if name in _FACTORIES else attr
+
+
+def _cuda_literals() -> None:
+    import importlib
+
+    # Reason: the optimizer, grad clipping, grad buffers and schedules write device="cuda".
+    # Scoped to those modules: patching torch's factories globally breaks transformers' loading.
+    proxy = _TorchOnCpu()
+    for name in _CUDA_LITERAL_MODULES:
+        importlib.import_module(name).torch = proxy  # type: ignore[attr-defined]
+    APPLIED.append("device='cuda' literals->cpu in megatron optimizer/ddp/ckpt modules")
+
+    # Reason: megatron moves a few tensors with .cuda(); on a CPU-only build that can only raise.
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[assignment]
+    APPLIED.append("Tensor.cuda()->self")
+
+    # Reason: the (distributed) optimizer and grad clipping accept only params whose
+    # .type() is 'torch.cuda.FloatTensor' (or Half/BFloat16). Answer so only to megatron callers.
+    original_type = torch.Tensor.type
+
+    def type_(self: torch.Tensor, *a: Any, **k: Any) -> Any:
+        result = original_type(self, *a, **k)
+        if a or k or not isinstance(result, str) or result.startswith("torch.cuda."):
+            return result
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("megatron.") and result.startswith("torch."):
+            return "torch.cuda." + result[len("torch."):]
+        return result
+
+    torch.Tensor.type = type_  # type: ignore[assignment]
+    APPLIED.append("Tensor.type()->torch.cuda.* for megatron")
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, int) and not isinstance(device, bool)  # a bare CUDA ordinal
+
+
+def _cpu_factory(factory: Any) -> Any:
+    @functools.wraps(factory)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        if _is_cuda(k.get("device")):
+            k["device"] = "cpu"
+        return factory(*a, **k)
+
+    return wrapper
+
+
+class _NoEvent:
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def record(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _NoStream:
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def wait_stream(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def wait_event(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, *a: Any, **k: Any) -> _NoEvent:
+        return _NoEvent()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _NoStream)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+_STREAM = _NoStream()

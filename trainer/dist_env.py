@@ -1,0 +1,65 @@
+"""Process group and megatron parallel state for the trainer.
+
+Launched by torchrun, the usual RANK/WORLD_SIZE/MASTER_* variables describe the job; launched
+as a plain process, we become a world of one on a free loopback port. The backend is gloo on
+CPU and nccl on GPU. `init` is idempotent within a process, and `teardown` undoes it so tests
+can rebuild with other parallel sizes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from agent_rl.errors import ConfigError
+from trainer import cpu_compat
+from trainer.model import Parallel
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init(par: Parallel, seed: int = 0) -> None:
+    """Initialise torch.distributed (if needed) and megatron's TP/PP/EP groups for `par`."""
+    cpu_compat.apply()
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(_free_port()))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    world = dist.get_world_size()
+    if world % (par.tp * par.pp) or world % (par.ep * par.pp):
+        raise ConfigError(f"world size {world} is not divisible by tp*pp={par.tp * par.pp} "
+                          f"and ep*pp={par.ep * par.pp}")
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        expert_model_parallel_size=par.ep,
+    )
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def teardown() -> None:
+    """Destroy megatron's groups and the process group (tests; clean shutdown)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    RouterReplay.clear_global_router_replay_instances()
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
