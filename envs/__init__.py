@@ -9,3 +9,4 @@ from __future__ import annotations
 from agent_rl.registry import register
 
 register("calculator", entry_point="envs.calculator.env:CalculatorEnv")
+register("search-qa", entry_point="envs.search_qa.env:SearchQAEnv")

@@ -1,0 +1,62 @@
+"""calculator: the demonstration scores full reward through the env; tool, reward and tasks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent_rl import make
+from agent_rl.demo import demonstrations, run_demonstration
+from agent_rl.rollout.tool_calls import format_tool_call, parse_completion
+from envs.calculator.env import calc, make_problem, safe_eval
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_demonstration_scores_full_reward_in_the_ideal_format() -> None:
+    transcripts = await demonstrations("calculator", 50, seed=7)
+    assert all(t.reward == 1.0 and t.terminated and not t.truncated for t in transcripts)
+    t = transcripts[0]
+    expr, answer = t.task["expression"], t.task["answer"]
+    assert t.completions() == [
+        f'<tool_call>{{"name":"calc","arguments":{{"expression":"{expr}"}}}}</tool_call>', answer
+    ]
+    assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant"]
+    assert t.messages[2]["content"] == answer
+    assert t.steps[0].tool_results[0].output == answer and t.steps[1].reward is not None
+
+
+def test_tasks_are_deterministic_per_seed_and_split() -> None:
+    src = make("calculator").task_source()
+    a, b = src.take(20, seed=1), src.take(20, seed=1)
+    assert a == b and a != src.take(20, seed=2)
+    assert make("calculator").task_source("eval").take(5, seed=1) != a[:5]
+    for t in a:
+        n_terms = sum(ch in "+-*" for ch in t["expression"]) + 1
+        assert 2 <= n_terms <= 4 and safe_eval(t["expression"]) == int(t["answer"])
+        assert t["expression"] in t["question"]
+
+
+async def test_wrong_answers_and_bad_expressions() -> None:
+    env = make("calculator")
+    task = env.task_source().take(1)[0]
+    await env.reset(task)
+    bad = await env.step(parse_completion(format_tool_call("calc", {"expression": "__import__('os')"})))
+    assert bad.observations[0]["content"] == "error: bad expression"
+    wrong = await env.step(parse_completion(str(int(task["answer"]) + 1)))
+    assert wrong.terminated and wrong.reward == 0.0
+    assert (await run_demonstration(make("calculator"), task)).reward == 1.0
+
+
+def test_safe_eval_refuses_everything_but_integer_arithmetic() -> None:
+    assert safe_eval("(2+3)*-4") == -20
+    for expr in ("2**10", "1/2", "a+1", "9" * 70, "999999999*999999999*99999"):
+        assert safe_eval(expr) is None
+    rng = random.Random(0)
+    assert make_problem(rng, min_terms=4, max_terms=4, max_digits=1)["expression"].count("+") <= 3
+
+
+def test_schema_is_the_openai_shape() -> None:
+    fn = calc.schema()["function"]
+    assert fn["name"] == "calc" and fn["parameters"]["required"] == ["expression"]

@@ -1,0 +1,193 @@
+"""register/make, the decorator form, sources, and discovery of an installed plugin package.
+
+The plugin test builds a real distribution in a temporary directory outside the project, installs
+it with pip (into a target directory put on the path, so the shared environment is left as it
+was), and checks both in-process discovery and `agent-rl envs list` in a fresh process.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from agent_rl import Env, EnvError, Task, make, register, registry
+from agent_rl.env import EnvCodeError
+from agent_rl.messages import Message, user
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class TinyEnv(Env):
+    """Say the word."""
+
+    def __init__(self, word: str = "hello", **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.word = word
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        return [user(self.word)]
+
+    async def score(self, answer: str) -> float:
+        return float(answer == self.word)
+
+
+@pytest.fixture
+def scratch_ids() -> Iterator[list[str]]:
+    ids: list[str] = []
+    yield ids
+    for i in ids:
+        registry.unregister(i)
+
+
+def test_register_make_with_defaults_and_overrides(scratch_ids: list[str]) -> None:
+    scratch_ids.append("tiny-test")
+    register("tiny-test", entry_point=f"{__name__}:TinyEnv", word="hey", max_turns=3)
+    env = make("tiny-test")
+    assert isinstance(env, TinyEnv) and env.word == "hey" and env.max_turns == 3 and env.env_id == "tiny-test"
+    assert make("tiny-test", word="yo").word == "yo"
+    s = registry.spec("tiny-test")
+    assert s.source == f"module {__name__}" and s.kwargs == {"word": "hey", "max_turns": 3}
+
+
+def test_decorator_form_and_conflicts(scratch_ids: list[str]) -> None:
+    scratch_ids.append("tiny-deco")
+
+    @register("tiny-deco", word="deco")
+    class Deco(TinyEnv):
+        pass
+
+    assert type(make("tiny-deco")) is Deco and make("tiny-deco").word == "deco"
+    register("tiny-deco", Deco, word="deco")  # same entry point again: idempotent
+    with pytest.raises(EnvError, match="already registered"):
+        register("tiny-deco", entry_point=f"{__name__}:TinyEnv")
+    with pytest.raises(EnvError, match="not a subclass"):
+        register("tiny-bad", int)  # type: ignore[arg-type]
+    with pytest.raises(EnvError, match="package.module:Class"):
+        register("tiny-bad", entry_point="no_colon")
+
+
+def test_unknown_id_and_broken_entry_points_are_env_errors(scratch_ids: list[str]) -> None:
+    with pytest.raises(EnvError, match="unknown environment 'nope'.*calculator"):
+        make("nope")
+    scratch_ids += ["tiny-missing", "tiny-kwargs"]
+    register("tiny-missing", entry_point="tests.sdk.no_such_module:Env")
+    with pytest.raises(EnvCodeError) as e:
+        make("tiny-missing")
+    assert e.value.method == "import" and "ModuleNotFoundError" in e.value.traceback
+    register("tiny-kwargs", entry_point=f"{__name__}:TinyEnv", colour="red")
+    with pytest.raises(EnvCodeError, match="unexpected keyword argument 'colour'"):
+        make("tiny-kwargs")
+
+
+def test_builtins_are_listed_as_builtin() -> None:
+    by_id = {s.id: s for s in registry.specs()}
+    for env_id in ("calculator", "search-qa"):
+        assert by_id[env_id].source == "builtin"
+
+
+PLUGIN_MODULE = '''
+from agent_rl import Env, register
+from agent_rl.messages import user
+
+
+class PluginEnv(Env):
+    """An environment from an installed package."""
+
+    def initial_messages(self, task):
+        return [user("plug")]
+
+    async def score(self, answer):
+        return 1.0
+
+
+class SelfRegistered(PluginEnv):
+    """Registered by the module itself."""
+
+
+register("plugin-self", SelfRegistered)
+'''
+
+
+@pytest.fixture(scope="module")
+def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`agent-rl-plugin-demo` 0.3.0 built and installed (pip --target) from a tmp dir."""
+    src = tmp_path_factory.mktemp("plugin-src")
+    assert PROJECT_ROOT not in src.parents
+    (src / "agent_rl_plugin_demo").mkdir()
+    (src / "agent_rl_plugin_demo" / "__init__.py").write_text(PLUGIN_MODULE)
+    (src / "pyproject.toml").write_text(textwrap.dedent("""
+        [build-system]
+        requires = ["hatchling"]
+        build-backend = "hatchling.build"
+
+        [project]
+        name = "agent-rl-plugin-demo"
+        version = "0.3.0"
+
+        [project.entry-points."agent_rl.envs"]
+        plugin-env = "agent_rl_plugin_demo:PluginEnv"
+        plugin-module = "agent_rl_plugin_demo"
+        plugin-broken = "agent_rl_plugin_demo_missing:Nope"
+    """))
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), str(src)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return target
+
+
+def test_entry_point_plugin_is_discovered(installed_plugin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(installed_plugin))
+    try:
+        registry.discover(force=True)
+        by_id = {s.id: s for s in registry.specs()}
+        assert by_id["plugin-env"].source == "entry point: agent-rl-plugin-demo 0.3.0"
+        assert by_id["plugin-self"].source == "entry point: agent-rl-plugin-demo 0.3.0"
+        assert type(make("plugin-env")).__name__ == "PluginEnv"
+        assert type(make("plugin-self")).__name__ == "SelfRegistered"
+        # A lazy entry point that cannot be imported fails when made, not when listed.
+        with pytest.raises(EnvCodeError, match="ModuleNotFoundError"):
+            make("plugin-broken")
+    finally:
+        for i in ("plugin-env", "plugin-self", "plugin-broken"):
+            registry.unregister(i)
+
+
+def test_cli_envs_list_shows_the_plugin_and_its_distribution(installed_plugin: Path) -> None:
+    # A fresh process through the real CLI entry: discovery must find the installed distribution.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(installed_plugin), str(PROJECT_ROOT)]))
+    cmd = [sys.executable, "-c", "from agent_rl.cli import main; main()", "envs", "list", "--json"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=True)
+    rows = {r["id"]: r for r in json.loads(out.stdout)["envs"]}
+    assert rows["plugin-env"]["source"] == "entry point: agent-rl-plugin-demo 0.3.0"
+    assert rows["plugin-env"]["description"] == "An environment from an installed package."
+    assert rows["calculator"]["source"] == "builtin" and rows["calculator"]["tools"] == ["calc"]
+    assert "ModuleNotFoundError" in rows["plugin-broken"]["error"]
+
+
+def test_cli_envs_table(installed_plugin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent_rl.cli import envs as envs_cli
+
+    monkeypatch.syspath_prepend(str(installed_plugin))
+    buf = io.StringIO()
+    monkeypatch.setattr(envs_cli, "console", Console(file=buf, width=200))
+    try:
+        registry.discover(force=True)
+        envs_cli.list_envs(as_json=False)
+    finally:
+        for i in ("plugin-env", "plugin-self", "plugin-broken"):
+            registry.unregister(i)
+    text = buf.getvalue()
+    assert "plugin-env" in text and "entry point: agent-rl-plugin-demo 0.3.0" in text
+    assert "calculator" in text and "builtin" in text and "cannot load" in text
