@@ -3,8 +3,9 @@
 An episode's reward is a `Reward` (a value plus named components for inspection). It comes
 from one of two places an environment chooses in `Env.score`:
 - a rule over the answer text (`exact_match`, `token_f1`, `number_match` below);
-- a verifier: a Python program run in the episode's sandbox (`verify_in_sandbox`), e.g.
-  hidden unit tests, so untrusted model code never runs on the host.
+- a verifier: a Python program run in the episode's sandbox (`verify_in_sandbox`, or
+  `run_json_program` to bring results back and judge them on the host), e.g. hidden unit
+  tests, so untrusted model code never runs on the host.
 
 After a whole group of episodes on one task has finished, the scheduler may call the
 environment's group hook (`Env.group_reward`) with every `EpisodeOutcome`; it returns one
@@ -18,6 +19,7 @@ import json
 import re
 import string
 from collections import Counter
+from decimal import Decimal, InvalidOperation
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -104,36 +106,60 @@ def number_match(prediction: str, gold: str | int | float) -> float:
     if got is None:
         return 0.0
     try:
-        return float(float(got) == float(gold))
-    except ValueError:
+        # Decimal, not float: 420196140727489673 and ...674 are the same float.
+        return float(Decimal(got) == Decimal(str(gold)))
+    except InvalidOperation:
         return 0.0
 
 
 # ---------------------------------------------------------------------------- verifiers
 
 
-async def verify_in_sandbox(
-    sandbox: Sandbox, program: str, *, files: Mapping[str, str] | None = None, timeout: float | None = None
-) -> Reward:
-    """Run a verifier program in the sandbox; its last stdout line is a JSON `Reward`.
+class SandboxRun(BaseModel):
+    """What a program run in the sandbox reported: its last stdout line as JSON, or why not."""
 
-    The program runs in a fresh interpreter, after `files` are written to the work dir. If it
-    times out or dies without printing a result (the model's code can do that, e.g. with an
-    endless loop or `os._exit`), the reward is 0 with the reason in `detail`. A broken sandbox
-    raises `SandboxError`, which is an infrastructure failure, not a score.
-    """
+    value: Any = None
+    ok: bool
+    """The program finished and its last stdout line was JSON."""
+    detail: str = ""
+
+
+async def run_json_program(
+    sandbox: Sandbox, program: str, *, files: Mapping[str, str] | None = None, timeout: float | None = None
+) -> SandboxRun:
+    """Write `files` to the sandbox's work dir, run `program` in a fresh interpreter, and parse
+    the last line it printed as JSON. A timeout or a death without a result line is `ok=False`
+    with the reason (the model's code can cause both); a broken sandbox raises `SandboxError`."""
     for path, text in (files or {}).items():
         await sandbox.write_file(path, text)
     res = await sandbox.run_python(program, timeout=timeout)
     lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
     if lines and not res.timed_out:
         try:
-            return Reward.model_validate(json.loads(lines[-1]))
+            return SandboxRun(value=json.loads(lines[-1]), ok=True)
         except ValueError:
             pass
-    why = "timed out" if res.timed_out else f"exit code {res.exit_code}, no result line"
+    why = "timed out" if res.timed_out else f"exit code {res.exit_code}, no JSON result line"
     tail = (res.stderr or res.stdout)[-500:]
-    return Reward(value=0.0, detail=f"verifier {why}: {tail}".strip())
+    return SandboxRun(ok=False, detail=f"{why}: {tail}".strip())
+
+
+async def verify_in_sandbox(
+    sandbox: Sandbox, program: str, *, files: Mapping[str, str] | None = None, timeout: float | None = None
+) -> Reward:
+    """Run a verifier program whose last stdout line is a JSON `Reward`; 0 if it gave none.
+
+    The program's output is trusted. If it also runs the model's code in its own process, that
+    code can print a result line itself; verifiers that must resist that (code-tests) instead
+    let the sandbox only compute outputs and compare them with expected values on the host.
+    """
+    run = await run_json_program(sandbox, program, files=files, timeout=timeout)
+    if run.ok:
+        try:
+            return Reward.model_validate(run.value)
+        except ValueError as e:
+            return Reward(value=0.0, detail=f"verifier printed something that is not a Reward: {e}")
+    return Reward(value=0.0, detail=f"verifier {run.detail}")
 
 
 # ---------------------------------------------------------------------------- group hook

@@ -10,3 +10,5 @@ from agent_rl.registry import register
 
 register("calculator", entry_point="envs.calculator.env:CalculatorEnv")
 register("search-qa", entry_point="envs.search_qa.env:SearchQAEnv")
+register("python-math", entry_point="envs.python_math.env:PythonMathEnv")
+register("code-tests", entry_point="envs.code_tests.env:CodeTestsEnv")
