@@ -1,0 +1,27 @@
+"""Demonstration transcripts and their ChatML text (the tokenizer corpus)."""
+
+from __future__ import annotations
+
+from agent_rl.demo import corpus_samples, render_chatml, sample_texts
+from agent_rl.messages import tool_message, user
+
+
+def test_chatml_groups_consecutive_tool_messages_and_can_show_tools() -> None:
+    msgs = [user("q"), {"role": "assistant", "content": "a"}, tool_message("r1"), tool_message("r2"),
+            {"role": "assistant", "content": "done"}]  # fmt: skip
+    assert render_chatml(msgs) == (
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\ndone<|im_end|>\n"
+    )
+    with_tools = render_chatml([user("q")], [{"type": "function", "function": {"name": "calc"}}])
+    assert with_tools.startswith("<|im_start|>system\n# Tools") and '"name": "calc"' in with_tools
+
+
+def test_sample_texts_are_deterministic_and_corpus_covers_host_envs() -> None:
+    texts = sample_texts("calculator", 3, seed=5)
+    assert texts == sample_texts("calculator", 3, seed=5) and len(set(texts)) == 3
+    assert all("<tool_call>" in t and "<tool_response>" in t for t in texts)
+    corpus = list(corpus_samples(2, seed=0))
+    assert len(corpus) == 4  # calculator and search-qa; sandbox envs need a sandbox factory
+    assert any("search" in t for t in corpus) and any("calc" in t for t in corpus)
