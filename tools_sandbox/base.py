@@ -25,40 +25,16 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_rl.config import SandboxLimits
 from agent_rl.errors import ToolError
 
 WORK_DIR = "/work"
 """Where the work dir appears inside every sandbox."""
 
 
-class Limits(BaseModel):
-    """Resource limits of one sandbox; per-call timeouts may only lower `wall_s`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    wall_s: float = Field(default=30.0, gt=0)
-    """Default wall-clock timeout of one call, seconds."""
-
-    cpu_s: int = Field(default=30, ge=1)
-    """CPU seconds one call's processes may use (RLIMIT_CPU per process)."""
-
-    memory_mb: int = Field(default=512, ge=32)
-    """Memory of the whole sandbox (memory+swap), MiB; exceeding it kills the hungriest process."""
-
-    pids: int = Field(default=64, ge=8)
-    """Processes and threads alive at once in the sandbox, the persistent worker included."""
-
-    disk_mb: int = Field(default=256, ge=1)
-    """Size of the work dir (a tmpfs, so it also counts as memory on the host)."""
-
-    tmp_mb: int = Field(default=64, ge=1)
-    """Size of the private /tmp."""
-
-    output_bytes: int = Field(default=1 << 20, ge=1024)
-    """Bytes of stdout+stderr kept per call; the call is killed once it writes more."""
-
-    nofile: int = Field(default=256, ge=16)
-    """Open file descriptors per process."""
+Limits = SandboxLimits
+"""Resource limits of one sandbox; per-call timeouts may only lower `wall_s`. Defined in the
+config (`[sandbox.limits]`) so one class serves both; re-exported here as part of the protocol."""
 
 
 class Mount(BaseModel):
@@ -119,6 +95,9 @@ class ExecResult(BaseModel):
 
     oom_killed: bool = False
     """A process of the sandbox was killed for exceeding the memory limit during the call."""
+
+    value: str | None = None
+    """repr() of the value of the code's last expression (Python calls only), like a REPL."""
 
     restarted: bool = False
     """The sandbox had to be killed and was respawned; state outside /work was lost."""
