@@ -1,0 +1,40 @@
+"""Names and host uids for sandboxes.
+
+Every sandbox id starts with its backend's prefix and is used verbatim for its cgroups,
+containers and directories, which is how the reaper recognizes them. Each live sandbox of a
+process gets its own unprivileged host uid, so sandboxes cannot signal or read each other even
+where namespaces do not separate them (the rlimit backend).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+
+UID_SPAN = 100_000
+"""Uids handed out per backend, starting at the configured base."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:12]}"
+
+
+class UidPool:
+    """Unique uids for the live sandboxes of this process; random so that two processes
+    sharing a host are unlikely to collide (and namespaces separate them when they do)."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self._used: set[int] = set()
+        self._rng = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "big"))
+
+    def take(self) -> int:
+        while True:
+            uid = self.base + self._rng.randrange(UID_SPAN)
+            if uid not in self._used:
+                self._used.add(uid)
+                return uid
+
+    def give_back(self, uid: int) -> None:
+        self._used.discard(uid)

@@ -1,0 +1,248 @@
+"""Host side of a sandbox served by the in-sandbox worker, shared by every backend.
+
+A backend supplies four hooks: start the worker and return a byte channel to it, kill every
+process of the sandbox, count its OOM kills, and remove its host resources. This class turns
+them into the `Sandbox` protocol: calls are serialized per sandbox, each answer is bounded in
+size and waited for at most the call's timeout plus a grace period, and when the worker dies,
+hangs or breaks the protocol the whole sandbox is killed and respawned (the work dir survives),
+so the failing call returns a result that says so and the next call works.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import struct
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from agent_rl.errors import SandboxError, ToolError
+from tools_sandbox.base import ExecResult, SandboxSpec, work_path
+
+log = logging.getLogger(__name__)
+
+GRACE_S = 5.0
+"""Time past a call's timeout the worker gets to kill the call and answer before it is presumed hung."""
+
+START_TIMEOUT_S = 30.0
+"""Time a fresh sandbox gets to answer its first ping (64 sandboxes starting on 2 cores)."""
+
+
+class Channel:
+    """Length-prefixed JSON frames over a pair of anyio byte streams."""
+
+    def __init__(self, send: ByteSendStream, receive: ByteReceiveStream) -> None:
+        self._send = send
+        self._receive = BufferedByteReceiveStream(receive)
+
+    async def request(self, obj: dict[str, Any], max_bytes: int) -> dict[str, Any]:
+        data = json.dumps(obj).encode()
+        await self._send.send(struct.pack(">I", len(data)) + data)
+        (size,) = struct.unpack(">I", await self._receive.receive_exactly(4))
+        if size > max_bytes:
+            raise SandboxError(f"worker answered {size} bytes, more than the {max_bytes} allowed")
+        answer = json.loads(await self._receive.receive_exactly(size))
+        if not isinstance(answer, dict):
+            raise SandboxError("worker answered something other than a JSON object")
+        return answer
+
+
+def worker_config(spec: SandboxSpec, work: str, **extra: Any) -> dict[str, Any]:
+    """The worker's startup settings (see worker.py) for a spec."""
+    lim = spec.limits
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", **dict(spec.env)}
+    return {"cap": lim.output_bytes, "work": work, "cpu_s": lim.cpu_s, "nofile": lim.nofile,
+            "fsize": lim.disk_mb << 20, "env": env, **extra}
+
+
+class WorkerSandbox(ABC):
+    """A `Sandbox` whose calls go to worker.py; backends subclass it."""
+
+    def __init__(self, sandbox_id: str, spec: SandboxSpec, on_close: Callable[[str], None]) -> None:
+        self._id = sandbox_id
+        self._spec = spec
+        self._on_close = on_close
+        self._lock = anyio.Lock()
+        self._chan: Channel | None = None
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    # ---- backend hooks
+    @abstractmethod
+    async def _spawn(self) -> Channel:
+        """Start the worker; return a channel to it."""
+
+    @abstractmethod
+    async def _kill(self) -> None:
+        """Kill every process of the sandbox, the worker included, and wait until they are gone."""
+
+    @abstractmethod
+    def _oom_kills(self) -> int:
+        """OOM kills so far, as the host sees them (0 where the worker reports them itself)."""
+
+    @abstractmethod
+    async def _destroy(self) -> None:
+        """Remove every host resource (after _kill)."""
+
+    async def _diagnostics(self) -> str:
+        """What the sandbox's start-up printed, for an error message (empty if unknown)."""
+        return ""
+
+    # ---- lifecycle
+    async def start(self) -> None:
+        """Spawn the worker and wait for its first answer; on failure, clean up and raise."""
+        try:
+            with anyio.fail_after(START_TIMEOUT_S):
+                self._chan = await self._spawn()
+                await self._chan.request({"op": "ping"}, 1024)
+        except (Exception, anyio.get_cancelled_exc_class()) as e:
+            with anyio.CancelScope(shield=True):
+                why = await self._diagnostics()
+                await self.close()
+            if isinstance(e, (SandboxError, anyio.get_cancelled_exc_class())):
+                raise
+            raise SandboxError(
+                f"sandbox {self._id} did not start: {type(e).__name__}: {e}; {why or 'no output'}"
+            ) from e
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._kill()
+            finally:
+                self._chan = None
+                await self._destroy()
+                self._on_close(self._id)
+
+    async def __aenter__(self) -> WorkerSandbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _respawn(self) -> None:
+        await self._kill()
+        self._chan = None
+        try:
+            with anyio.fail_after(START_TIMEOUT_S):
+                chan = await self._spawn()
+                await chan.request({"op": "ping"}, 1024)
+        except Exception as e:
+            raise SandboxError(f"sandbox {self._id} could not be restarted: {e}") from e
+        self._chan = chan
+
+    # ---- calls
+    async def _call(self, req: dict[str, Any], timeout: float) -> ExecResult:
+        if self._closed:
+            raise SandboxError(f"sandbox {self._id} is closed")
+        cap = self._spec.limits.output_bytes
+        async with self._lock:
+            if self._chan is None:
+                await self._respawn()
+            assert self._chan is not None
+            before, t0 = self._oom_kills(), time.perf_counter()
+            failure = ""
+            try:
+                with anyio.fail_after(timeout + GRACE_S):
+                    answer = await self._chan.request({**req, "timeout": timeout}, 3 * cap + 65536)
+            except TimeoutError:
+                failure, answer = "the sandbox stopped answering and was restarted", {}
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
+                    anyio.IncompleteRead, OSError, ValueError, SandboxError) as e:
+                failure, answer = f"the sandbox died ({type(e).__name__}) and was restarted", {}
+            oom = self._oom_kills() > before or bool(answer.get("oom"))
+            if failure:
+                log.warning("sandbox %s: %s", self._id, failure)
+                await self._respawn()
+                return ExecResult(exit_code=None, stderr=failure, restarted=True, oom_killed=oom,
+                                  timed_out=time.perf_counter() - t0 >= timeout,
+                                  duration_s=time.perf_counter() - t0)
+            if "exit_code" not in answer:
+                raise SandboxError(f"sandbox {self._id}: bad worker answer {answer!r:.200}")
+            return ExecResult(
+                exit_code=answer["exit_code"],
+                stdout=base64.b64decode(answer.get("stdout", ""))[:cap].decode("utf-8", "replace"),
+                stderr=base64.b64decode(answer.get("stderr", ""))[:cap].decode("utf-8", "replace"),
+                timed_out=bool(answer.get("timed_out")),
+                truncated=bool(answer.get("truncated")),
+                oom_killed=oom,
+                value=answer.get("value"),
+                duration_s=time.perf_counter() - t0,
+            )
+
+    def _timeout(self, timeout: float | None) -> float:
+        wall = self._spec.limits.wall_s
+        return wall if timeout is None else max(0.001, min(float(timeout), wall))
+
+    @staticmethod
+    def _b64(data: str | bytes) -> str:
+        return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+    async def exec(
+        self, argv: Sequence[str], *, stdin: str | bytes = b"", timeout: float | None = None
+    ) -> ExecResult:
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ToolError("argv must be a non-empty list of strings")
+        req = {"op": "exec", "argv": list(argv), "stdin": self._b64(stdin)}
+        return await self._call(req, self._timeout(timeout))
+
+    async def run_python(
+        self,
+        code: str,
+        *,
+        stdin: str | bytes = b"",
+        timeout: float | None = None,
+        persistent: bool = False,
+    ) -> ExecResult:
+        req = {"op": "py", "code": code, "stdin": self._b64(stdin), "persistent": persistent}
+        return await self._call(req, self._timeout(timeout))
+
+    async def _file_op(self, req: dict[str, Any], max_answer: int) -> dict[str, Any]:
+        if self._closed:
+            raise SandboxError(f"sandbox {self._id} is closed")
+        async with self._lock:
+            if self._chan is None:
+                await self._respawn()
+            assert self._chan is not None
+            try:
+                with anyio.fail_after(self._spec.limits.wall_s + GRACE_S):
+                    answer = await self._chan.request(req, max_answer)
+            except Exception as e:
+                await self._respawn()
+                raise SandboxError(f"sandbox {self._id}: file operation failed: {e}") from e
+        if "error" in answer:
+            raise ToolError(f"{req['op']} {req['path']!r}: {answer.get('message', answer['error'])}")
+        return answer
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        limit = self._spec.limits.output_bytes if max_bytes is None else max_bytes
+        answer = await self._file_op({"op": "read", "path": work_path(path), "max": limit},
+                                     2 * limit + 4096)
+        return base64.b64decode(answer["data"])[:limit]
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        await self._file_op({"op": "write", "path": work_path(path), "data": self._b64(data)}, 4096)
