@@ -54,7 +54,12 @@ class Transcript(BaseModel):
 
 
 async def run_demonstration(
-    env: Env, task: Task, *, seed: int | None = 0, sandbox: Sandbox | None = None, max_turns: int = 16
+    env: Env,
+    task: Task,
+    *,
+    seed: int | None = 0,
+    sandbox: Sandbox | None = None,
+    max_turns: int = 16,
 ) -> Transcript:
     """Play `env.demonstrate` through `env` on `task`; the env's errors propagate as EnvError."""
     first = await env.reset(task, seed, sandbox=sandbox)
@@ -99,7 +104,9 @@ async def demonstrations(
     env = make(env_id, **env_kwargs)
     out = []
     for i, task in enumerate(env.task_source(split).take(n, seed)):
-        sandbox = await sandbox_factory() if env.needs_sandbox and sandbox_factory is not None else None
+        sandbox = (
+            await sandbox_factory() if env.needs_sandbox and sandbox_factory is not None else None
+        )
         try:
             out.append(await run_demonstration(env, task, seed=seed + i, sandbox=sandbox))
         finally:
@@ -108,11 +115,16 @@ async def demonstrations(
     return out
 
 
-def sample_texts(env_id: str, n: int, *, seed: int = 0, sandbox_factory: SandboxFactory | None = None) -> list[str]:
-    """ChatML texts of `n` demonstrated episodes of one environment (sync, for tokenizer training)."""
+def sample_texts(
+    env_id: str, n: int, *, seed: int = 0, sandbox_factory: SandboxFactory | None = None
+) -> list[str]:
+    """ChatML texts of `n` demonstrated episodes of one env (sync, for tokenizer training)."""
 
     async def go() -> list[str]:
-        return [t.chatml() for t in await demonstrations(env_id, n, seed=seed, sandbox_factory=sandbox_factory)]
+        return [
+            t.chatml()
+            for t in await demonstrations(env_id, n, seed=seed, sandbox_factory=sandbox_factory)
+        ]
 
     return anyio.run(go)
 

@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, Field
 
 from agent_rl.errors import EnvError, SandboxError
-from agent_rl.messages import AssistantTurn, MalformedToolCall, Message, ToolCall, system, tool_message
+from agent_rl.messages import (
+    AssistantTurn,
+    MalformedToolCall,
+    Message,
+    ToolCall,
+    system,
+    tool_message,
+)
 from agent_rl.rewards import EpisodeOutcome, Reward, as_reward
 from agent_rl.tasks import JsonlTasks, Task, TaskSource
 from agent_rl.tools import Tool, ToolResult, run_tool_call
@@ -164,7 +171,7 @@ class Env:
     # ------------------------------------------------------------------ tools
 
     def build_tools(self) -> list[Tool]:
-        """This instance's tools: `tools`, then `@tool` methods (bound). Override for dynamic ones."""
+        """This instance's tools: `tools`, then `@tool` methods (bound); override to vary them."""
         found: list[Tool] = list(type(self).tools)
         for klass in reversed(type(self).__mro__):
             for name, value in vars(klass).items():
@@ -210,7 +217,9 @@ class Env:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def reset(self, task: Task, seed: int | None = None, *, sandbox: Sandbox | None = None) -> ResetResult:
+    async def reset(
+        self, task: Task, seed: int | None = None, *, sandbox: Sandbox | None = None
+    ) -> ResetResult:
         """Start an episode on `task`. Sandbox tools and verifiers use `sandbox`."""
         if self.needs_sandbox and sandbox is None:
             raise EnvError(f"{self.env_id} needs a sandbox: pass sandbox= to reset")

@@ -54,7 +54,11 @@ class ToolCall(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
     def to_message_dict(self) -> ToolCallDict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": dict(self.arguments)}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": dict(self.arguments)},
+        }
 
 
 def system(content: str) -> Message:

@@ -64,7 +64,9 @@ class LoadError:
 _specs: dict[str, EnvSpec] = {}
 _errors: list[LoadError] = []
 _discovered = False
-_current_source: contextvars.ContextVar[str | None] = contextvars.ContextVar("agent_rl_env_source", default=None)
+_current_source: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "agent_rl_env_source", default=None
+)
 
 
 def register(id: str, entry_point: str | type[Env] | None = None, **kwargs: Any) -> Any:
@@ -79,12 +81,20 @@ def register(id: str, entry_point: str | type[Env] | None = None, **kwargs: Any)
     env_class = None
     if isinstance(entry_point, type):
         if not issubclass(entry_point, Env):
-            raise EnvError(f"register({id!r}): {entry_point.__name__} is not a subclass of agent_rl.Env")
+            raise EnvError(
+                f"register({id!r}): {entry_point.__name__} is not a subclass of agent_rl.Env"
+            )
         env_class, entry_point = entry_point, f"{entry_point.__module__}:{entry_point.__qualname__}"
     if ":" not in entry_point:
-        raise EnvError(f"register({id!r}): entry_point {entry_point!r} must look like 'package.module:Class'")
+        raise EnvError(
+            f"register({id!r}): entry_point {entry_point!r} must look like 'package.module:Class'"
+        )
     source = _source_for(entry_point)
-    _add(EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), source=source, env_class=env_class))
+    _add(
+        EnvSpec(
+            id=id, entry_point=entry_point, kwargs=dict(kwargs), source=source, env_class=env_class
+        )
+    )
     return None
 
 
@@ -108,7 +118,9 @@ def spec(id: str) -> EnvSpec:
         return _specs[id]
     except KeyError:
         known = ", ".join(sorted(_specs)) or "none"
-        raise EnvError(f"unknown environment {id!r}; registered: {known} (see `agent-rl envs list`)") from None
+        raise EnvError(
+            f"unknown environment {id!r}; registered: {known} (see `agent-rl envs list`)"
+        ) from None
 
 
 def specs() -> list[EnvSpec]:
@@ -150,13 +162,17 @@ def discover(*, force: bool = False) -> None:
         try:
             importlib.import_module(BUILTIN_PACKAGE)
         except Exception as e:
-            _errors.append(LoadError(BUILTIN, f"importing {BUILTIN_PACKAGE}: {type(e).__name__}: {e}"))
+            _errors.append(
+                LoadError(BUILTIN, f"importing {BUILTIN_PACKAGE}: {type(e).__name__}: {e}")
+            )
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         source = _entry_point_source(ep)
         try:
             if ep.attr:
                 if ep.name in _specs and _specs[ep.name].entry_point != ep.value:
-                    raise EnvError(f"id {ep.name!r} is already registered ({_specs[ep.name].source})")
+                    raise EnvError(
+                        f"id {ep.name!r} is already registered ({_specs[ep.name].source})"
+                    )
                 _add(EnvSpec(id=ep.name, entry_point=ep.value, source=source))
             else:
                 with _from_source(source):
@@ -208,4 +224,3 @@ def _from_source(source: str) -> Iterator[None]:
 
 def env_ids() -> list[str]:
     return [s.id for s in specs()]
-

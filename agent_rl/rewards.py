@@ -19,8 +19,8 @@ import json
 import re
 import string
 from collections import Counter
-from decimal import Decimal, InvalidOperation
 from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
@@ -125,7 +125,11 @@ class SandboxRun(BaseModel):
 
 
 async def run_json_program(
-    sandbox: Sandbox, program: str, *, files: Mapping[str, str] | None = None, timeout: float | None = None
+    sandbox: Sandbox,
+    program: str,
+    *,
+    files: Mapping[str, str] | None = None,
+    timeout: float | None = None,
 ) -> SandboxRun:
     """Write `files` to the sandbox's work dir, run `program` in a fresh interpreter, and parse
     the last line it printed as JSON. A timeout or a death without a result line is `ok=False`
@@ -145,7 +149,11 @@ async def run_json_program(
 
 
 async def verify_in_sandbox(
-    sandbox: Sandbox, program: str, *, files: Mapping[str, str] | None = None, timeout: float | None = None
+    sandbox: Sandbox,
+    program: str,
+    *,
+    files: Mapping[str, str] | None = None,
+    timeout: float | None = None,
 ) -> Reward:
     """Run a verifier program whose last stdout line is a JSON `Reward`; 0 if it gave none.
 

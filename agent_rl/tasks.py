@@ -93,7 +93,9 @@ class JsonlTasks(ListTasks):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise EnvError(f"{self.path}:{n}: invalid JSON ({e.msg}): fix or remove the line") from e
+                raise EnvError(
+                    f"{self.path}:{n}: invalid JSON ({e.msg}): fix or remove the line"
+                ) from e
             if not isinstance(obj, dict):
                 raise EnvError(f"{self.path}:{n}: each line must be a JSON object")
             tasks.append(Task(id=str(obj.get("id", f"{self.path.stem}-{n}")), data=obj))
@@ -103,7 +105,9 @@ class JsonlTasks(ListTasks):
 class GeneratedTasks(TaskSource):
     """An endless task generator; task i of seed s depends only on (name, split, s, i)."""
 
-    def __init__(self, name: str, fn: Callable[[random.Random], Mapping[str, Any]], *, split: str = "train") -> None:
+    def __init__(
+        self, name: str, fn: Callable[[random.Random], Mapping[str, Any]], *, split: str = "train"
+    ) -> None:
         self.name, self.fn, self.split = name, fn, split
 
     def task(self, seed: int, index: int) -> Task:

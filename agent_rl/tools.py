@@ -67,7 +67,9 @@ class Tool:
         doc_summary, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
         self.description = description or doc_summary
         if not self.description:
-            raise TypeError(f"tool {self.name!r}: give it a docstring (its description for the model)")
+            raise TypeError(
+                f"tool {self.name!r}: give it a docstring (its description for the model)"
+            )
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
         self.needs_sandbox = False
@@ -82,12 +84,15 @@ class Tool:
                 self.needs_sandbox = True
                 continue
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                raise TypeError(f"tool {self.name!r}: *args/**kwargs cannot be described to a model")
+                raise TypeError(
+                    f"tool {self.name!r}: *args/**kwargs cannot be described to a model"
+                )
             if p.annotation is inspect.Parameter.empty:
                 raise TypeError(f"tool {self.name!r}: parameter {pname!r} needs a type annotation")
             if pname not in arg_docs:
                 raise TypeError(
-                    f"tool {self.name!r}: document parameter {pname!r} in the docstring's Args: section"
+                    f"tool {self.name!r}: document parameter {pname!r} in the docstring's "
+                    "Args: section"
                 )
             default = ... if p.default is inspect.Parameter.empty else p.default
             fields[pname] = (p.annotation, Field(default, description=arg_docs[pname]))
@@ -118,7 +123,11 @@ class Tool:
         """The OpenAI-style function schema (what chat templates receive as `tools=`)."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
         }
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -143,7 +152,9 @@ class Tool:
         fn = functools.partial(self.fn, self._bound) if self._is_method else self.fn
         if self._is_async:
             return await fn(**values)
-        return await anyio.to_thread.run_sync(functools.partial(fn, **values), abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(
+            functools.partial(fn, **values), abandon_on_cancel=True
+        )
 
 
 def tool(
@@ -157,7 +168,13 @@ def tool(
     """Make a `Tool` from a function; usable bare (`@tool`) or with options (`@tool(name=...)`)."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, timeout_s=timeout_s, max_output_chars=max_output_chars)
+        return Tool(
+            f,
+            name=name,
+            description=description,
+            timeout_s=timeout_s,
+            max_output_chars=max_output_chars,
+        )
 
     return wrap(fn) if fn is not None else wrap
 
@@ -200,12 +217,16 @@ async def run_tool_call(
     except TimeoutError:
         return done(f"error: {t.name} timed out after {t.timeout_s:g}s", "timeout")
     except ToolError as e:
-        kind: ErrorKind = "invalid_arguments" if str(e).startswith("invalid arguments") else "tool_error"
+        kind: ErrorKind = (
+            "invalid_arguments" if str(e).startswith("invalid arguments") else "tool_error"
+        )
         return done(f"error: {e}", kind)
     except SandboxError:
         raise
     except Exception as e:
-        return done(f"error: {t.name} failed: {type(e).__name__}: {e}", "exception", traceback.format_exc())
+        return done(
+            f"error: {t.name} failed: {type(e).__name__}: {e}", "exception", traceback.format_exc()
+        )
     return done(_truncate(_to_text(value), t.max_output_chars))
 
 
@@ -236,7 +257,9 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return "\n\n".join(" ".join(p.split()) for p in paragraphs if p.strip()), args
 
 
-_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?)\s*:\s*$")
+_SECTION = re.compile(
+    r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?)\s*:\s*$"
+)
 _ARG = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 
 

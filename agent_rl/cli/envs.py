@@ -18,15 +18,24 @@ app = typer.Typer(help="Inspect registered environments.", no_args_is_help=True)
 def describe(spec: EnvSpec) -> dict[str, Any]:
     """One row: the spec plus what an instance says about itself (or why it cannot be made)."""
     row: dict[str, Any] = {
-        "id": spec.id, "source": spec.source, "entry_point": spec.entry_point, "kwargs": spec.kwargs,
-        "description": "", "tools": [], "sandbox": None, "demonstration": None, "error": None,
-    }  # fmt: skip
+        "id": spec.id,
+        "source": spec.source,
+        "entry_point": spec.entry_point,
+        "kwargs": spec.kwargs,
+        "description": "",
+        "tools": [],
+        "sandbox": None,
+        "demonstration": None,
+        "error": None,
+    }
     try:
         env = make(spec.id)
         row["tools"] = sorted(env.toolset)
         row["sandbox"] = env.needs_sandbox
         row["demonstration"] = env.has_demonstration()
-        row["description"] = (type(env).__doc__ or "").strip().splitlines()[0] if type(env).__doc__ else ""
+        row["description"] = (
+            (type(env).__doc__ or "").strip().splitlines()[0] if type(env).__doc__ else ""
+        )
     except EnvError as e:
         row["error"] = str(e)
     return row

@@ -49,7 +49,9 @@ def parse_completion(text: str, *, id_prefix: str = "call_") -> AssistantTurn:
         end = text.find(CLOSE, body_start)
         reopened = text.find(OPEN, body_start)
         if end == -1:
-            calls.append(_malformed(len(calls), text[start:], f"{OPEN} is never closed with {CLOSE}"))
+            calls.append(
+                _malformed(len(calls), text[start:], f"{OPEN} is never closed with {CLOSE}")
+            )
             break
         if reopened != -1 and reopened < end:
             calls.append(
@@ -57,7 +59,9 @@ def parse_completion(text: str, *, id_prefix: str = "call_") -> AssistantTurn:
             )
             pos = reopened
             continue
-        calls.append(_parse_body(len(calls), text[body_start:end], text[start : end + len(CLOSE)], id_prefix))
+        calls.append(
+            _parse_body(len(calls), text[body_start:end], text[start : end + len(CLOSE)], id_prefix)
+        )
         pos = end + len(CLOSE)
     return AssistantTurn(text=text, content="".join(content).strip(), calls=calls)
 

@@ -49,7 +49,13 @@ def _eval(node: ast.AST) -> int:
         return -v if isinstance(node.op, ast.USub) else v
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
         a, b = _eval(node.left), _eval(node.right)
-        r = a + b if isinstance(node.op, ast.Add) else a - b if isinstance(node.op, ast.Sub) else a * b
+        r = (
+            a + b
+            if isinstance(node.op, ast.Add)
+            else a - b
+            if isinstance(node.op, ast.Sub)
+            else a * b
+        )
         if abs(r) > MAX_MAGNITUDE:
             raise ValueError("result too large")
         return r
@@ -69,7 +75,9 @@ def calc(expression: str) -> str:
     return str(value)
 
 
-def make_problem(rng: random.Random, *, min_terms: int = 2, max_terms: int = 4, max_digits: int = 3) -> dict[str, Any]:
+def make_problem(
+    rng: random.Random, *, min_terms: int = 2, max_terms: int = 4, max_digits: int = 3
+) -> dict[str, Any]:
     """One question: {"expression", "question", "answer"} (answer as a decimal string)."""
     parts: list[str] = []
     for i in range(rng.randint(min_terms, max_terms)):
@@ -80,7 +88,11 @@ def make_problem(rng: random.Random, *, min_terms: int = 2, max_terms: int = 4, 
     expression = "".join(parts)
     value = safe_eval(expression)
     assert value is not None, expression  # generated from the grammar safe_eval accepts
-    return {"expression": expression, "question": rng.choice(TEMPLATES).format(e=expression), "answer": str(value)}
+    return {
+        "expression": expression,
+        "question": rng.choice(TEMPLATES).format(e=expression),
+        "answer": str(value),
+    }
 
 
 class CalculatorEnv(Env):
@@ -88,15 +100,28 @@ class CalculatorEnv(Env):
 
     tools = (calc,)
 
-    def __init__(self, *, min_terms: int = 2, max_terms: int = 4, max_digits: int = 3, max_turns: int | None = 4,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        min_terms: int = 2,
+        max_terms: int = 4,
+        max_digits: int = 3,
+        max_turns: int | None = 4,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
         if not 1 <= min_terms <= max_terms:
             raise ValueError(f"need 1 <= min_terms <= max_terms, got {min_terms}, {max_terms}")
-        self.problem_kwargs = {"min_terms": min_terms, "max_terms": max_terms, "max_digits": max_digits}
+        self.problem_kwargs = {
+            "min_terms": min_terms,
+            "max_terms": max_terms,
+            "max_digits": max_digits,
+        }
 
     def builtin_tasks(self, split: str = "train") -> TaskSource:
-        return GeneratedTasks("calculator", lambda rng: make_problem(rng, **self.problem_kwargs), split=split)
+        return GeneratedTasks(
+            "calculator", lambda rng: make_problem(rng, **self.problem_kwargs), split=split
+        )
 
     def initial_messages(self, task: Task) -> list[Message]:
         return [user(task["question"])]

@@ -84,7 +84,9 @@ class CodeTestsEnv(Env):
     uses_sandbox = True
     sandbox_spec = SandboxSpec(limits=Limits(wall_s=20.0, cpu_s=20, memory_mb=256))
 
-    def __init__(self, *, per_test_timeout_s: int = 2, max_turns: int | None = 6, **kwargs: Any) -> None:
+    def __init__(
+        self, *, per_test_timeout_s: int = 2, max_turns: int | None = 6, **kwargs: Any
+    ) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
         self.per_test_timeout_s = per_test_timeout_s
 
@@ -107,15 +109,22 @@ class CodeTestsEnv(Env):
         outputs = result.get("outputs")
         if not isinstance(outputs, list) or len(outputs) != total:
             why = result.get("load_error") or run.detail or "the runner reported no outputs"
-            return Reward(value=0.0, components={"passed": 0.0, "total": float(total)}, detail=str(why))
+            return Reward(
+                value=0.0, components={"passed": 0.0, "total": float(total)}, detail=str(why)
+            )
         failures = []
-        for test, out in zip(tests, outputs):
+        for test, out in zip(tests, outputs, strict=False):
             if not (isinstance(out, dict) and "ok" in out and out["ok"] == test["expected"]):
                 got = out.get("error", out.get("ok")) if isinstance(out, dict) else out
-                failures.append(f"{self.task['function']}(*{test['args']!r}) gave {got!r}, expected {test['expected']!r}")
+                call = f"{self.task['function']}(*{test['args']!r})"
+                failures.append(f"{call} gave {got!r}, expected {test['expected']!r}")
         passed = total - len(failures)
         detail = failures[0] if failures else ""
-        return Reward(value=passed / total, components={"passed": float(passed), "total": float(total)}, detail=detail)
+        return Reward(
+            value=passed / total,
+            components={"passed": float(passed), "total": float(total)},
+            detail=detail,
+        )
 
     async def demonstrate(self, messages: list[Message]) -> str:
         # Try the reference solution on the prompt's example in the sandbox, then submit it.

@@ -22,8 +22,27 @@ SYLLABLES = (
     "ka lo mi ren tor va sel dun bri os el fa gor hin ja ku lis mor nel pa qui ras sto tam ul vek "
     "wen yar zo bel cas dor ith mar nov pel riv sun tal ver"
 ).split()
-PROFESSIONS = ("painter", "engineer", "chemist", "sailor", "baker", "architect", "poet", "surgeon", "judge")
-INDUSTRIES = ("shipping", "software", "textile", "mining", "brewing", "publishing", "aerospace", "fishing")
+PROFESSIONS = (
+    "painter",
+    "engineer",
+    "chemist",
+    "sailor",
+    "baker",
+    "architect",
+    "poet",
+    "surgeon",
+    "judge",
+)
+INDUSTRIES = (
+    "shipping",
+    "software",
+    "textile",
+    "mining",
+    "brewing",
+    "publishing",
+    "aerospace",
+    "fishing",
+)
 CURRENCIES = ("mark", "crown", "florin", "dinar", "shell", "talon")
 
 
@@ -39,12 +58,19 @@ PERSON_BORN = Hop("{0} born", r"{0} is an? [a-z]+ who was born in (\w+)")
 CITY_COUNTRY = Hop("{1} city", r"{1} is a city in (\w+)")
 CHAINS: dict[str, tuple[Hop, ...]] = {
     "birth_country": (PERSON_BORN, CITY_COUNTRY),
-    "birth_capital": (PERSON_BORN, CITY_COUNTRY, Hop("{2} capital", r"{2} is a country whose capital is (\w+)")),
+    "birth_capital": (
+        PERSON_BORN,
+        CITY_COUNTRY,
+        Hop("{2} capital", r"{2} is a country whose capital is (\w+)"),
+    ),
     "founder_birthplace": (
         Hop("{0} company founded", r"{0} is an? [a-z]+ company founded by ([A-Z]\w+ [A-Z]\w+)"),
         Hop("{1} born", r"{1} is an? [a-z]+ who was born in (\w+)"),
     ),
-    "hq_country": (Hop("{0} headquarters", r"{0} is an? [a-z]+ company .*?Its headquarters are in (\w+)"), CITY_COUNTRY),
+    "hq_country": (
+        Hop("{0} headquarters", r"{0} is an? [a-z]+ company .*?Its headquarters are in (\w+)"),
+        CITY_COUNTRY,
+    ),
 }
 QUESTIONS = {
     "birth_country": "In which country was {0} born?",
@@ -62,7 +88,9 @@ class _Names:
 
     def __call__(self, lo: int = 2, hi: int = 3) -> str:
         while True:
-            word = "".join(self.rng.choice(SYLLABLES) for _ in range(self.rng.randint(lo, hi))).capitalize()
+            word = "".join(
+                self.rng.choice(SYLLABLES) for _ in range(self.rng.randint(lo, hi))
+            ).capitalize()
             if word not in self.used and len(word) > 3:
                 self.used.add(word)
                 return word
@@ -73,7 +101,10 @@ def world() -> dict[str, Any]:
     rng = random.Random(WORLD_SEED)
     name = _Names(rng)
     countries = [name() for _ in range(10)]
-    cities = [{"name": name(), "country": countries[i % len(countries)], "river": name()} for i in range(40)]
+    cities = [
+        {"name": name(), "country": countries[i % len(countries)], "river": name()}
+        for i in range(40)
+    ]
     capitals = {c: next(x["name"] for x in cities if x["country"] == c) for c in countries}
     people = [
         {"name": f"{name(2, 2)} {name()}", "profession": rng.choice(PROFESSIONS),
@@ -81,8 +112,9 @@ def world() -> dict[str, Any]:
         for _ in range(120)
     ]  # fmt: skip
     companies = [
-        {"name": name(3, 3), "industry": rng.choice(INDUSTRIES), "founder": rng.choice(people)["name"],
-         "city": rng.choice(cities)["name"], "year": rng.randint(1900, 2020)}
+        {"name": name(3, 3), "industry": rng.choice(INDUSTRIES),
+         "founder": rng.choice(people)["name"], "city": rng.choice(cities)["name"],
+         "year": rng.randint(1900, 2020)}
         for _ in range(40)
     ]  # fmt: skip
     currency = {c: rng.choice(CURRENCIES) for c in countries}
@@ -94,10 +126,19 @@ def world() -> dict[str, Any]:
 def documents() -> tuple[str, ...]:
     """The corpus: one short article per entity. Only city articles use the word "city"."""
     w = world()
-    docs = [f"{c} is a country whose capital is {w['capitals'][c]}. Its currency is the {w['currency'][c]}."
-            for c in w["countries"]]  # fmt: skip
-    docs += [f"{c['name']} is a city in {c['country']}, on the banks of the {c['river']} river." for c in w["cities"]]
-    docs += [f"{p['name']} is {_a(p['profession'])} who was born in {p['city']} in {p['year']}." for p in w["people"]]
+    docs = [
+        f"{c} is a country whose capital is {w['capitals'][c]}. "
+        f"Its currency is the {w['currency'][c]}."
+        for c in w["countries"]
+    ]
+    docs += [
+        f"{c['name']} is a city in {c['country']}, on the banks of the {c['river']} river."
+        for c in w["cities"]
+    ]
+    docs += [
+        f"{p['name']} is {_a(p['profession'])} who was born in {p['city']} in {p['year']}."
+        for p in w["people"]
+    ]
     docs += [
         f"{c['name']} is {_a(c['industry'])} company founded by {c['founder']} in {c['year']}. "
         f"Its headquarters are in {c['city']}."
@@ -115,8 +156,16 @@ def questions() -> tuple[dict[str, Any], ...]:
     out: list[dict[str, Any]] = []
 
     def add(kind: str, entity: str, path: list[str]) -> None:
-        out.append({"id": f"search-qa-{kind}-{entity.replace(' ', '_')}", "type": kind, "entity": entity,
-                    "question": QUESTIONS[kind].format(entity), "answer": path[-1], "path": path})  # fmt: skip
+        out.append(
+            {
+                "id": f"search-qa-{kind}-{entity.replace(' ', '_')}",
+                "type": kind,
+                "entity": entity,
+                "question": QUESTIONS[kind].format(entity),
+                "answer": path[-1],
+                "path": path,
+            }
+        )
 
     for p in w["people"]:
         city = p["city"]

@@ -51,8 +51,14 @@ def search_corpus(query: str, k: int) -> list[str]:
 class SearchQAEnv(Env):
     """Multi-hop questions over a local encyclopedia with a BM25 search tool; F1 reward."""
 
-    def __init__(self, *, top_k: int = 3, metric: Literal["f1", "em"] = "f1", max_turns: int | None = 6,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        top_k: int = 3,
+        metric: Literal["f1", "em"] = "f1",
+        max_turns: int | None = 6,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {top_k}")
@@ -72,7 +78,9 @@ class SearchQAEnv(Env):
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}: use 'train' or 'eval'")
         # A hash of the id, not the position, so every question type lands in both splits.
-        chosen = [q for q in questions() if (zlib.crc32(q["id"].encode()) % 10 == 0) == (split == "eval")]
+        chosen = [
+            q for q in questions() if (zlib.crc32(q["id"].encode()) % 10 == 0) == (split == "eval")
+        ]
         return ListTasks(Task(id=q["id"], data=q) for q in chosen)
 
     def initial_messages(self, task: Task) -> list[Message]:
@@ -89,7 +97,8 @@ class SearchQAEnv(Env):
         assert self.task is not None
         chain = CHAINS[self.task["type"]]
         found = [self.task["entity"]]
-        for hop, result in zip(chain, [m["content"] for m in messages if m["role"] == "tool"]):
+        results = [m["content"] for m in messages if m["role"] == "tool"]
+        for hop, result in zip(chain, results, strict=False):
             pattern = hop.pattern.format(*(re.escape(v) for v in found))
             m = re.search(pattern, result)
             if m is None:

@@ -20,7 +20,8 @@ async def test_demonstration_scores_full_reward_in_the_ideal_format() -> None:
     t = transcripts[0]
     expr, answer = t.task["expression"], t.task["answer"]
     assert t.completions() == [
-        f'<tool_call>{{"name":"calc","arguments":{{"expression":"{expr}"}}}}</tool_call>', answer
+        f'<tool_call>{{"name":"calc","arguments":{{"expression":"{expr}"}}}}</tool_call>',
+        answer,
     ]
     assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant"]
     assert t.messages[2]["content"] == answer
@@ -42,7 +43,9 @@ async def test_wrong_answers_and_bad_expressions() -> None:
     env = make("calculator")
     task = env.task_source().take(1)[0]
     await env.reset(task)
-    bad = await env.step(parse_completion(format_tool_call("calc", {"expression": "__import__('os')"})))
+    bad = await env.step(
+        parse_completion(format_tool_call("calc", {"expression": "__import__('os')"}))
+    )
     assert bad.observations[0]["content"] == "error: bad expression"
     wrong = await env.step(parse_completion(str(int(task["answer"]) + 1)))
     assert wrong.terminated and wrong.reward == 0.0

@@ -7,8 +7,13 @@ from agent_rl.messages import tool_message, user
 
 
 def test_chatml_groups_consecutive_tool_messages_and_can_show_tools() -> None:
-    msgs = [user("q"), {"role": "assistant", "content": "a"}, tool_message("r1"), tool_message("r2"),
-            {"role": "assistant", "content": "done"}]  # fmt: skip
+    msgs = [
+        user("q"),
+        {"role": "assistant", "content": "a"},
+        tool_message("r1"),
+        tool_message("r2"),
+        {"role": "assistant", "content": "done"},
+    ]
     assert render_chatml(msgs) == (
         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"
         "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n"

@@ -55,7 +55,9 @@ async def test_tool_loop_then_scored_answer() -> None:
     assert [m["role"] for m in first.messages] == ["system", "user"]
     assert first.tools == [shout.schema()] and not env.needs_sandbox
 
-    turn = parse_completion("thinking " + format_tool_call("shout", {"text": "hi"}) + "<tool_call>{bad</tool_call>")
+    turn = parse_completion(
+        "thinking " + format_tool_call("shout", {"text": "hi"}) + "<tool_call>{bad</tool_call>"
+    )
     r1 = await env.step(turn)
     assert not (r1.terminated or r1.truncated) and r1.reward == 0.0
     assert [m["content"] for m in r1.observations] == ["HI", r1.info.malformed[0].observation()]
@@ -104,8 +106,13 @@ class BrokenEnv(EchoEnv):
         return [1.0]
 
 
-@pytest.mark.parametrize(("where", "method", "kind"), [("reset", "initial_messages", "KeyError"), ("score", "score", "ZeroDivisionError")])
-async def test_user_code_errors_become_env_errors_with_traceback(where: str, method: str, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "method", "kind"),
+    [("reset", "initial_messages", "KeyError"), ("score", "score", "ZeroDivisionError")],
+)
+async def test_user_code_errors_become_env_errors_with_traceback(
+    where: str, method: str, kind: str
+) -> None:
     env = BrokenEnv(where)
     with pytest.raises(EnvError) as info:
         await env.reset(TASK)
@@ -117,7 +124,8 @@ async def test_user_code_errors_become_env_errors_with_traceback(where: str, met
 
 async def test_group_reward_hook() -> None:
     outcomes = [
-        EpisodeOutcome(task_id="t0", reward=1.0, terminated=True, truncated=False, turns=t) for t in (3, 2)
+        EpisodeOutcome(task_id="t0", reward=1.0, terminated=True, truncated=False, turns=t)
+        for t in (3, 2)
     ] + [EpisodeOutcome(task_id="t0", reward=0.0, terminated=False, truncated=True, turns=4)]
     assert await apply_group_reward(EchoEnv(), outcomes) == [1.0, 1.5, 0.0]
     with pytest.raises(EnvCodeError, match="bad group"):

@@ -52,7 +52,12 @@ def test_register_make_with_defaults_and_overrides(scratch_ids: list[str]) -> No
     scratch_ids.append("tiny-test")
     register("tiny-test", entry_point=f"{__name__}:TinyEnv", word="hey", max_turns=3)
     env = make("tiny-test")
-    assert isinstance(env, TinyEnv) and env.word == "hey" and env.max_turns == 3 and env.env_id == "tiny-test"
+    assert (
+        isinstance(env, TinyEnv)
+        and env.word == "hey"
+        and env.max_turns == 3
+        and env.env_id == "tiny-test"
+    )
     assert make("tiny-test", word="yo").word == "yo"
     s = registry.spec("tiny-test")
     assert s.source == f"module {__name__}" and s.kwargs == {"word": "hey", "max_turns": 3}
@@ -124,7 +129,8 @@ def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert PROJECT_ROOT not in src.parents
     (src / "agent_rl_plugin_demo").mkdir()
     (src / "agent_rl_plugin_demo" / "__init__.py").write_text(PLUGIN_MODULE)
-    (src / "pyproject.toml").write_text(textwrap.dedent("""
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [build-system]
         requires = ["hatchling"]
         build-backend = "hatchling.build"
@@ -137,7 +143,8 @@ def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
         plugin-env = "agent_rl_plugin_demo:PluginEnv"
         plugin-module = "agent_rl_plugin_demo"
         plugin-broken = "agent_rl_plugin_demo_missing:Nope"
-    """))
+    """)
+    )
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
@@ -147,7 +154,9 @@ def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-def test_entry_point_plugin_is_discovered(installed_plugin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_entry_point_plugin_is_discovered(
+    installed_plugin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.syspath_prepend(str(installed_plugin))
     try:
         registry.discover(force=True)

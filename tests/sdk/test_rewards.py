@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from agent_rl import EnvError, Reward
-from agent_rl.rewards import as_reward, exact_match, extract_answer, last_number, normalize_answer, number_match, token_f1
+from agent_rl.rewards import (
+    as_reward,
+    exact_match,
+    extract_answer,
+    last_number,
+    normalize_answer,
+    number_match,
+    token_f1,
+)
 
 
 def test_normalize_and_exact_match() -> None:
@@ -17,7 +25,9 @@ def test_normalize_and_exact_match() -> None:
 def test_token_f1() -> None:
     assert token_f1("Veloria", "Veloria") == 1.0
     assert token_f1("north Veloria", "Veloria") == pytest.approx(2 / 3)
-    assert token_f1("", "Veloria") == 0.0 and token_f1("abc", ["x", "abc d"]) == pytest.approx(2 / 3)
+    assert token_f1("", "Veloria") == 0.0 and token_f1("abc", ["x", "abc d"]) == pytest.approx(
+        2 / 3
+    )
 
 
 def test_numbers_compare_exactly() -> None:

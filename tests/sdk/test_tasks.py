@@ -17,7 +17,9 @@ def test_generated_tasks_depend_only_on_name_split_seed_and_index() -> None:
     assert [t.id for t in a] == [f"g-train-3-{i}" for i in range(5)]
     assert src.task(3, 4) == a[4]
     assert a != src.take(5, seed=4)
-    assert a != GeneratedTasks("g", lambda rng: {"x": rng.randint(0, 10**9)}, split="eval").take(5, seed=3)
+    assert a != GeneratedTasks("g", lambda rng: {"x": rng.randint(0, 10**9)}, split="eval").take(
+        5, seed=3
+    )
     assert src.size is None
 
 
@@ -25,7 +27,9 @@ def test_list_tasks_cycle_with_a_fresh_shuffle_per_epoch() -> None:
     tasks = [Task(id=str(i), data={"i": i}) for i in range(10)]
     src = ListTasks(tasks)
     first, second = src.take(10, seed=1), src.take(20, seed=1)[10:]
-    assert sorted(t.id for t in first) == sorted(t.id for t in second) == sorted(t.id for t in tasks)
+    assert (
+        sorted(t.id for t in first) == sorted(t.id for t in second) == sorted(t.id for t in tasks)
+    )
     assert first != second and src.take(20, seed=1) == src.take(20, seed=1)
     assert ListTasks(tasks, shuffle=False).take(3) == tasks[:3]
     with pytest.raises(EnvError, match="empty"):
@@ -53,5 +57,8 @@ def test_env_tasks_option_replaces_the_builtin_set(tmp_path: Path) -> None:
     from agent_rl import make
 
     path = tmp_path / "mine.jsonl"
-    path.write_text(json.dumps({"id": "m1", "question": "What is 1+1?", "expression": "1+1", "answer": "2"}) + "\n")
+    path.write_text(
+        json.dumps({"id": "m1", "question": "What is 1+1?", "expression": "1+1", "answer": "2"})
+        + "\n"
+    )
     assert [t.id for t in make("calculator", tasks=str(path)).task_source().take(2)] == ["m1", "m1"]

@@ -18,7 +18,9 @@ def test_compact_call_roundtrips_through_format() -> None:
     text = format_tool_call("calc", {"expression": "37*48+12"})
     assert text == '<tool_call>{"name":"calc","arguments":{"expression":"37*48+12"}}</tool_call>'
     turn = parse_completion(text)
-    assert turn.tool_calls == [ToolCall(id="call_0", name="calc", arguments={"expression": "37*48+12"})]
+    assert turn.tool_calls == [
+        ToolCall(id="call_0", name="calc", arguments={"expression": "37*48+12"})
+    ]
     assert turn.content == "" and turn.malformed == []
 
 
@@ -68,7 +70,9 @@ def test_reopened_block_is_malformed_and_the_next_call_still_parses() -> None:
     turn = parse_completion('<tool_call>{"name":"calc"' + good)
     assert [type(c) for c in turn.calls] == [MalformedToolCall, ToolCall]
     assert "opened again" in turn.malformed[0].reason
-    assert turn.tool_calls[0].id == "call_1" and turn.tool_calls[0].arguments == {"expression": "2*3"}
+    assert turn.tool_calls[0].id == "call_1" and turn.tool_calls[0].arguments == {
+        "expression": "2*3"
+    }
 
 
 def test_raw_message_reproduces_the_completion_and_structured_one_splits_it() -> None:

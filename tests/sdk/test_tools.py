@@ -87,7 +87,11 @@ def test_validation_error_is_a_message_the_model_can_act_on() -> None:
         add.validate({"b": "x", "extra": 1})
     msg = str(e.value)
     assert msg.startswith("invalid arguments for add: ")
-    assert "a: Field required" in msg and "b: " in msg and "extra: Extra inputs are not permitted" in msg
+    assert (
+        "a: Field required" in msg
+        and "b: " in msg
+        and "extra: Extra inputs are not permitted" in msg
+    )
     assert add.validate({"a": "3"}) == {"a": 3, "b": 2, "mode": "plain"}  # lax coercion of "3"
 
 
@@ -127,10 +131,14 @@ async def test_run_tool_call_outcomes() -> None:
     assert (ok.output, ok.error, ok.call_id) == ("3", None, "c0") and ok.duration_s >= 0
 
     unknown = await run_tool_call(tools, ToolCall(id="c1", name="mul", arguments={}))
-    assert unknown.error == "unknown_tool" and "available: add, boom, refuse, slow" in unknown.output
+    assert (
+        unknown.error == "unknown_tool" and "available: add, boom, refuse, slow" in unknown.output
+    )
 
     bad = await run_tool_call(tools, ToolCall(id="c2", name="add", arguments={}))
-    assert bad.error == "invalid_arguments" and bad.output.startswith("error: invalid arguments for add")
+    assert bad.error == "invalid_arguments" and bad.output.startswith(
+        "error: invalid arguments for add"
+    )
 
     raised = await run_tool_call(tools, ToolCall(id="c3", name="boom", arguments={"x": 1}))
     assert raised.error == "exception" and raised.output == "error: boom failed: ValueError: kaput"
@@ -158,7 +166,9 @@ async def test_sandbox_tools_get_the_episode_sandbox_and_sandbox_errors_propagat
 
     assert whoami.needs_sandbox and "sandbox" not in whoami.parameters["properties"]
     tools = {"whoami": whoami}
-    res = await run_tool_call(tools, ToolCall(id="c", name="whoami", arguments={"loud": True}), sandbox="sb-1")
+    res = await run_tool_call(
+        tools, ToolCall(id="c", name="whoami", arguments={"loud": True}), sandbox="sb-1"
+    )
     assert res.output == "SB-1"
     missing = await run_tool_call(tools, ToolCall(id="c", name="whoami", arguments={}))
     assert missing.error == "tool_error" and "needs a sandbox" in missing.output
@@ -182,8 +192,12 @@ async def test_method_tools_bind_self_and_outputs_are_capped() -> None:
 
     assert isinstance(Box.fill, Tool) and "self" not in Box.fill.parameters["properties"]
     small, big = Box(3).fill, Box(50).fill
-    assert (await run_tool_call({"fill": small}, ToolCall(id="c", name="fill", arguments={"char": "x"}))).output == "xxx"
-    out = (await run_tool_call({"fill": big}, ToolCall(id="c", name="fill", arguments={"char": "y"}))).output
+    assert (
+        await run_tool_call({"fill": small}, ToolCall(id="c", name="fill", arguments={"char": "x"}))
+    ).output == "xxx"
+    out = (
+        await run_tool_call({"fill": big}, ToolCall(id="c", name="fill", arguments={"char": "y"}))
+    ).output
     assert out.startswith("y" * 10) and out.endswith("[truncated 40 characters]")
 
 
