@@ -224,3 +224,29 @@ def _from_source(source: str) -> Iterator[None]:
 
 def env_ids() -> list[str]:
     return [s.id for s in specs()]
+
+
+def describe(s: EnvSpec) -> dict[str, Any]:
+    """A JSON-able summary of one spec plus what an instance says about itself (or why it
+    cannot be made): what `agent-rl envs list` shows."""
+    row: dict[str, Any] = {
+        "id": s.id,
+        "source": s.source,
+        "entry_point": s.entry_point,
+        "kwargs": s.kwargs,
+        "description": "",
+        "tools": [],
+        "sandbox": None,
+        "demonstration": None,
+        "error": None,
+    }
+    try:
+        env = make(s.id)
+        row["tools"] = sorted(env.toolset)
+        row["sandbox"] = env.needs_sandbox
+        row["demonstration"] = env.has_demonstration()
+        doc = (type(env).__doc__ or "").strip()
+        row["description"] = doc.splitlines()[0] if doc else ""
+    except EnvError as e:
+        row["error"] = str(e)
+    return row

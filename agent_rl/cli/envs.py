@@ -3,42 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from agent_rl.cli.common import console
-from agent_rl.errors import EnvError
-from agent_rl.registry import EnvSpec, load_errors, make, specs
+from agent_rl.registry import describe, load_errors, specs
 
 app = typer.Typer(help="Inspect registered environments.", no_args_is_help=True)
-
-
-def describe(spec: EnvSpec) -> dict[str, Any]:
-    """One row: the spec plus what an instance says about itself (or why it cannot be made)."""
-    row: dict[str, Any] = {
-        "id": spec.id,
-        "source": spec.source,
-        "entry_point": spec.entry_point,
-        "kwargs": spec.kwargs,
-        "description": "",
-        "tools": [],
-        "sandbox": None,
-        "demonstration": None,
-        "error": None,
-    }
-    try:
-        env = make(spec.id)
-        row["tools"] = sorted(env.toolset)
-        row["sandbox"] = env.needs_sandbox
-        row["demonstration"] = env.has_demonstration()
-        row["description"] = (
-            (type(env).__doc__ or "").strip().splitlines()[0] if type(env).__doc__ else ""
-        )
-    except EnvError as e:
-        row["error"] = str(e)
-    return row
 
 
 @app.command("list")

@@ -7,7 +7,6 @@ was), and checks both in-process discovery and `agent-rl envs list` in a fresh p
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -17,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from agent_rl import Env, EnvError, Task, make, register, registry
 from agent_rl.env import EnvCodeError
@@ -165,38 +163,43 @@ def test_entry_point_plugin_is_discovered(
         assert by_id["plugin-self"].source == "entry point: agent-rl-plugin-demo 0.3.0"
         assert type(make("plugin-env")).__name__ == "PluginEnv"
         assert type(make("plugin-self")).__name__ == "SelfRegistered"
-        # A lazy entry point that cannot be imported fails when made, not when listed.
+        # A lazy entry point that cannot be imported fails when made (and listed), not discovered.
         with pytest.raises(EnvCodeError, match="ModuleNotFoundError"):
             make("plugin-broken")
+        rows = {r["id"]: r for r in map(registry.describe, registry.specs())}
+        assert rows["plugin-env"]["description"] == "An environment from an installed package."
+        assert rows["plugin-env"]["tools"] == [] and rows["plugin-env"]["sandbox"] is False
+        assert "ModuleNotFoundError" in rows["plugin-broken"]["error"]
+        assert rows["calculator"]["tools"] == ["calc"] and rows["calculator"]["demonstration"]
     finally:
         for i in ("plugin-env", "plugin-self", "plugin-broken"):
             registry.unregister(i)
+
+
+CLI_SCRIPT = """
+from agent_rl.cli import app
+for args in (["envs", "list", "--json"], ["envs", "list"]):
+    try:
+        app(args)
+    except SystemExit as e:
+        assert not e.code, e.code
+    print("\\n--- end of command ---")
+"""
 
 
 def test_cli_envs_list_shows_the_plugin_and_its_distribution(installed_plugin: Path) -> None:
-    # A fresh process through the real CLI entry: discovery must find the installed distribution.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(installed_plugin), str(PROJECT_ROOT)]))
-    cmd = [sys.executable, "-c", "from agent_rl.cli import main; main()", "envs", "list", "--json"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=True)
-    rows = {r["id"]: r for r in json.loads(out.stdout)["envs"]}
+    # A fresh process through the real CLI: discovery must find the installed distribution.
+    # Both forms run in one process because importing the CLI is the slow part.
+    path = os.pathsep.join([str(installed_plugin), str(PROJECT_ROOT)])
+    env = dict(os.environ, PYTHONPATH=path, COLUMNS="250")
+    out = subprocess.run(
+        [sys.executable, "-c", CLI_SCRIPT], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr
+    as_json, table, _ = out.stdout.split("--- end of command ---")
+    rows = {r["id"]: r for r in json.loads(as_json)["envs"]}
     assert rows["plugin-env"]["source"] == "entry point: agent-rl-plugin-demo 0.3.0"
-    assert rows["plugin-env"]["description"] == "An environment from an installed package."
     assert rows["calculator"]["source"] == "builtin" and rows["calculator"]["tools"] == ["calc"]
-    assert "ModuleNotFoundError" in rows["plugin-broken"]["error"]
-
-
-def test_cli_envs_table(installed_plugin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent_rl.cli import envs as envs_cli
-
-    monkeypatch.syspath_prepend(str(installed_plugin))
-    buf = io.StringIO()
-    monkeypatch.setattr(envs_cli, "console", Console(file=buf, width=200))
-    try:
-        registry.discover(force=True)
-        envs_cli.list_envs(as_json=False)
-    finally:
-        for i in ("plugin-env", "plugin-self", "plugin-broken"):
-            registry.unregister(i)
-    text = buf.getvalue()
-    assert "plugin-env" in text and "entry point: agent-rl-plugin-demo 0.3.0" in text
-    assert "calculator" in text and "builtin" in text and "cannot load" in text
+    assert {"calculator", "search-qa", "python-math", "code-tests"} <= rows.keys()
+    assert "plugin-env" in table and "entry point: agent-rl-plugin-demo 0.3.0" in table
+    assert "cannot load" in table and "builtin" in table
