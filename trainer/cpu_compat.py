@@ -137,6 +137,8 @@ _CUDA_LITERAL_MODULES = (
     "megatron.core.dist_checkpointing.exchange_utils",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver",
     "megatron.core.tensor_parallel.data",
+    "megatron.core.utils",
+    "megatron.core.rerun_state_machine",
 )
 _FACTORIES = frozenset({
     "tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",

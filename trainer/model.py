@@ -190,6 +190,11 @@ def build_gpt_model(arch: ModelArch, par: Parallel, dtype: torch.dtype = torch.f
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     config = transformer_config(arch, par, dtype)
+    if arch.is_moe:
+        from megatron.core.transformer.moe.router_replay import RouterReplay
+
+        # Routers register in a process-global list; only this model's may be in it.
+        RouterReplay.clear_global_router_replay_instances()
     spec = get_gpt_layer_local_spec(
         num_experts=arch.num_experts or None, qk_layernorm=arch.qk_norm, normalization="RMSNorm"
     )

@@ -1,0 +1,291 @@
+"""The training engine: a Megatron GPTModel + Megatron optimizer that takes RL and SFT steps.
+
+`Engine(model_dir, cfg)` initialises torch.distributed and megatron's parallel groups (a world
+of one, or whatever torchrun set up), builds the model from the HF directory, wraps it in
+Megatron's DistributedDataParallel and builds Megatron's (distributed) Adam optimizer.
+
+Data contract: every rank calls every method collectively. Ranks in one tensor-parallel group
+(and the EP ranks that share a data-parallel index) must pass identical batches; different
+data-parallel ranks pass their own shards. Losses are normalised by denominators all-reduced
+over the data-parallel group (tokens for "token-mean", sequences otherwise), and Megatron is
+told not to average again (`calculate_per_token_loss`), so any DP/micro-batch split of a batch
+gives the same gradient. Returned metrics are global (reduced over data-parallel ranks).
+
+One optimizer step per batch: the PPO ratio is taken against the trainer's own logprobs at the
+start of the step (so it is 1 and `clip_fraction` 0 unless a caller re-uses old logprobs), and
+TIS weights each token by min(pi_train / pi_rollout, cap). Checkpoints are dist_checkpointing
+directories (model + optimizer + step); exports are HF safetensors directories that SGLang and
+transformers load. dist_checkpointing.save starts a helper process with multiprocessing
+"spawn", so a script that saves must guard its entry point with `if __name__ == "__main__"`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agent_rl.config import TrainerConfig
+from agent_rl.errors import ConfigError
+from trainer import dist_env, hf_convert, shard
+from trainer.batch import Batch
+from trainer.logprobs import token_entropy, token_logprobs
+from trainer.loss import PolicyLossConfig, policy_loss, sft_loss
+from trainer.model import ModelArch, Parallel, build_gpt_model, load_hf_weights
+
+
+class Engine:
+    """Policy model + optimizer on this rank; see the module docstring for the data contract."""
+
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, lr: float | None = None) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        torch.set_num_threads(cfg.threads)
+        self.cfg, self.model_dir = cfg, Path(model_dir)
+        self.par = Parallel(cfg.tp, cfg.pp, cfg.ep)
+        self.arch = ModelArch.from_hf_dir(self.model_dir)
+        dist_env.init(self.par, cfg.seed)
+        module = build_gpt_model(self.arch, self.par)
+        # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
+        module.config.calculate_per_token_loss = True
+        load_hf_weights(module, self.arch, self.model_dir)
+        self.lr = lr if lr is not None else cfg.lr
+        self.model = DistributedDataParallel(
+            module.config,
+            DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                          use_distributed_optimizer=cfg.distributed_optimizer),
+            module,
+        )
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=self.lr, adam_beta1=cfg.adam_beta1,
+                            adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay, clip_grad=cfg.grad_clip,
+                            use_distributed_optimizer=cfg.distributed_optimizer,
+                            params_dtype=torch.float32),
+            [self.model],
+        )
+        self.loss_cfg = PolicyLossConfig(cfg.loss_type, cfg.clip_eps_low, cfg.clip_eps_high,
+                                         cfg.tis_cap, cfg.kl_coef, cfg.aggregation)
+        self.replay = None
+        if self.arch.is_moe:
+            from trainer.replay import RoutingReplay
+
+            self.replay = RoutingReplay(sequence_parallel=module.config.sequence_parallel)
+        # The KL reference is the starting policy; kept as a copy of this rank's shard.
+        self._ref = [p.detach().clone() for p in module.parameters()] if cfg.kl_coef else None
+        self.step = 0
+
+    # ----- forward ---------------------------------------------------------------------------
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The bare GPTModel (this rank's shard)."""
+        return self.model.module
+
+    def _prepare(self, batch: Batch) -> Batch:
+        tp = self.par.tp
+        if self.module.config.sequence_parallel and batch.length % tp:
+            return batch.pad_to(batch.length + tp - batch.length % tp)
+        return batch
+
+    def _forward(self, mb: Batch, replay: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        """Logits [B, T, V/tp] and routing metrics (MoE batches that carry routed experts)."""
+        positions = torch.arange(mb.length).unsqueeze(0).expand(mb.size, -1)
+        if self.replay is None or mb.routed_experts is None:
+            return self.model(mb.tokens, positions, None), {}
+        with self.replay.forward_context(mb.routed_experts, mb.routed_valid, replay) as mismatch:
+            logits = self.model(mb.tokens, positions, None)
+        return logits, {"routing_mismatch_tokens": mismatch.differing_tokens,
+                        "routing_tokens": mismatch.tokens}
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch, entropy: bool = False) -> dict[str, torch.Tensor]:
+        """Token-aligned logprobs [B, T] (column 0 is 0: token 0 has no prediction) and, if asked,
+        the entropy of the distribution each token was drawn from; no gradient, no update."""
+        T = batch.length
+        batch = self._prepare(batch)
+        out: dict[str, list[torch.Tensor]] = {"logprobs": [], "entropy": []}
+        for mb in self._micro_batches(batch):
+            logits, _ = self._forward(mb, self.cfg.routing_replay)
+            out["logprobs"].append(token_logprobs(logits, mb.tokens))
+            if entropy:
+                out["entropy"].append(token_entropy(logits))
+        result = {}
+        for key, parts in out.items():
+            if parts:
+                shifted = torch.cat(parts)
+                result[key] = torch.cat([torch.zeros(shifted.shape[0], 1), shifted], dim=1)[:, :T]
+        return result
+
+    # ----- steps -----------------------------------------------------------------------------
+
+    def rl_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step of the configured policy loss on `batch`; returns global metrics."""
+        return self._step(batch, sft=False)
+
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step of cross-entropy on the loss-mask tokens of `batch`."""
+        return self._step(batch, sft=True)
+
+    def _step(self, batch: Batch, sft: bool) -> dict[str, float]:
+        from megatron.core.distributed import finalize_model_grads
+
+        batch = self._prepare(batch)
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        mask = batch.loss_mask[:, 1:]
+        counts = torch.tensor([float(mask.sum()), float(batch.size)], dtype=torch.float64)
+        self._dp_sum(counts)
+        denominator = float(counts[0] if self.cfg.aggregation == "token-mean" else counts[1])
+        sums: dict[str, float] = {}
+        for mb in self._micro_batches(batch):
+            logits, routing = self._forward(mb, self.cfg.routing_replay)
+            entropy = token_entropy(logits)
+            lp = token_logprobs(logits, mb.tokens)
+            mb_mask = mb.loss_mask[:, 1:]
+            if sft:
+                out = sft_loss(lp, mb_mask, self.cfg.aggregation, denominator)
+            else:
+                ref = self._reference_logprobs(mb) if self._ref is not None else None
+                out = policy_loss(lp, lp.detach(), mb.advantages, mb_mask, self.loss_cfg,
+                                  rollout_logprobs=mb.rollout_logprobs[:, 1:], ref_logprobs=ref,
+                                  denominator=denominator)
+            out.loss.backward()
+            out.metrics["entropy"] = float((entropy * mb_mask).sum() / max(out.tokens, 1))
+            for key, value in out.metrics.items():
+                sums[key] = sums.get(key, 0.0) + value * out.tokens
+            sums["loss"] = sums.get("loss", 0.0) + float(out.loss.detach())
+            for key, value in routing.items():
+                sums[key] = sums.get(key, 0.0) + value
+        finalize_model_grads([self.model])
+        self._set_lr()
+        ok, grad_norm, _ = self.optimizer.step()
+        self.step += 1
+        return self._global_metrics(sums, counts, grad_norm, ok)
+
+    def _micro_batches(self, batch: Batch) -> list[Batch]:
+        size = self.cfg.micro_batch_size
+        return [batch.rows(slice(i, i + size)) for i in range(0, batch.size, size)]
+
+    def _set_lr(self) -> None:
+        warm = self.cfg.lr_warmup_steps
+        lr = self.lr * min(1.0, (self.step + 1) / warm) if warm else self.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _dp_sum(self, t: torch.Tensor) -> torch.Tensor:
+        from megatron.core import parallel_state as ps
+
+        if ps.get_data_parallel_world_size() > 1:
+            dist.all_reduce(t, group=ps.get_data_parallel_group())
+        return t
+
+    def _global_metrics(self, sums: dict[str, float], counts: torch.Tensor, grad_norm: Any,
+                        ok: bool) -> dict[str, float]:
+        keys = sorted(sums)
+        totals = self._dp_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+        metrics: dict[str, float] = {}
+        for key, total in zip(keys, totals.tolist()):
+            if key in ("loss", "routing_mismatch_tokens", "routing_tokens"):
+                metrics[key] = total
+            else:
+                metrics[key] = total / max(float(counts[0]), 1.0)
+        if "routing_tokens" in metrics:
+            metrics["routing_mismatch_fraction"] = (
+                metrics.pop("routing_mismatch_tokens") / max(metrics.pop("routing_tokens"), 1.0))
+        metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
+                       update_ok=float(ok), tokens=float(counts[0]), step=float(self.step))
+        return metrics
+
+    @torch.no_grad()
+    def _reference_logprobs(self, mb: Batch) -> torch.Tensor:
+        params = list(self.module.parameters())
+        current = [p.detach().clone() for p in params]
+        try:
+            for p, ref in zip(params, self._ref or []):
+                p.copy_(ref)
+            logits, _ = self._forward(mb, self.cfg.routing_replay)
+            return token_logprobs(logits, mb.tokens)
+        finally:
+            for p, cur in zip(params, current):
+                p.copy_(cur)
+
+    # ----- persistence -----------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """Write model + optimizer + step with dist_checkpointing into `directory/step_N`."""
+        from megatron.core import dist_checkpointing
+
+        final = Path(directory) / f"step_{self.step:08d}"
+        tmp = final.with_name(final.name + ".tmp")
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        dist_checkpointing.save(self._sharded_state(), str(tmp))
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)  # a checkpoint directory exists only once complete
+        dist.barrier()
+        return final
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """Restore model, optimizer and step from a `save_checkpoint` directory; return the step."""
+        from megatron.core import dist_checkpointing
+
+        path = Path(path)
+        if not path.is_dir():
+            raise ConfigError(f"checkpoint {path} does not exist")
+        loaded = dist_checkpointing.load(self._sharded_state(loading=True), str(path))
+        with torch.no_grad():  # fp32 main params are views of the (grad-requiring) model params
+            self.module.load_state_dict(loaded["model"])
+            self.optimizer.load_state_dict(loaded["optimizer"])
+        self.step = int(loaded["step"])
+        return self.step
+
+    def _sharded_state(self, loading: bool = False) -> dict[str, Any]:
+        # "dp_reshardable": optimizer state loads under another DP size (same TP/EP). 0.16's
+        # default format is rejected by its own saver, and "fully_reshardable" cannot load a
+        # torch-Adam state (it drops `step`); model weights alone reshard freely.
+        metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
+        if loading:
+            # Without Apex/TE, megatron reads Adam's `step` from existing state, so a fresh
+            # optimizer needs placeholder state (megatron's own helper) before it can load.
+            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                if hasattr(opt, "_init_optimizer_states_with_dummy_values") and not opt.optimizer.state:
+                    opt._init_optimizer_states_with_dummy_values()
+        model_state = self.module.sharded_state_dict(metadata=metadata)
+        optimizer_state = self.optimizer.sharded_state_dict(model_state, is_loading=loading,
+                                                            metadata=metadata)
+        return {"model": model_state, "optimizer": optimizer_state, "step": self.step}
+
+    def export_hf(self, directory: str | Path) -> Path:
+        """Write an HF safetensors model directory (config and tokenizer copied from the start)."""
+        full = shard.gather_full_state_dict(self.module, self.arch)
+        out = Path(directory)
+        if dist.get_rank() == 0:
+            hf_convert.write_hf_dir(hf_convert.mcore_to_hf(full, self.arch), out, self.model_dir)
+        dist.barrier()
+        return out
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The newest complete `step_N` directory under `directory`, if any."""
+    steps = sorted(p for p in Path(directory).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    return steps[-1] if steps else None
+
+
+@contextlib.contextmanager
+def engine(model_dir: str | Path, cfg: TrainerConfig, lr: float | None = None) -> Any:
+    """An Engine whose process groups are torn down on exit (tests, one-shot tools)."""
+    e = Engine(model_dir, cfg, lr)
+    try:
+        yield e
+    finally:
+        dist_env.teardown()

@@ -1,0 +1,131 @@
+"""Routing replay (R3): train a MoE model with the experts the rollout engine chose.
+
+Layouts:
+- SGLang returns, per sequence of n tokens, `routed_experts` [n-1, layers, topk]: row j holds
+  the experts that processed token j (the last token was sampled, never fed back).
+- The batch carries them token-aligned and padded: `routed_experts` [B, T, layers, topk] long,
+  with `routed_valid` [B, T] bool marking rows that came from the engine
+  (`from_sglang` builds both).
+- megatron's RouterReplay takes, per MoE layer in build order, [s*b, topk] in sequence-major
+  order ([T, B] flattened); with sequence parallelism each TP rank's routers see only its
+  contiguous chunk of T, so each rank is given its chunk.
+Padding rows get experts 0..topk-1 (any distinct set works: their outputs are never scored).
+
+`RoutingReplay.forward_context(experts, valid, replay=...)` wraps one forward: with replay on,
+the routers use the given experts and we also note what free routing (top-k of the same
+router scores) would have picked; with replay off, the routers route freely and we record it.
+Either way `mismatch` counts tokens whose free routing differs from the recorded experts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+def from_sglang(
+    routed: Sequence[torch.Tensor], length: int, topk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad per-sequence SGLang routed experts ([n_i - 1, L, k]) to [B, length, L, k] and the
+    [B, length] mask of rows that hold real routing."""
+    layers = routed[0].shape[1]
+    filler = torch.arange(topk, dtype=torch.long)
+    out = filler.expand(len(routed), length, layers, topk).clone()
+    valid = torch.zeros(len(routed), length, dtype=torch.bool)
+    for i, r in enumerate(routed):
+        n = min(r.shape[0], length)
+        out[i, :n] = torch.as_tensor(r[:n], dtype=torch.long)
+        valid[i, :n] = True
+    return out, valid
+
+
+def _sp_chunk(t: torch.Tensor) -> torch.Tensor:
+    """This TP rank's slice along the sequence dim when sequence parallelism splits it."""
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    return t.chunk(tp, dim=0)[ps.get_tensor_model_parallel_rank()] if tp > 1 else t
+
+
+@dataclass
+class Mismatch:
+    """Counts over valid tokens and MoE layers of this rank's chunk."""
+
+    differing_tokens: int = 0
+    tokens: int = 0
+    per_layer: list[float] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        return self.differing_tokens / self.tokens if self.tokens else 0.0
+
+
+class RoutingReplay:
+    """Drives megatron's RouterReplay instances of one model (they are process-global)."""
+
+    def __init__(self, sequence_parallel: bool) -> None:
+        from megatron.core.transformer.moe.router_replay import RouterReplay
+
+        self.routers = list(RouterReplay.global_router_replay_instances)
+        self.sequence_parallel = sequence_parallel
+
+    @contextmanager
+    def forward_context(
+        self, experts: torch.Tensor, valid: torch.Tensor, replay: bool
+    ) -> Iterator[Mismatch]:
+        """Around one forward of a [B, T] batch: `experts` [B, T, L, k], `valid` [B, T]."""
+        from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+
+        if experts.shape[2] != len(self.routers):
+            raise ValueError(f"routed experts have {experts.shape[2]} layers, the model has "
+                             f"{len(self.routers)} MoE layers")
+        per_layer = [self._megatron_layout(experts[:, :, layer]) for layer in range(experts.shape[2])]
+        valid_rows = self._megatron_layout(valid)
+        free: list[torch.Tensor] = []
+        result = Mismatch()
+        if replay:
+            RouterReplay.set_replay_data(per_layer)
+            for router in self.routers:
+                router.get_replay_topk = _noting_free(router, free)  # instance attribute only
+            RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+        else:
+            RouterReplay.set_global_router_replay_action(RouterReplayAction.RECORD)
+        try:
+            yield result
+            if not replay:
+                free = [r.get_recorded_indices() for r in self.routers]
+            any_diff = torch.zeros_like(valid_rows)
+            for given, chosen in zip(per_layer, free):
+                diff = (given.sort(-1).values != chosen.sort(-1).values).any(-1) & valid_rows
+                result.per_layer.append(float(diff.sum()) / max(int(valid_rows.sum()), 1))
+                any_diff |= diff
+            result.differing_tokens = int(any_diff.sum())
+            result.tokens = int(valid_rows.sum())
+        finally:
+            for router in self.routers:
+                router.__dict__.pop("get_replay_topk", None)
+            RouterReplay.clear_global_router_replay_action()
+            RouterReplay.clear_global_indices()
+
+    def _megatron_layout(self, t: torch.Tensor) -> torch.Tensor:
+        """[B, T, ...] -> this rank's [T_chunk * B, ...], sequence-major."""
+        seq_major = t.transpose(0, 1).contiguous()
+        if self.sequence_parallel:
+            seq_major = _sp_chunk(seq_major)
+        return seq_major.reshape(-1, *t.shape[2:])
+
+
+def _noting_free(router: Any, sink: list[torch.Tensor]) -> Any:
+    """The router's get_replay_topk that also notes the free top-k of the same scores."""
+    original = type(router).get_replay_topk.__get__(router)
+
+    def get_replay_topk(scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):  # type: ignore[no-untyped-def]
+        with torch.no_grad():
+            sink.append(default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)[1])
+        return original(scores, topk, num_groups, group_topk, default_compute_topk)
+
+    return get_replay_topk
