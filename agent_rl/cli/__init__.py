@@ -1,24 +1,61 @@
 """The `agent-rl` command line: a thin Typer layer over library functions.
 
-Each command group lives in its own module and is registered here. Errors that agent-rl raises
-on purpose (`AgentRLError`) are printed as one line, with exit code 1 and no traceback.
+Each command (group) lives in its own module, listed in COMMANDS and imported only when it is
+invoked: some pull in torch, megatron-core or the engine client, and `agent-rl config show`
+should not wait for them. Errors that agent-rl raises on purpose (`AgentRLError`) are printed as
+one line, with exit code 1 and no traceback.
 """
 
 from __future__ import annotations
 
 import sys
+from importlib import import_module
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from agent_rl.cli import config_cmd, db, envs, episodes, model
 from agent_rl.cli.common import CliState, err_console
-from agent_rl.cli.router import router as router_command
 from agent_rl.errors import AgentRLError
+
+# name -> "module:attribute"; the attribute is a Typer app (a command group) or a function
+# (a single command).
+COMMANDS: dict[str, str] = {
+    "config": "agent_rl.cli.config_cmd:app",
+    "db": "agent_rl.cli.db:app",
+    "episodes": "agent_rl.cli.episodes:app",
+    "envs": "agent_rl.cli.envs:app",
+    "model": "agent_rl.cli.model:app",
+    "engine": "agent_rl.cli.engine:app",
+    "router": "agent_rl.cli.router:router",
+}
+
+
+class LazyGroup(TyperGroup):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        obj = getattr(import_module(module), attr)
+        if isinstance(obj, typer.Typer):
+            command: click.Command = typer.main.get_group(obj)
+        else:
+            single = typer.Typer()
+            single.command(cmd_name)(obj)
+            command = typer.main.get_command(single)
+        command.name = cmd_name
+        return command
+
 
 app = typer.Typer(
     name="agent-rl",
+    cls=LazyGroup,
     help="Train LLM agents with reinforcement learning.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -35,14 +72,6 @@ def root(
     ] = None,
 ) -> None:
     ctx.obj = CliState(config_path=config)
-
-
-app.add_typer(config_cmd.app, name="config")
-app.add_typer(db.app, name="db")
-app.add_typer(episodes.app, name="episodes")
-app.add_typer(envs.app, name="envs")
-app.command("router")(router_command)
-app.add_typer(model.app, name="model")
 
 
 def main() -> None:
