@@ -20,6 +20,7 @@ connection-pool contention and a Starlette/uvicorn server was slower (docs/route
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import secrets
@@ -85,6 +86,7 @@ class Router:
                            RouterTracer(tracer_provider), self.client)
         self.control = Control(config, self.pool, self.proxy, self.client)
         self._runner: web.AppRunner | None = None
+        self._background: list[asyncio.Task[None]] = []
         self.port: int = config.port
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -106,8 +108,10 @@ class Router:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         for worker in self.pool:
-            await self.control.refresh_version(worker)
             self.metrics.healthy.labels(worker.url).set(1)
+        # Versions are read in the background: a worker that is down or wedged at start must not
+        # keep the router from serving the others (its health checks will quarantine it).
+        self._background.append(asyncio.create_task(self._refresh_versions()))
         self.health.start(self._client)
         self._runner = web.AppRunner(
             self.build_app(), handle_signals=False, access_log=None,
@@ -130,7 +134,14 @@ class Router:
             self.port = sockets[0].getsockname()[1]
         log.info("router listening on %s with %d workers", self.url, len(self.pool))
 
+    async def _refresh_versions(self) -> None:
+        await asyncio.gather(*(self.control.refresh_version(w) for w in self.pool))
+
     async def stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background.clear()
         await self.health.stop()
         if self._runner is not None:
             await self._runner.cleanup()

@@ -53,12 +53,16 @@ class Control:
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    async def call(self, worker: Worker, method: str, path: str, body: bytes | None) -> Result:
+    async def call(
+        self, worker: Worker, method: str, path: str, body: bytes | None,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> Result:
         """One control call to one worker; never raises, the failure is in the result."""
         headers = {"Content-Type": "application/json"} if body is not None else {}
+        timeout = timeout or self._timeout
         try:
             async with self._session().request(
-                method, worker.url + path, data=body, headers=headers, timeout=self._timeout
+                method, worker.url + path, data=body, headers=headers, timeout=timeout
             ) as r:
                 raw = await r.read()
                 try:
@@ -69,7 +73,7 @@ class Control:
                 return {"url": worker.url, "status": r.status, "success": ok, "response": reply}
         except asyncio.TimeoutError:
             return {"url": worker.url, "status": None, "success": False,
-                    "response": f"no answer within {self.config.control_timeout_s}s"}
+                    "response": f"no answer within {timeout.total}s"}
         except aiohttp.ClientError as e:
             return {"url": worker.url, "status": None, "success": False,
                     "response": f"{type(e).__name__}: {e}"}
@@ -160,7 +164,9 @@ class Control:
 
     async def refresh_version(self, worker: Worker) -> str | None:
         """Read the worker's `weight_version` from `/model_info` (None if it cannot say)."""
-        info = await self.call(worker, "GET", "/model_info", None)
+        # A metadata read, bounded like a health check: a wedged worker must not stall a caller.
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+        info = await self.call(worker, "GET", "/model_info", None, timeout)
         if info["success"] and isinstance(info["response"], dict):
             worker.weight_version = info["response"].get("weight_version")
         return worker.weight_version
@@ -182,7 +188,8 @@ class Control:
         healthy = [w for w in self.pool if not w.quarantined] or self.pool.all()
         if not healthy:
             return error_response(503, "the router has no workers")
-        first = await self.call(healthy[0], "GET", "/model_info", None)
+        first = await self.call(healthy[0], "GET", "/model_info", None,
+                                aiohttp.ClientTimeout(total=self.config.health_timeout_s))
         if not first["success"] or not isinstance(first["response"], dict):
             return error_response(502, f"worker could not describe its model: {first['response']}",
                                   healthy[0].url)
