@@ -26,8 +26,8 @@ from agent_rl.errors import SandboxError
 from tools_sandbox import hostfs, seccomp
 from tools_sandbox.base import WORK_DIR, SandboxSpec
 from tools_sandbox.cgroups import CgroupLayout, SandboxCgroup
-from tools_sandbox.ids import UidPool, new_id
-from tools_sandbox.session import Channel, WorkerSandbox, worker_config
+from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
+from tools_sandbox.session import Channel, WorkerSandbox, process_stderr, worker_config
 
 PREFIX = "bw-"
 HERE = Path(__file__).resolve().parent
@@ -53,6 +53,7 @@ class BwrapSandbox(WorkerSandbox):
         lim = self.spec.limits
         self.dir.mkdir()
         self.dir.chmod(0o711)
+        (self.dir / "owner").write_text(owner_tag())  # lets reapers tell ours from orphans
         self.cgroup.create(lim.memory_mb << 20, lim.pids)
         hostfs.mount_tmpfs(self.work, lim.disk_mb, self.uid, self.uid)
 
@@ -114,16 +115,7 @@ class BwrapSandbox(WorkerSandbox):
             raise SandboxError(f"sandbox {self.id}: processes survived SIGKILL for 5 s")
 
     async def _diagnostics(self) -> str:
-        if self.proc is None or self.proc.stderr is None:
-            return ""
-        out = b""
-        with anyio.move_on_after(1):
-            while len(out) < 4096:
-                try:
-                    out += await self.proc.stderr.receive(4096)
-                except (anyio.EndOfStream, anyio.ClosedResourceError):
-                    break
-        return out.decode("utf-8", "replace").strip()[-2000:]
+        return await process_stderr(self.proc)
 
     def _oom_kills(self) -> int:
         return self.cgroup.oom_kills()
@@ -186,13 +178,13 @@ class BwrapBackend:
         return len(self._live)
 
     async def reap(self) -> int:
-        """Remove cgroups and dirs of bwrap sandboxes not alive in this process."""
+        """Remove cgroups, mounts and dirs of bwrap sandboxes whose server process is gone."""
         return await anyio.to_thread.run_sync(self._reap_sync)
 
     def _reap_sync(self) -> int:
         ids = {i for i in self.layout.sandbox_ids() if i.startswith(PREFIX)}
         ids |= {p.name for p in self.root.iterdir() if p.name.startswith(PREFIX) and p.is_dir()}
-        ids -= set(self._live)
+        ids = {i for i in ids - set(self._live) if not _owned_by_live_server(self.root / i)}
         for sandbox_id in ids:
             cgroup = SandboxCgroup(self.layout, sandbox_id)
             cgroup.kill_all()
@@ -203,6 +195,13 @@ class BwrapBackend:
     async def aclose(self) -> None:
         for sandbox in list(self._live.values()):
             await sandbox.close()
+
+
+def _owned_by_live_server(sandbox_dir: Path) -> bool:
+    try:
+        return owner_alive((sandbox_dir / "owner").read_text())
+    except OSError:
+        return False
 
 
 def _json(obj: object) -> str:

@@ -27,6 +27,8 @@ class UidPool:
     def __init__(self, base: int) -> None:
         self.base = base
         self._used: set[int] = set()
+        self.history: set[int] = set()
+        """Every uid ever handed out (to find what a sandbox left behind)."""
         self._rng = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "big"))
 
     def take(self) -> int:
@@ -34,7 +36,28 @@ class UidPool:
             uid = self.base + self._rng.randrange(UID_SPAN)
             if uid not in self._used:
                 self._used.add(uid)
+                self.history.add(uid)
                 return uid
 
     def give_back(self, uid: int) -> None:
         self._used.discard(uid)
+
+
+def owner_tag() -> str:
+    """Identifies this server process across pid reuse: '<pid>:<start time in ticks>'."""
+    return f"{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_alive(tag: str) -> bool:
+    """Whether the process that wrote `tag` (with owner_tag) still runs."""
+    try:
+        pid, start = tag.strip().split(":")
+        return _start_time(int(pid)) == start
+    except (ValueError, OSError):
+        return False
+
+
+def _start_time(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        # field 22, counted after the parenthesized command name (which may contain spaces)
+        return f.read().rsplit(")", 1)[1].split()[19]

@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream
+from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from agent_rl.errors import SandboxError, ToolError
@@ -62,6 +62,20 @@ def worker_config(spec: SandboxSpec, work: str, **extra: Any) -> dict[str, Any]:
            "PYTHONDONTWRITEBYTECODE": "1", **dict(spec.env)}
     return {"cap": lim.output_bytes, "work": work, "cpu_s": lim.cpu_s, "nofile": lim.nofile,
             "fsize": lim.disk_mb << 20, "env": env, **extra}
+
+
+async def process_stderr(proc: Process | None, limit: int = 4096) -> str:
+    """Up to `limit` bytes a dead sandbox process wrote to its stderr, for an error message."""
+    if proc is None or proc.stderr is None:
+        return ""
+    out = b""
+    with anyio.move_on_after(1):
+        while len(out) < limit:
+            try:
+                out += await proc.stderr.receive(limit)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                break
+    return out.decode("utf-8", "replace").strip()[-2000:]
 
 
 class WorkerSandbox(ABC):
