@@ -13,9 +13,11 @@ from typing import Annotated, Optional
 
 import typer
 import uvloop
+from pydantic import ValidationError
 
 from agent_rl.cli.common import err_console, state
 from agent_rl.config import RouterConfig
+from agent_rl.errors import ConfigError
 
 
 def router(
@@ -34,7 +36,11 @@ def router(
     config = state(ctx).config().router
     updates = {k: v for k, v in {"host": host, "port": port, "policy": policy}.items() if v is not None}
     if updates:
-        config = RouterConfig.model_validate({**config.model_dump(), **updates})
+        try:
+            config = RouterConfig.model_validate({**config.model_dump(), **updates})
+        except ValidationError as e:
+            problems = "; ".join(f"--{err['loc'][0]}: {err['msg']}" for err in e.errors())
+            raise ConfigError(f"invalid router option: {problems}") from e
     uvloop.run(serve(config, worker or []))
 
 
@@ -49,11 +55,11 @@ async def serve(config: RouterConfig, workers: list[str]) -> None:
     async with Router(config, workers) as running:
         err_console.print(
             f"router on {running.url}: {len(running.pool)} worker(s), policy {config.policy}",
-            highlight=False,
+            highlight=False, soft_wrap=True,
         )
         if running.token_generated:
             err_console.print(
                 f"admin token (generated for this run; set [router] admin_token to fix it): "
-                f"{running.admin_token}", highlight=False, markup=False,
+                f"{running.admin_token}", highlight=False, markup=False, soft_wrap=True,
             )
         await stop.wait()

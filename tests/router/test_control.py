@@ -1,0 +1,213 @@
+"""Admin auth, worker management, control fan-out, loads, model info, metrics and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from tests.router.conftest import RouterFactory, WorkerFactory
+
+pytestmark = pytest.mark.anyio
+
+ADMIN = {"Authorization": "Bearer secret"}
+ADMIN_ROUTES = [
+    ("GET", "/workers"), ("POST", "/workers"), ("DELETE", "/workers"),
+    ("POST", "/abort_request"), ("POST", "/pause_generation"), ("POST", "/continue_generation"),
+    ("POST", "/flush_cache"), ("GET", "/flush_cache"), ("POST", "/update_weights_from_disk"),
+    ("POST", "/begin_weight_update"), ("POST", "/end_weight_update"),
+    ("POST", "/update_weight_version"), ("POST", "/update_weights_from_distributed"),
+    ("POST", "/init_weights_update_group"), ("POST", "/update_weights_from_tensor"),
+]
+
+
+@pytest.mark.parametrize("token", [None, "Bearer wrong", "secret"])
+async def test_admin_endpoints_need_the_token(
+    token: str | None, make_worker: WorkerFactory, make_router: RouterFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    headers = {"Authorization": token} if token else {}
+    for method, path in ADMIN_ROUTES:
+        async with http.request(method, router.url + path, json={}, headers=headers) as r:
+            assert r.status == 401, (method, path)
+            assert r.headers["WWW-Authenticate"].startswith("Bearer")
+            assert "admin token" in (await r.json())["error"]["message"]
+    # Nothing reached the worker but the router's own version read at start.
+    assert {seen.path for seen in worker.seen} <= {"/model_info"}
+
+
+async def test_workers_can_be_listed_added_and_removed(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a, b = await make_worker(name="a", weight_version="v3"), await make_worker(name="b")
+    router = await make_router([a.url])
+    async with http.post(router.url + "/workers", json={"url": b.url + "/"}, headers=ADMIN) as r:
+        assert r.status == 201
+        assert (await r.json())["worker"]["url"] == b.url
+    async with http.post(router.url + "/workers", json={"url": b.url}, headers=ADMIN) as r:
+        assert r.status == 200 and (await r.json())["added"] is False
+    async with http.post(router.url + "/workers", json={"nope": 1}, headers=ADMIN) as r:
+        assert r.status == 400
+    async with http.get(router.url + "/workers", headers=ADMIN) as r:
+        listed = (await r.json())["workers"]
+    assert [w["url"] for w in listed] == [a.url, b.url]
+    assert listed[0]["weight_version"] == "v3" and listed[0]["healthy"] is True
+    async with http.delete(router.url + "/workers", params={"url": a.url}, headers=ADMIN) as r:
+        assert r.status == 200
+    async with http.delete(router.url + "/workers", params={"url": a.url}, headers=ADMIN) as r:
+        assert r.status == 404
+    for _ in range(3):
+        async with http.post(router.url + "/generate", data=b"{}") as r:
+            assert (await r.json())["meta_info"]["worker"] == "b"
+
+
+async def test_abort_by_rid_goes_to_the_worker_holding_it(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a = await make_worker(name="a", mode="slow", delay_s=0.5)
+    b = await make_worker(name="b", mode="slow", delay_s=0.5)
+    router = await make_router([a.url, b.url], policy="round-robin")
+    pending = asyncio.create_task(http.post(router.url + "/generate", json={"rid": "r-42"}))
+    await asyncio.sleep(0.1)
+    holder = a if a.in_flight else b
+    other = b if holder is a else a
+    async with http.post(router.url + "/abort_request", json={"rid": "r-42"}, headers=ADMIN) as r:
+        body = await r.json()
+    assert r.status == 200 and [w["url"] for w in body["workers"]] == [holder.url]
+    assert json.loads(holder.calls("/abort_request")[0].body) == {"rid": "r-42"}
+    assert other.calls("/abort_request") == []
+    (await pending).release()
+    # Unknown rid and abort_all go to every worker.
+    async with http.post(router.url + "/abort_request", json={"rid": "gone"}, headers=ADMIN) as r:
+        assert len((await r.json())["workers"]) == 2
+    async with http.post(router.url + "/abort_request", json={"abort_all": True}, headers=ADMIN) as r:
+        assert len((await r.json())["workers"]) == 2
+
+
+@pytest.mark.parametrize("path", ["/pause_generation", "/continue_generation", "/flush_cache"])
+async def test_control_calls_reach_every_worker_intact(
+    path: str, make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    workers = [await make_worker(name=f"w{i}") for i in range(3)]
+    router = await make_router([w.url for w in workers])
+    body = b'{"mode": "in_place", "extra": [1]}'
+    async with http.post(router.url + path, data=body, headers=ADMIN) as r:
+        reply = await r.json()
+    assert r.status == 200 and reply["success"] is True and len(reply["workers"]) == 3
+    assert all(w.calls(path)[0].body == body for w in workers)
+
+
+async def test_partial_failure_is_reported_per_worker(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    good, bad = await make_worker(name="good"), await make_worker(name="bad", mode="error500")
+    router = await make_router([good.url, bad.url])
+    async with http.post(router.url + "/pause_generation", json={}, headers=ADMIN) as r:
+        reply = await r.json()
+    assert r.status == 502 and reply["success"] is False
+    by_url = {w["url"]: w for w in reply["workers"]}
+    assert by_url[good.url]["success"] and not by_url[bad.url]["success"]
+    assert by_url[bad.url]["status"] == 500
+
+
+async def test_update_from_disk_pauses_updates_continues_every_worker(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a = await make_worker(name="a", update_delay_s=0.05)
+    b = await make_worker(name="b", update_delay_s=0.3)
+    router = await make_router([a.url, b.url])
+    body = {"model_path": "/ckpt/step-7", "weight_version": "v7", "unknown": True}
+    update = asyncio.create_task(
+        http.post(router.url + "/update_weights_from_disk", json=body, headers=ADMIN))
+    await asyncio.sleep(0.15)
+    # `a` finished its update, `b` has not: new sessions go to `a` only.
+    names = set()
+    for s in range(8):
+        async with http.post(router.url + "/generate", json={"session_id": f"new-{s}"}) as r:
+            names.add((await r.json())["meta_info"]["worker"])
+    assert names == {"a"}
+    async with await update as r:
+        reply = await r.json()
+    assert r.status == 200 and reply["success"] and reply["weight_version"] == "v7"
+    assert {w["weight_version"] for w in reply["workers"]} == {"v7"}
+    for w in (a, b):
+        steps = [s.path for s in w.seen if s.path != "/generate" and s.path != "/model_info"]
+        assert steps == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+        assert json.loads(w.calls("/pause_generation")[0].body) == {"mode": "in_place"}
+        assert json.loads(w.calls("/update_weights_from_disk")[0].body) == body
+    async with http.get(router.url + "/model_info") as r:
+        info = await r.json()
+    assert info["worker_weight_versions"] == {a.url: "v7", b.url: "v7"}
+
+
+async def test_begin_and_end_weight_update_bracket_all_workers(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a, b = await make_worker(name="a"), await make_worker(name="b")
+    router = await make_router([a.url, b.url])
+    async with http.post(router.url + "/begin_weight_update", json={}, headers=ADMIN) as r:
+        assert r.status == 200
+    assert all(w.updating for w in router.pool)
+    a.weight_version = b.weight_version = "v9"  # what a tensor/distributed update would do
+    async with http.post(router.url + "/end_weight_update", json={}, headers=ADMIN) as r:
+        reply = await r.json()
+    assert reply["weight_version"] == "v9" and not any(w.updating for w in router.pool)
+    async with http.post(router.url + "/update_weights_from_tensor", json={}, headers=ADMIN) as r:
+        assert r.status == 400 and "each worker directly" in (await r.json())["error"]["message"]
+
+
+async def test_loads_are_aggregated_and_metrics_exported(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a, b = await make_worker(name="a"), await make_worker(name="b")
+    router = await make_router([a.url, b.url])
+    async with http.get(router.url + "/v1/loads?include=core") as r:
+        loads = (await r.json())["loads"]
+    assert sorted(x["worker"] for x in loads) == sorted([a.url, b.url])
+    assert a.calls("/v1/loads")[0].raw_path == "/v1/loads?include=core"
+    async with http.post(router.url + "/generate", data=b"{}") as r:
+        await r.read()
+    async with http.get(router.url + "/metrics") as r:
+        text = await r.text()
+    assert 'agent_rl_router_requests_total{code="200",route="/generate"} 1.0' in text
+    for name in ("agent_rl_router_request_seconds_bucket", "agent_rl_router_in_flight",
+                 "agent_rl_router_worker_healthy"):
+        assert name in text
+    async with http.get(router.url + "/health") as r:
+        assert r.status == 200 and (await r.json())["healthy_workers"] == 2
+
+
+async def test_cli_runs_the_router_until_sigterm(
+    make_worker: WorkerFactory, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker(name="cli")
+    env = dict(os.environ, AGENT_RL_ROUTER__HEALTH_INTERVAL_S="0")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from agent_rl.cli import main; main()",
+         "router", "--port", "0", "--worker", worker.url],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        lines = []
+        while not any("admin token" in line for line in lines):
+            line = await asyncio.to_thread(proc.stderr.readline)  # type: ignore[union-attr]
+            assert line, f"router exited: {''.join(lines)}"
+            lines.append(line)
+        url = re.search(r"router on (http://127\.0\.0\.1:\d+)", "".join(lines)).group(1)  # type: ignore[union-attr]
+        token = lines[-1].split()[-1]
+        async with http.post(url + "/generate", data=b"{}") as r:
+            assert (await r.json())["meta_info"]["worker"] == "cli"
+        async with http.get(url + "/workers", headers={"Authorization": f"Bearer {token}"}) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 10) == 0
