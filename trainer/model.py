@@ -59,7 +59,11 @@ class ModelArch:
         path = Path(path)
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path} is not a HuggingFace model directory (no config.json)")
-        hf = AutoConfig.from_pretrained(path)
+        try:
+            hf = AutoConfig.from_pretrained(path)
+        except Exception as e:  # transformers raises many types for a bad config; all mean the same
+            reason = " ".join(str(e).split())
+            raise ConfigError(f"{path}/config.json is not a valid model config: {reason}") from e
         kind = hf.model_type
         if kind not in SUPPORTED:
             raise ConfigError(f"{path}: model_type {kind!r} is not supported; use one of {SUPPORTED}")

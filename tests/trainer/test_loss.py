@@ -1,0 +1,121 @@
+"""Losses against values computed by hand (numbers in the comments)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.loss import (
+    PolicyLossConfig,
+    aggregate,
+    grpo_advantages,
+    k3_kl,
+    policy_loss,
+    sft_loss,
+)
+
+
+def test_grpo_advantages_group_normalised_and_centred_only() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 5.0])
+    groups = torch.tensor([7, 7, 7, 7, 3, 9])
+    adv = grpo_advantages(rewards, groups, eps=0.0)
+    # group 7: mean 0.5, unbiased std sqrt(1/3); group 3 and 9 are singletons -> 0
+    s = math.sqrt(1 / 3)
+    assert adv.tolist() == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0.0, 0.0])
+    centred = grpo_advantages(rewards, groups, std_normalize=False)
+    assert centred.tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.0, 0.0])
+
+
+def test_grpo_advantages_all_equal_rewards_give_zero() -> None:
+    adv = grpo_advantages(torch.ones(4), torch.zeros(4, dtype=torch.long))
+    assert adv.tolist() == [0.0] * 4
+
+
+def test_aggregations() -> None:
+    v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert aggregate(v, m, "token-mean").item() == pytest.approx((1 + 2 + 4) / 3)
+    assert aggregate(v, m, "seq-mean-token-sum").item() == pytest.approx((3 + 4) / 2)
+    assert aggregate(v, m, "seq-mean-token-mean").item() == pytest.approx((1.5 + 4) / 2)
+    assert aggregate(v, m, "token-mean", denominator=7.0).item() == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        aggregate(v, m, "nope")  # type: ignore[arg-type]
+
+
+def _cfg(**kw: object) -> PolicyLossConfig:
+    base = dict(loss_type="ppo", clip_eps_low=0.2, clip_eps_high=0.3, tis_cap=None, kl_coef=0.0,
+                aggregation="token-mean")
+    base.update(kw)
+    return PolicyLossConfig(**base)  # type: ignore[arg-type]
+
+
+def test_ppo_clip_token_level() -> None:
+    # ratios 1.5 (A=+1: clipped to 1.3), 0.5 (A=+1: unclipped, min picks 0.5), 0.5 (A=-1: clipped
+    # to 0.8 -> loss 0.8), 1.1 (A=-1: inside the range -> 1.1)
+    old = torch.zeros(2, 2)
+    lp = torch.log(torch.tensor([[1.5, 0.5], [0.5, 1.1]])).requires_grad_()
+    adv = torch.tensor([1.0, -1.0])
+    out = policy_loss(lp, old, adv, torch.ones(2, 2), _cfg())
+    assert out.loss.item() == pytest.approx((-1.3 - 0.5 + 0.8 + 1.1) / 4)
+    assert out.metrics["clip_fraction"] == pytest.approx(2 / 4)
+    out.loss.backward()
+    # clipped tokens carry no gradient; d(-A r)/d lp = -A r for the others, / 4 tokens
+    assert lp.grad.flatten().tolist() == pytest.approx([0.0, -0.5 / 4, 0.0, 1.1 / 4])
+
+
+def test_grpo_on_policy_gradient_is_advantage_weighted_logprob() -> None:
+    lp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    out = policy_loss(lp, lp.detach(), torch.tensor([2.0]), mask, _cfg(loss_type="grpo"))
+    assert out.loss.item() == pytest.approx(-2.0)  # ratio 1: -A per token, mean over 2 tokens
+    out.loss.backward()
+    assert lp.grad.flatten().tolist() == pytest.approx([0.0, -1.0, -1.0])
+    assert out.metrics["policy_kl"] == 0.0 and out.metrics["clip_fraction"] == 0.0
+
+
+def test_gspo_sequence_ratio_and_clip() -> None:
+    # seq 0: token log-ratios 0.1, 0.3 -> s = exp(0.2) = 1.2214 > 1 + 0.001 -> clipped (A>0)
+    # seq 1: token log-ratios 0.0002, -0.0002 -> s = 1 -> unclipped; loss = -A * 1
+    lp = torch.tensor([[0.1, 0.3], [0.0002, -0.0002]], requires_grad=True)
+    old = torch.zeros(2, 2)
+    cfg = _cfg(loss_type="gspo", clip_eps_low=0.001, clip_eps_high=0.001,
+               aggregation="seq-mean-token-mean")
+    out = policy_loss(lp, old, torch.tensor([1.0, 2.0]), torch.ones(2, 2), cfg)
+    assert out.loss.item() == pytest.approx((-1.001 + -2.0) / 2, rel=1e-6)
+    out.loss.backward()
+    # seq 1 gradient: d(-A s)/d lp_t = -A * s / |y| / 2 sequences = -2 * 1 / 2 / 2
+    assert lp.grad[0].tolist() == [0.0, 0.0]
+    assert lp.grad[1].tolist() == pytest.approx([-0.5, -0.5], rel=1e-3)
+
+
+def test_tis_truncates_train_over_rollout_ratio() -> None:
+    # pi_old/mu = e^1 = 2.718 (capped at 2) and e^-1 = 0.368; on-policy ratio 1, A = 1
+    lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    rollout = torch.tensor([[-2.0, -1.0]])
+    out = policy_loss(lp, lp.detach(), torch.tensor([1.0]), torch.ones(1, 2), _cfg(tis_cap=2.0),
+                      rollout_logprobs=rollout)
+    assert out.loss.item() == pytest.approx(-(2.0 + math.exp(-1)) / 2)
+    assert out.metrics["tis_capped_fraction"] == 0.5
+    assert out.metrics["train_rollout_logprob_abs_diff"] == pytest.approx(1.0)
+    out.loss.backward()
+    assert lp.grad.flatten().tolist() == pytest.approx([-1.0, -math.exp(-1) / 2])
+
+
+def test_k3_kl_penalty() -> None:
+    lp = torch.tensor([[-1.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5]])
+    # k3 = e^-0.5 - (-0.5) - 1 = 0.10653
+    assert k3_kl(lp, ref).item() == pytest.approx(math.exp(-0.5) + 0.5 - 1)
+    out = policy_loss(lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), _cfg(kl_coef=0.5),
+                      ref_logprobs=ref)
+    assert out.loss.item() == pytest.approx(0.5 * (math.exp(-0.5) - 0.5))
+    assert out.metrics["ref_kl"] == pytest.approx(math.exp(-0.5) - 0.5)
+
+
+def test_sft_loss_is_masked_nll() -> None:
+    lp = torch.tensor([[-1.0, -2.0, -4.0]])
+    out = sft_loss(lp, torch.tensor([[0.0, 1.0, 1.0]]))
+    assert out.loss.item() == pytest.approx(3.0)
+    assert out.tokens == 2
