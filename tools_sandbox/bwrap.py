@@ -76,6 +76,7 @@ class BwrapSandbox(WorkerSandbox):
                  "--proc", "/proc", "--dev", "/dev",
                  "--size", str(lim.tmp_mb << 20), "--tmpfs", "/tmp",
                  "--bind", str(self.work), WORK_DIR, "--chdir", WORK_DIR,
+                 "--remount-ro", "/",  # the root is bwrap's tmpfs: nothing may be added to it
                  "--uid", str(INNER_UID), "--gid", str(INNER_UID), "--cap-drop", "ALL",
                  "--clearenv", "--seccomp", str(seccomp_fd)]
         conf = worker_config(spec, WORK_DIR)
