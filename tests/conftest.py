@@ -7,12 +7,17 @@ in CI (CI=true) they must run, so a missing URL is an error there rather than a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests._databases import fresh_database
+
+if TYPE_CHECKING:
+    from agent_rl.engine.launcher import EngineServer
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -24,10 +29,6 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 # --- tiny models (agent_rl.models) -------------------------------------------------------------
 # Session-scoped: every test package shares one directory per preset (about a second each).
-
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +45,62 @@ def tiny_moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from agent_rl.models import init_model
 
     return init_model(tmp_path_factory.mktemp("models") / "tiny-moe", "tiny-moe", seed=0)
+
+
+# --- SGLang engines (agent_rl.engine) ----------------------------------------------------------
+# A server costs 20-35 s and ~2 GB, so the session shares ONE: `sglang_moe_server` (tiny-moe with
+# routing replay), also available as `sglang_server`. Fixtures are lazy: only tests that ask for a
+# server start it. Tests that change its state (weights, pause) must restore it before returning.
+# Without the engine environment these tests skip locally and fail in CI (CI=true).
+
+
+@pytest.fixture(scope="session")
+def engine_venv() -> Path:
+    """The engine environment made by `agent-rl engine install` (engine.venv)."""
+    from agent_rl.config import load_config
+    from agent_rl.engine.install import INSTALL_HINT, is_installed
+
+    venv = load_config().engine.venv
+    if not is_installed(venv):
+        message = f"no engine environment at {venv}: {INSTALL_HINT}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return venv
+
+
+@pytest.fixture(scope="session")
+def sglang_server_factory(
+    engine_venv: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., EngineServer]]:
+    """start(model_dir, **EngineServer kwargs) -> a healthy EngineServer, stopped at session end."""
+    from agent_rl.engine.launcher import EngineServer
+
+    started: list[EngineServer] = []
+    log_dir = tmp_path_factory.mktemp("engine-logs")
+
+    def start(model: Path, **kwargs: Any) -> EngineServer:
+        kwargs.setdefault("log_dir", log_dir)
+        kwargs.setdefault("startup_timeout_s", 240.0)
+        server = EngineServer(model, venv=engine_venv, **kwargs)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def sglang_moe_server(
+    sglang_server_factory: Callable[..., EngineServer], tiny_moe_model: Path
+) -> EngineServer:
+    """The session's SGLang server: tiny-moe (8 experts, top-2, 2 layers), routing replay on.
+    Use `.url`; weight_version is "default" between tests."""
+    return sglang_server_factory(tiny_moe_model, moe_routing_replay=True)
+
+
+@pytest.fixture(scope="session")
+def sglang_server(sglang_moe_server: EngineServer) -> EngineServer:
+    """Any SGLang server for tests that just need generation: the shared tiny-moe one."""
+    return sglang_moe_server

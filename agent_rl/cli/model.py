@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from agent_rl.cli.common import console
-from agent_rl.models import PRESETS, count_parameters, init_model
+from agent_rl.models.presets import PRESETS
 
 app = typer.Typer(help="Make tiny local models.", no_args_is_help=True)
 
@@ -33,5 +33,7 @@ def init(
         overrides["num_hidden_layers"] = layers
     if hidden is not None:
         overrides["hidden_size"] = hidden
+    from agent_rl.models.tiny import count_parameters, init_model  # torch: only when used
+
     path = init_model(out, preset, seed=seed, **overrides)
     console.print(f"{preset} model ({count_parameters(path):,} parameters) written to {path}")

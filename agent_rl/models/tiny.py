@@ -19,55 +19,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
 from transformers import GenerationConfig
 
-from agent_rl.models.tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer
+from agent_rl.models.presets import PRESETS, VOCAB_MULTIPLE, ModelPreset, PresetName
+from agent_rl.models.tokenizer import build_tokenizer
 
-PresetName = Literal["tiny-dense", "tiny-moe"]
-VOCAB_MULTIPLE = 128
-
-
-class ModelPreset(BaseModel):
-    """Architecture of a tiny model; any field can be overridden when calling `init_model`."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    architecture: Literal["qwen2", "qwen3_moe"]
-    """HF model family: dense Qwen2 or Qwen3-MoE."""
-    hidden_size: int = 256
-    """Width of the residual stream."""
-    num_hidden_layers: int = 4
-    """Number of decoder layers."""
-    num_attention_heads: int = 4
-    """Query heads; hidden_size / heads is the head dim unless head_dim is set."""
-    num_key_value_heads: int = 2
-    """Key/value heads (grouped-query attention)."""
-    head_dim: int = 64
-    """Per-head dimension."""
-    intermediate_size: int = 512
-    """Dense MLP width (and the dense layers of the MoE model)."""
-    num_experts: int = 8
-    """MoE only: experts per layer."""
-    num_experts_per_tok: int = 2
-    """MoE only: experts routed per token (top-k)."""
-    moe_intermediate_size: int = 128
-    """MoE only: width of each expert's MLP."""
-    max_position_embeddings: int = 4096
-    """Longest sequence (prompt + completion) the model accepts."""
-    rope_theta: float = 10000.0
-    """RoPE base frequency."""
-    tokenizer_vocab_size: int = DEFAULT_VOCAB_SIZE
-    """Target size of the trained tokenizer; the model's vocab is padded up to a multiple of 128."""
-
-
-PRESETS: dict[str, ModelPreset] = {
-    "tiny-dense": ModelPreset(architecture="qwen2"),
-    "tiny-moe": ModelPreset(architecture="qwen3_moe", num_hidden_layers=2),
-}
+__all__ = ["PRESETS", "ModelPreset", "count_parameters", "init_model", "padded_vocab"]
 
 
 def padded_vocab(n: int, multiple: int = VOCAB_MULTIPLE) -> int:

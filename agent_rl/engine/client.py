@@ -1,0 +1,350 @@
+"""A typed async client for SGLang's native HTTP protocol (one server, or the router before many).
+
+Generation is token-in, token-out: `generate(input_ids, ...)` posts `/generate` and decodes
+`meta_info` into a `Generation` (token ids, their logprobs, the weight version of each span of
+tokens, the finish reason and, for MoE with routing replay, the routed experts as an int32 array
+`[prompt + completion - 1 - routed_experts_start_len, layers, topk]`). `stream(...)` yields
+cumulative `Generation`s from SGLang's server-sent events, the last one with its finish reason.
+Control calls: abort, pause/continue, weight updates (from disk; begin/end around tensor and
+distributed updates), health, loads, model/server info.
+
+Transport is aiohttp: at hundreds of concurrent requests its pool keeps up where httpx's does
+not (shared/notes/perf). Pass one `aiohttp.ClientSession` per process, or let the client own
+one. Failures raise `EngineError` naming the endpoint, the status and SGLang's message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import numpy as np
+
+from agent_rl.errors import EngineError
+
+PauseMode = Literal["in_place", "retract", "abort"]
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """Why generation ended: "stop" (eos or a stop string/token, `matched`), "length"
+    (`max_new_tokens` reached), or "abort" (aborted, paused with mode=abort, or an error)."""
+
+    type: str
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any] | None) -> FinishReason | None:
+        if raw is None:
+            return None
+        return cls(raw.get("type", ""), raw.get("matched"), raw.get("length"), raw.get("message"))
+
+
+@dataclass(frozen=True)
+class WeightSpan:
+    """Output tokens [start, end) were sampled by the weights published as `version`."""
+
+    version: str
+    start: int
+    end: int
+
+
+@dataclass
+class Generation:
+    """One decoded /generate response (or one cumulative chunk of a stream)."""
+
+    rid: str
+    output_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: list[float] | None
+    weight_version: str | None
+    weight_spans: list[WeightSpan]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    routed_experts: np.ndarray | None = None
+    meta_info: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason is not None and self.finish_reason.type == "abort"
+
+    @classmethod
+    def from_response(
+        cls, body: dict[str, Any], moe_topk: int | None = None, routed_experts_start_len: int = 0
+    ) -> Generation:
+        meta = body.get("meta_info") or {}
+        output_ids = list(body.get("output_ids") or [])
+        token_logprobs = meta.get("output_token_logprobs")
+        logprobs = None
+        if token_logprobs is not None:
+            # [[logprob, token_id, text|None], ...]; the ids are checked against output_ids.
+            if [t[1] for t in token_logprobs] != output_ids:
+                raise EngineError("engine response: output_token_logprobs do not match output_ids")
+            logprobs = [float(t[0]) for t in token_logprobs]
+        spans = [WeightSpan(str(s["version"]), int(s["start"]), int(s["end"])) for s in meta.get("weight_versions") or []]
+        experts, routed = meta.get("routed_experts"), None
+        if isinstance(experts, str):
+            # One row per position whose next token was computed: all but the last token.
+            prompt, completion = int(meta.get("prompt_tokens", 0)), len(output_ids)
+            rows = prompt + completion - 1 - routed_experts_start_len
+            routed = decode_routed_experts(experts, rows, moe_topk)
+        return cls(
+            rid=str(meta.get("id", "")),
+            output_ids=output_ids,
+            text=body.get("text", ""),
+            finish_reason=FinishReason.parse(meta.get("finish_reason")),
+            logprobs=logprobs,
+            weight_version=meta.get("weight_version"),
+            weight_spans=spans,
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
+            cached_tokens=int(meta.get("cached_tokens", 0)),
+            routed_experts=routed,
+            meta_info=meta,
+        )
+
+
+def decode_routed_experts(b64: str, rows: int, topk: int | None) -> np.ndarray:
+    """Base64 of little-endian int32 -> [rows, layers, topk] ([rows, layers * topk] if topk is
+    unknown: the payload does not say how a row splits into layers and experts)."""
+    flat = np.frombuffer(base64.b64decode(b64), dtype="<i4").astype(np.int32)
+    if rows <= 0 or flat.size % rows:
+        raise EngineError(f"engine response: {flat.size} routed-expert ids do not fill {rows} rows")
+    if topk is None:
+        return flat.reshape(rows, -1)
+    if flat.size % (rows * topk):
+        raise EngineError(f"engine response: {flat.size} routed-expert ids do not fit [{rows}, -1, {topk}]")
+    return flat.reshape(rows, -1, topk)
+
+
+class EngineClient:
+    """Async client of one SGLang server (or of the router, which speaks the same protocol)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        moe_topk: int | None = None,
+        timeout_s: float = 1800.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.moe_topk = moe_topk
+        """Experts per token; read from the served model's config.json when left None."""
+        self._session = session
+        self._owns_session = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # Unlimited connections: the caller's scheduler bounds concurrency, not the pool.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    # --- generation ----------------------------------------------------------------------------
+    def _generate_body(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any] | None,
+        rid: str | None,
+        return_logprob: bool,
+        return_routed_experts: bool,
+        routed_experts_start_len: int,
+        extra: dict[str, Any] | None,
+        stream: bool,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": dict(sampling_params or {}),
+            "return_logprob": return_logprob,
+            "logprob_start_len": -1,  # output tokens only; prompt logprobs cost a full pass
+            "stream": stream,
+        }
+        if rid is not None:
+            body["rid"] = rid
+        if return_routed_experts:
+            body["return_routed_experts"] = True
+            if routed_experts_start_len:
+                body["routed_experts_start_len"] = routed_experts_start_len
+        body.update(extra or {})
+        return body
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any] | None = None,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
+        extra: dict[str, Any] | None = None,
+    ) -> Generation:
+        """POST /generate for one prompt of token ids; `extra` fields are sent as they are."""
+        if return_routed_experts:
+            await self._resolve_topk()
+        body = self._generate_body(
+            input_ids, sampling_params, rid, return_logprob, return_routed_experts,
+            routed_experts_start_len, extra, stream=False,
+        )  # fmt: skip
+        raw = await self._post("/generate", body)
+        return Generation.from_response(raw, self.moe_topk, routed_experts_start_len)
+
+    async def stream(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any] | None = None,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
+        extra: dict[str, Any] | None = None,
+    ) -> AsyncIterator[Generation]:
+        """Yield cumulative Generations as SGLang streams them; the last has a finish reason."""
+        if return_routed_experts:
+            await self._resolve_topk()
+        body = self._generate_body(
+            input_ids, sampling_params, rid, return_logprob, return_routed_experts,
+            routed_experts_start_len, extra, stream=True,
+        )  # fmt: skip
+        try:
+            async with self.session.post(self.base_url + "/generate", json=body, timeout=self._timeout) as resp:
+                await _raise_for_status(resp, "/generate")
+                async for line in resp.content:
+                    text = line.decode().strip()
+                    if not text.startswith("data:"):
+                        continue
+                    data = text[len("data:") :].strip()
+                    if data == "[DONE]":
+                        return
+                    yield Generation.from_response(json.loads(data), self.moe_topk, routed_experts_start_len)
+        except aiohttp.ClientError as e:
+            raise EngineError(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
+
+    # --- control -------------------------------------------------------------------------------
+    async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        """Abort one request (it returns its partial tokens with finish_reason abort) or all."""
+        if rid is None and not abort_all:
+            raise ValueError("abort needs a rid or abort_all=True")
+        await self._post("/abort_request", {"rid": rid, "abort_all": abort_all} if rid else {"abort_all": True})
+
+    async def pause_generation(self, mode: PauseMode = "in_place") -> None:
+        """Stop scheduling: in_place keeps requests where they are, retract recomputes them
+        after continue, abort ends them with their partial tokens."""
+        await self._post("/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._post("/continue_generation", {})
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str | Path,
+        *,
+        weight_version: str | None = None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+    ) -> dict[str, Any]:
+        """Load new weights from a directory the engine can read; EngineError unless success."""
+        body: dict[str, Any] = {
+            "model_path": str(model_path),
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        if load_format is not None:
+            body["load_format"] = load_format
+        result = await self._post("/update_weights_from_disk", body)
+        if not (isinstance(result, dict) and result.get("success")):
+            raise EngineError(f"engine at {self.base_url}: update_weights_from_disk failed: {result}")
+        return result
+
+    async def begin_weight_update(self) -> Any:
+        """Open the bracket SGLang 0.5.2x requires around tensor and distributed updates."""
+        return await self._post("/begin_weight_update", {})
+
+    async def end_weight_update(self) -> Any:
+        return await self._post("/end_weight_update", {})
+
+    async def health_generate(self) -> bool:
+        """True if the engine completes a one-token generation (503 while starting: False)."""
+        try:
+            async with self.session.get(self.base_url + "/health_generate", timeout=self._timeout) as resp:
+                return resp.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    async def loads(self) -> list[dict[str, Any]]:
+        """Per-scheduler load (num_running_reqs, num_waiting_reqs, token_usage, ...)."""
+        result = await self._get("/v1/loads?include=core")
+        return list(result.get("loads", []))
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._get("/model_info")
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self._get("/server_info")
+
+    async def flush_cache(self) -> None:
+        await self._post("/flush_cache", {})
+
+    # --- plumbing ------------------------------------------------------------------------------
+    async def _resolve_topk(self) -> None:
+        if self.moe_topk is not None:
+            return
+        path = Path((await self.model_info()).get("model_path", "")) / "config.json"
+        try:
+            self.moe_topk = int(json.loads(path.read_text())["num_experts_per_tok"])
+        except (OSError, ValueError, KeyError) as e:
+            raise EngineError(
+                f"cannot shape routed experts: {path} is not readable here; pass moe_topk to EngineClient"
+            ) from e
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return await self._request("POST", path, body)
+
+    async def _get(self, path: str) -> Any:
+        return await self._request("GET", path, None)
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        try:
+            async with self.session.request(method, self.base_url + path, json=body, timeout=self._timeout) as resp:
+                await _raise_for_status(resp, path)
+                text = await resp.text()
+        except aiohttp.ClientError as e:
+            raise EngineError(f"engine at {self.base_url} unreachable ({path}): {e!r}") from e
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+
+async def _raise_for_status(resp: aiohttp.ClientResponse, path: str) -> None:
+    if resp.status != 200:
+        detail = (await resp.text())[:500]
+        raise EngineError(f"engine at {resp.url.origin()}: {path} answered {resp.status}: {detail}")

@@ -1,0 +1,179 @@
+"""CPU compatibility layer for SGLang 0.5.23, applied at launch in every engine process.
+
+The launcher puts this directory first on the engine's PYTHONPATH, so Python imports this
+`sitecustomize` at interpreter start-up in the server process and in SGLang's scheduler and
+detokenizer children (multiprocessing "spawn" inherits the environment). No installed file is
+edited; nothing heavy is imported here: the patches wait in import hooks until SGLang imports the
+module they fix. On a GPU host the launcher does not put this directory on the path at all.
+
+The three shims (each shown necessary on a CPU-only host, see docs/engine.md):
+1. `sgl_kernel`: its CPU build is not on PyPI, yet with SGLANG_USE_CPU_ENGINE=1 SGLang imports
+   names from it. An import-only stand-in module is served when no real package is installed;
+   every attribute raises when *called*, so a path that truly needs a kernel fails loudly. It
+   registers no torch ops, so SGLang's `cpu_has_amx_support()` is False and it takes its native
+   torch paths.
+2. `--enable-return-routed-experts` allocates its host buffer with `cudaHostRegister`
+   (`sglang.srt.mem_cache.pool_host.common._cuda_host_register`), which fails without CUDA:
+   wrapped into a no-op when CUDA is unavailable.
+3. torchvision: a wheel whose C++ ops cannot load beside the installed torch dies at import on
+   `register_fake("torchvision::nms")`. While `torchvision._meta_registrations` executes, such
+   registrations are skipped if the ops are missing. With the pinned pair this is a no-op.
+
+AGENT_RL_ENGINE_COMPAT=0 disables everything; AGENT_RL_ENGINE_COMPAT_VERBOSE=1 logs to stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+_ENABLED = os.environ.get("AGENT_RL_ENGINE_COMPAT", "1") != "0"
+_VERBOSE = os.environ.get("AGENT_RL_ENGINE_COMPAT_VERBOSE", "0") == "1"
+
+
+def _log(msg: str) -> None:
+    if _VERBOSE:
+        sys.stderr.write(f"[agent-rl engine compat pid={os.getpid()}] {msg}\n")
+
+
+def _warn(msg: str) -> None:
+    sys.stderr.write(f"[agent-rl engine compat] WARNING: {msg}\n")
+
+
+# --- 2. no cudaHostRegister without CUDA ---------------------------------------------------------
+def _patch_pool_host_common(module: types.ModuleType) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    original = getattr(module, "_cuda_host_register", None)
+    if original is None:
+        _warn(
+            "sglang.srt.mem_cache.pool_host.common._cuda_host_register not found (SGLang version "
+            "drift?); --enable-return-routed-experts may fail on CPU"
+        )
+        return
+
+    def _cuda_host_register(buffer: Any, registration_granularity_bytes: Any = None) -> None:
+        # No CUDA runtime: the buffer stays ordinary pageable memory, as pin_memory=False would.
+        return None
+
+    module._cuda_host_register = _cuda_host_register
+    _log("pool_host.common._cuda_host_register is a no-op without CUDA")
+
+
+# --- 3. torchvision fake ops without its C++ ops -------------------------------------------------
+def _around_torchvision_meta_registrations(module: types.ModuleType, run: Callable[[], None]) -> None:
+    import torch.library
+    import torchvision.extension
+
+    if torchvision.extension._has_ops():
+        run()
+        return
+    original = torch.library.register_fake
+
+    def register_fake(op: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(op, str) and op.startswith("torchvision::"):
+            _log(f"torchvision C++ ops unavailable: skipping register_fake({op!r})")
+            func = args[0] if args and callable(args[0]) else kwargs.get("func")
+            return func if func is not None else (lambda f: f)
+        return original(op, *args, **kwargs)
+
+    torch.library.register_fake = register_fake
+    try:
+        run()
+    finally:
+        torch.library.register_fake = original
+
+
+_POST_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
+    "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
+}
+_AROUND_IMPORT: dict[str, Callable[[types.ModuleType, Callable[[], None]], None]] = {
+    "torchvision._meta_registrations": _around_torchvision_meta_registrations,
+}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, wrapped by an around-hook and followed by a post-hook."""
+
+    def __init__(self, wrapped: Any, post: Any = None, around: Any = None) -> None:
+        self._wrapped, self._post, self._around = wrapped, post, around
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self._wrapped.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        def run() -> None:
+            self._wrapped.exec_module(module)
+
+        if self._around is not None:
+            self._around(module, run)
+        else:
+            run()
+        if self._post is not None:
+            try:
+                self._post(module)
+            except Exception as e:  # a failed patch must never break the import itself
+                _warn(f"patch for {module.__name__} failed: {e!r}")
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
+        return getattr(self._wrapped, name)
+
+
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        post, around = _POST_IMPORT.get(fullname), _AROUND_IMPORT.get(fullname)
+        if post is None and around is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PatchingLoader(spec.loader, post=post, around=around)
+        return spec
+
+
+# --- 1. the sgl_kernel stand-in ------------------------------------------------------------------
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def missing(*args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(
+                f"sgl_kernel.{name}() was called, but only agent-rl's import-only stand-in for "
+                "the CPU build of sgl-kernel is installed"
+            )
+
+        missing.__name__ = name
+        return missing
+
+
+class _StandInLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _StandInModule(spec.name)
+        module.__version__ = "0.0.0+agent-rl-cpu-standin"
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        _log(f"serving the import-only stand-in for {module.__name__!r}")
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder):
+    """Last on sys.meta_path: reached only when no installed sgl_kernel matched."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "sgl_kernel":
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _StandInLoader())
+
+
+if _ENABLED and not any(isinstance(f, _PatchingFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _PatchingFinder())
+    sys.meta_path.append(_StandInFinder())
+    _log("import hooks installed")

@@ -1,0 +1,313 @@
+"""Start, health-wait, log, watch and stop one SGLang server as a subprocess.
+
+`EngineServer` is what `agent-rl engine start`, `agent-rl serve` (its embedded engine) and the
+test fixtures use. Contract:
+
+- `start()` checks what can be checked before spending half a minute on a launch (the model
+  directory, the port, the engine environment), starts `sglang.launch_server` from the engine
+  venv in its own process group with its output in a log file, and returns once
+  `/health_generate` answers 200. Any failure raises `EngineError` with one line that says what
+  to do, plus the log's telling line when the engine itself died.
+- On CPU the server runs SGLang's CPU engine with agent-rl's compatibility layer on its
+  PYTHONPATH (`agent_rl/engine/cpu_compat/sitecustomize.py`); on a GPU it runs stock SGLang.
+- `check()` raises `EngineError` if the process has exited (a crash); `watch()` is the same as
+  an async loop for a supervisor's task group.
+- `stop()` terminates the whole process group (SGLang's scheduler and detokenizer children
+  included), escalating to SIGKILL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, NoReturn
+
+import httpx
+
+from agent_rl.engine.install import engine_env, engine_python
+from agent_rl.errors import EngineError
+
+if TYPE_CHECKING:
+    from agent_rl.config import EngineConfig
+
+# Flags SGLang 0.5.23 needs on a CPU-only host (see docs/engine.md).
+CPU_ARGS = [
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--sampling-backend", "pytorch",
+    "--grammar-backend", "none",
+    "--disable-cuda-graph",
+    "--skip-server-warmup",
+    "--dtype", "float32",
+    "--tp-size", "1",
+    # An idle scheduler otherwise spins on its sockets and takes a core from the trainer.
+    "--sleep-on-idle",
+]  # fmt: skip
+CPU_MEM_FRACTION = 0.05
+CPU_MAX_TOTAL_TOKENS = 16384
+
+
+def detect_device() -> Literal["cpu", "cuda"]:
+    """cuda when an NVIDIA GPU is visible to this machine, else cpu (the main venv's torch is a
+    CPU build, so torch.cuda cannot tell)."""
+    if shutil.which("nvidia-smi") and Path("/dev/nvidiactl").exists():
+        return "cuda"
+    return "cpu"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _in_main_thread() -> bool:
+    # PR_SET_PDEATHSIG fires when the *thread* that forked exits; a worker thread (anyio's
+    # to_thread pool) may exit while the engine should live on, so only the main thread uses it.
+    return sys.platform == "linux" and threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> Callable[[], None]:
+    """A preexec_fn: SIGTERM the engine if the launching process dies (killed test runner,
+    crashed `serve`), so no orphan engine keeps its port and 2 GB."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+class EngineServer:
+    """One SGLang server process; also a context manager (start on enter, stop on exit)."""
+
+    def __init__(
+        self,
+        model: Path | str,
+        *,
+        venv: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        device: Literal["auto", "cpu", "cuda"] = "auto",
+        moe_routing_replay: bool = False,
+        log_dir: Path = Path("runs/logs"),
+        log_path: Path | None = None,
+        startup_timeout_s: float = 300.0,
+        cpu_threads: int = 1,
+        mem_fraction_static: float | None = None,
+        max_total_tokens: int | None = None,
+        max_running_requests: int | None = None,
+        extra_args: list[str] | tuple[str, ...] = (),
+    ) -> None:
+        self.model = Path(model).expanduser().absolute()
+        self.venv = Path(venv).expanduser()
+        self.host = host
+        self.port = port or free_port(host)
+        self.device: Literal["cpu", "cuda"] = detect_device() if device == "auto" else device
+        self.moe_routing_replay = moe_routing_replay
+        self.log_path = log_path or Path(log_dir) / f"engine-{self.port}.log"
+        self.startup_timeout_s = startup_timeout_s
+        self.cpu_threads = cpu_threads
+        self.mem_fraction_static = mem_fraction_static
+        self.max_total_tokens = max_total_tokens
+        self.max_running_requests = max_running_requests
+        self.extra_args = list(extra_args)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig, **overrides: object) -> EngineServer:
+        """Build from the [engine] config section; keyword overrides win (e.g. from CLI flags)."""
+        kwargs: dict[str, object] = dict(
+            model=cfg.model,
+            venv=cfg.venv,
+            host=cfg.host,
+            port=cfg.port,
+            device=cfg.device,
+            moe_routing_replay=cfg.moe_routing_replay,
+            startup_timeout_s=cfg.startup_timeout_s,
+            cpu_threads=cfg.cpu_threads,
+            mem_fraction_static=cfg.mem_fraction_static,
+            max_total_tokens=cfg.max_total_tokens,
+            max_running_requests=cfg.max_running_requests,
+            extra_args=cfg.extra_args,
+            log_dir=cfg.log_dir,
+        )
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        if kwargs["model"] is None:
+            raise EngineError("no model to serve: pass --model DIR or set engine.model")
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        """None while running (or not started); the exit status once the process has ended."""
+        return self._proc.poll() if self._proc else None
+
+    def command(self, python: Path | str) -> list[str]:
+        cmd = [
+            str(python), "-m", "sglang.launch_server",
+            "--model-path", str(self.model),
+            "--host", self.host,
+            "--port", str(self.port),
+            "--log-level", "info",
+        ]  # fmt: skip
+        mem, total = self.mem_fraction_static, self.max_total_tokens
+        if self.device == "cpu":
+            cmd += CPU_ARGS
+            mem = mem or CPU_MEM_FRACTION
+            total = total or CPU_MAX_TOTAL_TOKENS
+        if mem is not None:
+            cmd += ["--mem-fraction-static", str(mem)]
+        if total is not None:
+            cmd += ["--max-total-tokens", str(total)]
+        if self.max_running_requests is not None:
+            cmd += ["--max-running-requests", str(self.max_running_requests)]
+        if self.moe_routing_replay:
+            cmd.append("--enable-return-routed-experts")
+        return cmd + self.extra_args
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> EngineServer:
+        if self._proc is not None and self._proc.poll() is None:
+            raise EngineError(f"engine at {self.url} is already running (pid {self._proc.pid})")
+        self._preflight()
+        python = engine_python(self.venv)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- agent-rl: {' '.join(self.command(python))}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                self.command(python),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=engine_env(self.device, self.cpu_threads),
+                start_new_session=True,  # its own process group: stop() reaches every child
+                preexec_fn=_die_with_parent() if _in_main_thread() else None,
+            )
+        try:
+            self.wait_until_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _preflight(self) -> None:
+        if not (self.model / "config.json").is_file():
+            raise EngineError(
+                f"{self.model} is not a model directory (no config.json): "
+                f"make one with `agent-rl model init {self.model}`"
+            )
+        if _port_in_use(self.host, self.port):
+            raise EngineError(
+                f"port {self.port} on {self.host} is already in use: "
+                "choose another with --port (engine.port), or stop what listens there"
+            )
+
+    def wait_until_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        with httpx.Client(timeout=10.0) as http:
+            while True:
+                if self.returncode is not None:
+                    raise EngineError(
+                        f"the engine exited with code {self.returncode} while starting: "
+                        f"{self.last_error()} (log: {self.log_path})"
+                    )
+                try:
+                    if http.get(self.url + "/health_generate").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    raise EngineError(
+                        f"the engine did not become healthy within {self.startup_timeout_s:.0f} s: "
+                        f"raise engine.startup_timeout_s or read its log {self.log_path}"
+                    )
+                time.sleep(0.5)
+
+    def check(self) -> None:
+        """Raise EngineError if the engine process has exited (crashed or was killed)."""
+        if self._proc is None:
+            raise EngineError("the engine was never started")
+        code = self._proc.poll()
+        if code is not None:
+            raise EngineError(
+                f"the engine at {self.url} exited with code {code}: {self.last_error()} "
+                f"(log: {self.log_path})"
+            )
+
+    async def watch(self, poll_s: float = 1.0) -> NoReturn:
+        """Return only by raising EngineError when the engine dies; run it in a task group."""
+        import anyio
+
+        while True:
+            self.check()
+            await anyio.sleep(poll_s)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """Stop the process group; return the exit code (None if it was never started)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                proc.wait(10)
+        # Children that outlived the main process (e.g. after a crash) go with the group.
+        self._signal(signal.SIGKILL)
+        return proc.returncode
+
+    def _signal(self, sig: signal.Signals) -> None:
+        assert self._proc is not None
+        try:
+            os.killpg(self._proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def last_error(self) -> str:
+        """The most telling line of the log: the last exception line, else the last line."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - 64_000))
+                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return "no log"
+        for line in reversed(lines):
+            if "Error" in line or "Exception" in line:
+                return line[:300]
+        return lines[-1][:300] if lines else "no output"
+
+    def __enter__(self) -> EngineServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

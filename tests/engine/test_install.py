@@ -1,0 +1,44 @@
+"""The engine environment: a clear one-line error when missing, idempotent install."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_rl.engine.install import STAMP_FILE, engine_python, install_engine, requirements_file
+from agent_rl.errors import EngineError
+
+
+def test_missing_environment_names_the_install_command(tmp_path: Path) -> None:
+    with pytest.raises(EngineError) as e:
+        engine_python(tmp_path / "nowhere")
+    assert "agent-rl engine install" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_outdated_environment_names_the_install_command(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    (venv / STAMP_FILE).write_text(json.dumps({"digest": "old", "device": "cpu"}))
+    with pytest.raises(EngineError, match="out of date.*agent-rl engine install"):
+        engine_python(venv)
+
+
+def test_requirements_are_all_pinned() -> None:
+    lines = [ln.strip() for ln in requirements_file().read_text().splitlines()]
+    reqs = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert all("==" in r for r in reqs), [r for r in reqs if "==" not in r]
+    names = {r.split("==")[0].lower() for r in reqs}
+    assert {"sglang", "torch", "torchvision", "transformers"} <= names
+    # No CUDA-only kernel wheels: they neither install nor run on CPU.
+    assert not names & {"flashinfer-python", "sglang-kernel", "sgl-kernel", "flash-attn-4", "sgl-deep-ep"}
+
+
+def test_install_is_idempotent(engine_venv: Path) -> None:
+    t0 = time.monotonic()
+    assert install_engine(engine_venv, "cpu", echo=lambda _: None) is False
+    assert time.monotonic() - t0 < 5
+    assert engine_python(engine_venv).exists()

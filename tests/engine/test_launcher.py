@@ -1,0 +1,79 @@
+"""The launcher: one-line start failures, stock flags on GPU, crash detection on a real server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent_rl.engine.install import compat_dir, engine_env
+from agent_rl.engine.launcher import EngineServer
+from agent_rl.errors import EngineError
+
+
+def test_bad_model_dir(tmp_path: Path, engine_venv: Path) -> None:
+    with pytest.raises(EngineError) as e:
+        EngineServer(tmp_path / "missing", venv=engine_venv).start()
+    assert "agent-rl model init" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_port_taken(tiny_dense_model: Path, engine_venv: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(EngineError, match=f"port {port} .* in use: choose another with --port"):
+            EngineServer(tiny_dense_model, venv=engine_venv, port=port).start()
+
+
+def test_missing_engine_environment(tiny_dense_model: Path, tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="run `agent-rl engine install`"):
+        EngineServer(tiny_dense_model, venv=tmp_path / "no-venv").start()
+
+
+def test_cpu_and_gpu_commands(tiny_moe_model: Path, tmp_path: Path) -> None:
+    cpu = EngineServer(tiny_moe_model, venv=tmp_path, device="cpu", moe_routing_replay=True)
+    cmd = cpu.command("python")
+    assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
+    assert ["--device", "cpu"] == cmd[cmd.index("--device") : cmd.index("--device") + 2]
+    assert "--enable-return-routed-experts" in cmd and "--max-total-tokens" in cmd
+    env = engine_env("cpu", cpu_threads=1)
+    assert env["PYTHONPATH"] == str(compat_dir()) and env["OMP_NUM_THREADS"] == "1"
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert (compat_dir() / "sitecustomize.py").is_file()
+
+    gpu = EngineServer(tiny_moe_model, venv=tmp_path, device="cuda", extra_args=["--tp-size", "2"])
+    gcmd = gpu.command("python")
+    assert "--device" not in gcmd and "--attention-backend" not in gcmd and gcmd[-2:] == ["--tp-size", "2"]
+    genv = engine_env("cuda")
+    assert "SGLANG_USE_CPU_ENGINE" not in genv
+    assert str(compat_dir()) not in genv.get("PYTHONPATH", "")
+
+
+def test_dense_model_serves_then_a_crash_is_detected(
+    sglang_server_factory: Callable[..., EngineServer], tiny_dense_model: Path
+) -> None:
+    """`agent-rl model init` output loads in SGLang; killing the engine is noticed by check()."""
+    server = sglang_server_factory(tiny_dense_model)
+    r = httpx.post(
+        server.url + "/generate",
+        json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+        timeout=60,
+    )
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 4
+    server.check()  # alive: no error
+
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while server.returncode is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(EngineError, match=r"exited with code -9.*log: "):
+        server.check()
+    server.stop()  # reaps the orphaned scheduler/detokenizer children
