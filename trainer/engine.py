@@ -246,6 +246,12 @@ class Engine:
         with torch.no_grad():  # fp32 main params are views of the (grad-requiring) model params
             self.module.load_state_dict(loaded["model"])
             self.optimizer.load_state_dict(loaded["optimizer"])
+            # Without Apex/TE, megatron gives every param's Adam state the *same* `step` tensor,
+            # which torch's Adam then increments once per param per step: un-share it.
+            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                for state in opt.optimizer.state.values():
+                    if torch.is_tensor(state.get("step")):
+                        state["step"] = state["step"].clone()
         self.step = int(loaded["step"])
         return self.step
 
