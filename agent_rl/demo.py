@@ -8,13 +8,15 @@ reward agree; and the transcripts are supervised warm-start data (the assistant 
 content is the raw completion text, tool-call markup included).
 
 `sample_texts(env_id, n)` and `corpus_samples()` render transcripts as ChatML text for
-training a tokenizer that covers the built-in environments.
+training a tokenizer that covers the built-in environments (the sandbox ones run in real
+sandboxes of the configured backend).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,9 +29,10 @@ from agent_rl.rollout.tool_calls import parse_completion
 from agent_rl.tasks import Task
 
 if TYPE_CHECKING:
-    from tools_sandbox.base import Sandbox
+    from tools_sandbox.base import Sandbox, SandboxSpec
 
-SandboxFactory = Callable[[], Awaitable["Sandbox"]]
+SandboxFactory = Callable[["SandboxSpec | None"], Awaitable["Sandbox"]]
+"""Makes one sandbox for an episode from the env's `sandbox_spec` (None: the default spec)."""
 
 
 class Transcript(BaseModel):
@@ -99,14 +102,20 @@ async def demonstrations(
 ) -> list[Transcript]:
     """Transcripts of the first `n` tasks of `env_id`'s task stream for `seed`.
 
-    Sandbox envs get one sandbox per episode from `sandbox_factory` (closed afterwards).
+    Sandbox envs get one sandbox per episode from `sandbox_factory` (closed afterwards), or
+    from the configured backend (`[sandbox]` in the config) when none is given.
     """
     env = make(env_id, **env_kwargs)
+    if env.needs_sandbox and sandbox_factory is None:
+        async with configured_sandboxes() as factory:
+            return await demonstrations(
+                env_id, n, seed=seed, split=split, sandbox_factory=factory, **env_kwargs
+            )
     out = []
     for i, task in enumerate(env.task_source(split).take(n, seed)):
-        sandbox = (
-            await sandbox_factory() if env.needs_sandbox and sandbox_factory is not None else None
-        )
+        sandbox = None
+        if env.needs_sandbox and sandbox_factory is not None:
+            sandbox = await sandbox_factory(env.sandbox_spec)
         try:
             out.append(await run_demonstration(env, task, seed=seed + i, sandbox=sandbox))
         finally:
@@ -134,17 +143,37 @@ def corpus_samples(
     *,
     seed: int = 0,
     env_ids: Iterable[str] | None = None,
+    include_sandbox_envs: bool = True,
     sandbox_factory: SandboxFactory | None = None,
 ) -> Iterator[str]:
     """ChatML texts covering the built-in environments (or `env_ids`), `n_per_env` each.
 
-    Environments that need a sandbox are skipped unless a `sandbox_factory` is given.
+    Sandbox environments run in real sandboxes (`sandbox_factory`, else the configured
+    backend); `include_sandbox_envs=False` leaves them out where no sandbox can run.
     """
     ids = list(env_ids) if env_ids is not None else [s.id for s in specs() if s.source == "builtin"]
     for env_id in ids:
-        if make(env_id).needs_sandbox and sandbox_factory is None:
+        if make(env_id).needs_sandbox and not include_sandbox_envs:
             continue
         yield from sample_texts(env_id, n_per_env, seed=seed, sandbox_factory=sandbox_factory)
+
+
+@asynccontextmanager
+async def configured_sandboxes() -> AsyncIterator[SandboxFactory]:
+    """A sandbox factory on the backend the config names, closed with everything it made."""
+    from agent_rl.config import load_config
+    from tools_sandbox.base import SandboxSpec
+    from tools_sandbox.factory import open_backend
+
+    backend = await open_backend(load_config().sandbox)
+
+    async def create(spec: SandboxSpec | None) -> Sandbox:
+        return await backend.create(spec or SandboxSpec())
+
+    try:
+        yield create
+    finally:
+        await backend.aclose()
 
 
 def render_chatml(messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:

@@ -18,7 +18,8 @@ Two kinds of tool share the class:
   blocks the event loop);
 - sandbox tools declare a parameter named `sandbox` and receive the episode's
   `tools_sandbox.base.Sandbox`; it is injected, never part of the schema.
-`@tool` also works on methods (`self` is bound when the tool is read from an instance).
+`@tool` also works on methods (`self` is bound when the tool is read from an instance), and
+`from_sandbox_tool` adapts tools_sandbox's built-in `python`/`shell`/`read_file`/`write_file`.
 
 `run_tool_call` executes one parsed call and never raises for anything the model or the tool
 did wrong: unknown tool, invalid arguments (a pydantic message the model can act on), a
@@ -36,7 +37,7 @@ import re
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -61,7 +62,10 @@ class Tool:
         description: str | None = None,
         timeout_s: float | None = None,
         max_output_chars: int = 8192,
+        arguments_model: type[BaseModel] | None = None,
     ) -> None:
+        """`arguments_model`, if given, replaces reading the signature: `fn` is then called
+        with the validated fields as keywords (and `sandbox=` when it has that parameter)."""
         self.fn = fn
         self.name = name or fn.__name__
         doc_summary, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
@@ -75,6 +79,13 @@ class Tool:
         self.needs_sandbox = False
         self._is_method = False
         self._is_async = inspect.iscoroutinefunction(fn)
+        self._bound: object | None = None
+        if arguments_model is not None:
+            self.needs_sandbox = SANDBOX_PARAM in inspect.signature(fn).parameters
+            self.arguments_model = arguments_model
+            self.parameters = _clean_schema(arguments_model.model_json_schema())
+            self.parameters["additionalProperties"] = False
+            return
         fields: dict[str, Any] = {}
         for i, (pname, p) in enumerate(inspect.signature(fn).parameters.items()):
             if i == 0 and pname == "self":
@@ -104,7 +115,6 @@ class Tool:
         )
         self.parameters: dict[str, Any] = _clean_schema(self.arguments_model.model_json_schema())
         self.parameters["additionalProperties"] = False
-        self._bound: object | None = None
 
     def __repr__(self) -> str:
         kind = "sandbox" if self.needs_sandbox else "host"
@@ -177,6 +187,37 @@ def tool(
         )
 
     return wrap(fn) if fn is not None else wrap
+
+
+class SandboxToolImpl(Protocol):
+    """The shape of `tools_sandbox.tools.Tool` (python, shell, read_file, write_file)."""
+
+    name: str
+    description: str
+    args: type[BaseModel]
+
+    async def run(self, sandbox: Any, arguments: dict[str, Any]) -> Any:
+        """Returns an object whose `.text` is the observation."""
+        ...
+
+
+def from_sandbox_tool(impl: SandboxToolImpl, *, timeout_s: float | None = None) -> Tool:
+    """A `Tool` that runs one of tools_sandbox's built-in tools in the episode's sandbox.
+
+    Its schema and validation come from the implementation's argument model (so malformed
+    arguments get this module's short message); its observation is the implementation's text.
+    """
+
+    async def run(sandbox: Any, **arguments: Any) -> str:
+        return str((await impl.run(sandbox, arguments)).text)
+
+    return Tool(
+        run,
+        name=impl.name,
+        description=impl.description,
+        timeout_s=timeout_s,
+        arguments_model=impl.args,
+    )
 
 
 class ToolResult(BaseModel):

@@ -26,8 +26,9 @@ from agent_rl.messages import Message, user
 from agent_rl.rewards import Reward, run_json_program
 from agent_rl.rollout.tool_calls import format_tool_call
 from agent_rl.tasks import JsonlTasks, Task, TaskSource
-from envs.sandbox_tools import python
+from agent_rl.tools import from_sandbox_tool
 from tools_sandbox.base import Limits, SandboxSpec
+from tools_sandbox.tools import PythonTool
 
 PROBLEMS = Path(__file__).with_name("problems.jsonl")
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
@@ -80,7 +81,7 @@ def extract_code(answer: str) -> str:
 class CodeTestsEnv(Env):
     """Write a Python function; hidden unit tests run in the sandbox; reward = fraction passed."""
 
-    tools = (python,)
+    tools = (from_sandbox_tool(PythonTool(persistent=True)),)
     uses_sandbox = True
     sandbox_spec = SandboxSpec(limits=Limits(wall_s=20.0, cpu_s=20, memory_mb=256))
 

@@ -23,8 +23,9 @@ from agent_rl.messages import Message, user
 from agent_rl.rewards import Reward, last_number, number_match
 from agent_rl.rollout.tool_calls import format_tool_call
 from agent_rl.tasks import GeneratedTasks, Task, TaskSource
-from envs.sandbox_tools import python
+from agent_rl.tools import from_sandbox_tool
 from tools_sandbox.base import Limits, SandboxSpec
+from tools_sandbox.tools import PythonTool
 
 Problem = tuple[str, str, int]  # question, reference program, answer
 
@@ -102,7 +103,7 @@ def make_problem(rng: random.Random) -> dict[str, Any]:
 class PythonMathEnv(Env):
     """Math problems solved with a sandboxed Python interpreter; exact numeric reward."""
 
-    tools = (python,)
+    tools = (from_sandbox_tool(PythonTool(persistent=True)),)
     sandbox_spec = SandboxSpec(limits=Limits(wall_s=10.0, cpu_s=10, memory_mb=256))
 
     def __init__(self, *, max_turns: int | None = 6, **kwargs: Any) -> None:
