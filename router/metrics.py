@@ -15,7 +15,7 @@ from typing import Mapping, MutableMapping
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, TracerProvider
+from opentelemetry.trace import ProxyTracerProvider, Span, SpanKind, Tracer, TracerProvider
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Proxied paths -> GenAI operation names; anything else is reported under its path.
@@ -66,6 +66,21 @@ class RouterMetrics:
             "agent_rl_router_worker_healthy", "1 if the worker is not quarantined, else 0.",
             ["worker"], registry=r,
         )
+        self._request_children: dict[tuple[str, int], Counter] = {}
+        self._latency_children: dict[str, Histogram] = {}
+
+    def observe(self, route: str, code: int, seconds: float) -> None:
+        """Count one finished request. Label children are cached: `labels()` takes a lock and
+        builds a key on every call, a measurable share of the router's CPU per request."""
+        key = (route, code)
+        counter = self._request_children.get(key)
+        if counter is None:
+            counter = self._request_children[key] = self.requests.labels(route, str(code))
+        counter.inc()
+        histogram = self._latency_children.get(route)
+        if histogram is None:
+            histogram = self._latency_children[route] = self.latency.labels(route)
+        histogram.observe(seconds)
 
     def forget(self, worker: str) -> None:
         """Drop the per-worker gauges of a removed worker (counters keep their history)."""
@@ -83,13 +98,32 @@ class RouterTracer:
     """Spans around forwarded requests, with W3C trace context in and out."""
 
     def __init__(self, provider: TracerProvider | None = None) -> None:
-        self._tracer = (provider or trace.get_tracer_provider()).get_tracer("agent_rl.router")
+        self._provider = provider
+        self._tracer: Tracer | None = None
 
-    def start(self, path: str, incoming: Mapping[str, str]) -> Span:
+    def _current(self) -> Tracer | None:
+        """The tracer, or None while no tracer provider is installed (spans would be no-ops).
+
+        The global provider is looked up per request because an embedding process may install
+        one after the router started; until then the router skips span bookkeeping entirely and
+        the caller's traceparent travels on untouched with the other headers.
+        """
+        if self._tracer is not None:
+            return self._tracer
+        provider = self._provider or trace.get_tracer_provider()
+        if isinstance(provider, ProxyTracerProvider):
+            return None
+        self._tracer = provider.get_tracer("agent_rl.router")
+        return self._tracer
+
+    def start(self, path: str, incoming: Mapping[str, str]) -> Span | None:
         """Start the span of one forwarded request, as a child of the caller's traceparent."""
+        tracer = self._current()
+        if tracer is None:
+            return None
         operation = OPERATIONS.get(path, path)
         parent: Context = propagate.extract(incoming)
-        return self._tracer.start_span(
+        return tracer.start_span(
             operation,
             context=parent,
             kind=SpanKind.CLIENT,

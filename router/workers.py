@@ -46,6 +46,8 @@ class Worker:
     """True from the start of a weight update fanned out by the router until this worker's part
     of it finished; such a worker does not receive new sessions while others are up to date."""
     last_error: str | None = None
+    in_flight_gauge: Any = None
+    """This worker's Prometheus in-flight gauge, looked up once (see RouterMetrics.observe)."""
     added_at: float = field(default_factory=time.time)
 
     def admits(self, now: float, cooldown_s: float) -> bool:
