@@ -1,0 +1,230 @@
+"""The production backend: one Docker container per episode, served by the persistent worker.
+
+Each container runs worker.py as its main process (under docker-init) with no network
+(`network_mode="none"`), a read-only root, a sized private /tmp, memory limit = memory+swap
+limit, a pids limit, a CPU quota of one core, every capability dropped, no-new-privileges, and a
+non-root uid of its own. /work is a sized tmpfs mounted on the host and bound in, so it survives
+the container being replaced. The worker talks to the server over a unix socket the server
+listens on, in a small per-sandbox dir mounted read-only at /sbx (so the engine must run on this
+host); output is capped by the worker and every answer is bounded by the server, never read
+whole with `exec_run`. No image is pulled: the default image is imported from this host's
+Python (tools_sandbox.image). Containers carry labels naming the sandbox and the
+server process that owns it, which is how `reap` finds what a crashed server left.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import SocketListener
+
+from agent_rl.config import SandboxConfig
+from agent_rl.errors import SandboxError
+from tools_sandbox import hostfs
+from tools_sandbox.base import WORK_DIR, SandboxSpec
+from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
+from tools_sandbox.image import ensure_image
+from tools_sandbox.session import Channel, WorkerSandbox, worker_config
+
+PREFIX = "dk-"
+LABEL = "agent-rl.sandbox"
+OWNER = "agent-rl.owner"
+HOST = "agent-rl.host"
+HERE = Path(__file__).resolve().parent
+
+
+class DockerSandbox(WorkerSandbox):
+    def __init__(self, backend: DockerBackend, sandbox_id: str, spec: SandboxSpec, uid: int) -> None:
+        super().__init__(sandbox_id, spec, backend._forget)
+        self.backend = backend
+        self.uid = uid
+        self.dir = backend.root / sandbox_id
+        self.container: Any = None
+        self.listener: SocketListener | None = None
+        self.generation = 0
+
+    def labels(self) -> dict[str, str]:
+        return {LABEL: self.id, OWNER: self.backend.owner, HOST: socket.gethostname()}
+
+    def prepare(self) -> None:
+        """The socket dir and the work dir: they outlive container replacements."""
+        self.dir.mkdir()
+        (self.dir / "owner").write_text(self.backend.owner)
+        (self.dir / "worker.py").write_bytes(self.backend.worker.read_bytes())
+        (self.dir / "worker.py").chmod(0o644)
+        self.dir.chmod(0o755)
+        # a host tmpfs, bind-mounted: a tmpfs volume would be emptied with each container
+        hostfs.mount_tmpfs(self.dir / "work", self.spec.limits.disk_mb, self.uid, self.uid)
+
+    def _run_container(self, sock_name: str) -> Any:
+        import docker.types
+
+        spec, lim = self.spec, self.spec.limits
+        conf = worker_config(spec, WORK_DIR, connect=f"/sbx/{sock_name}")
+        mounts = [docker.types.Mount(WORK_DIR, str(self.dir / "work"), type="bind"),
+                  docker.types.Mount("/sbx", str(self.dir), type="bind", read_only=True)]
+        mounts += [docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
+                   for m in spec.mounts]
+        ulimits = [docker.types.Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile),
+                   docker.types.Ulimit(name="core", soft=0, hard=0)]
+        return self.backend.client.containers.run(
+            spec.image or self.backend.image,
+            [self.backend.config.python, "-I", "/sbx/worker.py", _json(conf)],
+            name=f"{self.id}-{self.generation}", detach=True, init=True,
+            network_mode="bridge" if spec.network else "none",
+            mem_limit=lim.memory_mb << 20, memswap_limit=lim.memory_mb << 20,
+            pids_limit=lim.pids, nano_cpus=1_000_000_000, read_only=True,
+            user=f"{self.uid}:{self.uid}", cap_drop=["ALL"], security_opt=["no-new-privileges"],
+            tmpfs={"/tmp": f"size={lim.tmp_mb}m,mode=1777"}, mounts=mounts,
+            working_dir=WORK_DIR, environment=conf["env"], ulimits=ulimits,
+            labels=self.labels(), hostname="sandbox",
+        )
+
+    async def _spawn(self) -> Channel:
+        self.generation += 1
+        sock_name = f"w{self.generation}.sock"
+        path = self.dir / sock_name
+        self.listener = await anyio.create_unix_listener(path, mode=0o666)
+        self.container = await anyio.to_thread.run_sync(self._run_container, sock_name)
+        stream = await self.listener.accept()
+        await self.listener.aclose()  # one connection per container: nobody else may attach
+        self.listener = None
+        path.unlink(missing_ok=True)
+        return Channel(stream, stream)
+
+    async def _kill(self) -> None:
+        if self.listener is not None:
+            await self.listener.aclose()
+            self.listener = None
+        container, self.container = self.container, None
+        if container is not None:
+            await anyio.to_thread.run_sync(partial(_remove_container, container))
+
+    def _oom_kills(self) -> int:
+        return 0  # the worker reads the container's own memory cgroup and reports OOM kills
+
+    async def _diagnostics(self) -> str:
+        container = self.container
+        if container is None:
+            return ""
+        try:
+            logs = await anyio.to_thread.run_sync(partial(container.logs, tail=20))
+            return logs.decode("utf-8", "replace").strip()[-2000:]
+        except Exception as e:  # the container may already be gone; the log is only a hint
+            return f"(no logs: {e})"
+
+    async def _destroy(self) -> None:
+        await anyio.to_thread.run_sync(self.backend.remove_leftovers_of, self.id)
+        self.backend.uids.give_back(self.uid)
+
+
+def _remove_container(container: Any) -> None:
+    import docker.errors
+
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as e:
+        if "already in progress" not in str(e):
+            raise SandboxError(f"cannot remove container {container.name}: {e}") from e
+
+
+class DockerBackend:
+    """Creates Docker sandboxes through a local engine (DOCKER_HOST or sandbox.docker_host)."""
+
+    name = "docker"
+
+    def __init__(self, config: SandboxConfig) -> None:
+        try:
+            import docker
+        except ImportError as e:
+            raise SandboxError("the docker backend needs the docker SDK: pip install "
+                               "'agent-rl[docker]'") from e
+        self.config = config
+        try:
+            self.client = (docker.DockerClient(base_url=config.docker_host, timeout=60)
+                           if config.docker_host else docker.from_env(timeout=60))
+            self.client.ping()
+        except docker.errors.DockerException as e:
+            raise SandboxError(
+                f"no Docker engine reachable ({e}); start one (.ci/start-dockerd.sh) and set "
+                "DOCKER_HOST or sandbox.docker_host, or use sandbox.backend = 'bwrap'") from e
+        self.image = config.docker_image or ensure_image(self.client)
+        self.root = Path(config.state_dir) / "docker"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o711)
+        self.worker = HERE / "worker.py"
+        self.owner = owner_tag()
+        self.uids = UidPool(config.uid_base + 200_000)
+        self.history: set[str] = set()
+        self._live: dict[str, DockerSandbox] = {}
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        sandbox = DockerSandbox(self, new_id(PREFIX), spec, self.uids.take())
+        self._live[sandbox.id] = sandbox
+        self.history.add(sandbox.id)
+        try:
+            await anyio.to_thread.run_sync(sandbox.prepare)
+        except BaseException as e:
+            with anyio.CancelScope(shield=True):
+                await sandbox.close()
+            if isinstance(e, Exception) and not isinstance(e, SandboxError):
+                raise SandboxError(f"cannot prepare sandbox {sandbox.id}: {e}") from e
+            raise
+        await sandbox.start()
+        return sandbox
+
+    def _forget(self, sandbox_id: str) -> None:
+        self._live.pop(sandbox_id, None)
+
+    def live(self) -> int:
+        return len(self._live)
+
+    def remove_leftovers_of(self, sandbox_id: str) -> None:
+        """Remove the containers (all generations) and the dir of one sandbox."""
+        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={sandbox_id}"}):
+            _remove_container(c)
+        hostfs.remove_tree(self.root / sandbox_id)
+
+    def _orphans(self) -> set[str]:
+        me = socket.gethostname()
+        found: dict[str, str] = {}
+        for c in self.client.containers.list(all=True, filters={"label": LABEL}):
+            if c.labels.get(HOST) == me:
+                found[c.labels[LABEL]] = c.labels.get(OWNER, "")
+        for d in self.root.iterdir():
+            if d.is_dir() and d.name.startswith(PREFIX):
+                owner = d / "owner"
+                found[d.name] = owner.read_text() if owner.exists() else ""
+        return {i for i, owner in found.items() if i not in self._live and not owner_alive(owner)}
+
+    async def reap(self) -> int:
+        """Remove containers, mounts and dirs of sandboxes whose server (on this host) is gone."""
+        def sync() -> int:
+            orphans = self._orphans()
+            for sandbox_id in orphans:
+                self.remove_leftovers_of(sandbox_id)
+            return len(orphans)
+
+        return await anyio.to_thread.run_sync(sync)
+
+    def leftovers(self) -> list[str]:
+        """Containers of sandboxes this backend created that still exist."""
+        return [f"container {c.name}" for c in self.client.containers.list(
+            all=True, filters={"label": LABEL}) if c.labels.get(LABEL) in self.history]
+
+    async def aclose(self) -> None:
+        for sandbox in list(self._live.values()):
+            await sandbox.close()
+
+
+def _json(obj: object) -> str:
+    import json
+
+    return json.dumps(obj, separators=(",", ":"))
