@@ -58,6 +58,13 @@ class Mismatch:
     differing_tokens: int = 0
     tokens: int = 0
     per_layer: list[float] = field(default_factory=list)
+    free: list[torch.Tensor] = field(default_factory=list)
+    """Free-routing top-k per MoE layer, megatron layout ([T_chunk * B, k])."""
+
+    def free_experts(self, batch_size: int) -> torch.Tensor:
+        """Free routing as a token-aligned [B, T_chunk, layers, k] tensor."""
+        stacked = torch.stack(self.free, dim=1)  # [T*B, L, k], sequence-major
+        return stacked.reshape(-1, batch_size, *stacked.shape[1:]).transpose(0, 1)
 
     @property
     def fraction(self) -> float:
@@ -104,6 +111,7 @@ class RoutingReplay:
                 result.per_layer.append(float(diff.sum()) / max(int(valid_rows.sum()), 1))
                 any_diff |= diff
             result.differing_tokens = int(any_diff.sum())
+            result.free = [f.detach().clone() for f in free]
             result.tokens = int(valid_rows.sum())
         finally:
             for router in self.routers:
