@@ -166,6 +166,8 @@ class Env:
         self.rng = random.Random(0)
         self.sandbox: Sandbox | None = None
         self.turns = 0
+        self.done = False
+        """The episode ended (terminated or truncated); `step` refuses until the next reset."""
         self._toolset: dict[str, Tool] | None = None
 
     # ------------------------------------------------------------------ tools
@@ -223,7 +225,7 @@ class Env:
         """Start an episode on `task`. Sandbox tools and verifiers use `sandbox`."""
         if self.needs_sandbox and sandbox is None:
             raise EnvError(f"{self.env_id} needs a sandbox: pass sandbox= to reset")
-        self.task, self.seed, self.sandbox, self.turns = task, seed, sandbox, 0
+        self.task, self.seed, self.sandbox, self.turns, self.done = task, seed, sandbox, 0, False
         self.rng = random.Random(f"{task.id}:{seed}")
         messages = list(await _maybe_await(self.initial_messages(task)))
         if self.system_prompt is not None and not (messages and messages[0]["role"] == "system"):
@@ -234,8 +236,11 @@ class Env:
         """Run the turn's tool calls, or score its content when it has none."""
         if self.task is None:
             raise EnvError(f"{self.env_id}.step called before reset")
+        if self.done:
+            raise EnvError(f"{self.env_id}.step called after the episode ended: reset first")
         self.turns += 1
         if not turn.has_calls:
+            self.done = True
             reward = as_reward(await self.score(turn.content))
             return StepResult(reward=reward.value, terminated=True, info=StepInfo(reward=reward))
         observations: list[Message] = []
@@ -248,6 +253,7 @@ class Env:
             results.append(result)
             observations.append(tool_message(result.output, call_id=call.id, name=call.name))
         truncated = self.max_turns is not None and self.turns >= self.max_turns
+        self.done = truncated
         return StepResult(
             observations=observations, truncated=truncated,
             info=StepInfo(tool_results=results, malformed=turn.malformed),
@@ -279,6 +285,11 @@ class Env:
     async def group_reward(self, outcomes: list[EpisodeOutcome]) -> list[float] | None:
         """Rewards for a finished group of episodes on one task; None keeps their own."""
         return None
+
+
+# The base class's own hooks are guarded too: a subclass that forgot `score` gets an EnvError.
+for _name in _GUARDED:
+    setattr(Env, _name, _guard(_name, Env.__dict__[_name]))
 
 
 async def _maybe_await(value: Any) -> Any:

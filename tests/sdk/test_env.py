@@ -158,3 +158,24 @@ def test_duplicate_tool_names_are_an_env_error() -> None:
 
     with pytest.raises(EnvError, match="two tools are named 'shout'"):
         Dup().tool_schemas()
+
+
+async def test_step_after_the_end_and_missing_hooks_are_env_errors() -> None:
+    env = EchoEnv(max_turns=1)
+    await env.reset(TASK)
+    assert (await env.step(parse_completion(format_tool_call("shout", {"text": "a"})))).truncated
+    with pytest.raises(EnvError, match="after the episode ended"):
+        await env.step(parse_completion("HI"))
+    await env.reset(TASK)
+    assert (await env.step(parse_completion("HI"))).terminated
+
+    class NoScore(Env):
+        def initial_messages(self, task: Task) -> list[Message]:
+            return [user("q")]
+
+    bare = NoScore()
+    await bare.reset(TASK)
+    with pytest.raises(EnvCodeError, match="must implement score") as e:
+        await bare.step(parse_completion("x"))
+    assert e.value.method == "score" and not NoScore.has_demonstration()
+    assert EchoEnv.has_demonstration() is False
