@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 SandboxFactory = Callable[["SandboxSpec | None"], Awaitable["Sandbox"]]
 """Makes one sandbox for an episode from the env's `sandbox_spec` (None: the default spec)."""
+Render = Callable[[list[Message], list[dict[str, Any]]], str]
+"""Turns (messages, tool schemas) into text, e.g. by a tokenizer's chat template."""
 
 
 class Transcript(BaseModel):
@@ -125,15 +127,20 @@ async def demonstrations(
 
 
 def sample_texts(
-    env_id: str, n: int, *, seed: int = 0, sandbox_factory: SandboxFactory | None = None
+    env_id: str,
+    n: int,
+    *,
+    seed: int = 0,
+    render: Render | None = None,
+    sandbox_factory: SandboxFactory | None = None,
 ) -> list[str]:
-    """ChatML texts of `n` demonstrated episodes of one env (sync, for tokenizer training)."""
+    """Texts of `n` demonstrated episodes of one env (sync, for tokenizer training), rendered
+    by `render(messages, tools)` (e.g. a tokenizer's chat template) or `render_chatml`."""
+    draw = render or (lambda messages, tools: render_chatml(messages))
 
     async def go() -> list[str]:
-        return [
-            t.chatml()
-            for t in await demonstrations(env_id, n, seed=seed, sandbox_factory=sandbox_factory)
-        ]
+        transcripts = await demonstrations(env_id, n, seed=seed, sandbox_factory=sandbox_factory)
+        return [draw(t.messages, t.tools) for t in transcripts]
 
     return anyio.run(go)
 
@@ -144,6 +151,7 @@ def corpus_samples(
     seed: int = 0,
     env_ids: Iterable[str] | None = None,
     include_sandbox_envs: bool = True,
+    render: Render | None = None,
     sandbox_factory: SandboxFactory | None = None,
 ) -> Iterator[str]:
     """ChatML texts covering the built-in environments (or `env_ids`), `n_per_env` each.
@@ -155,7 +163,9 @@ def corpus_samples(
     for env_id in ids:
         if make(env_id).needs_sandbox and not include_sandbox_envs:
             continue
-        yield from sample_texts(env_id, n_per_env, seed=seed, sandbox_factory=sandbox_factory)
+        yield from sample_texts(
+            env_id, n_per_env, seed=seed, render=render, sandbox_factory=sandbox_factory
+        )
 
 
 @asynccontextmanager
@@ -177,8 +187,9 @@ async def configured_sandboxes() -> AsyncIterator[SandboxFactory]:
 
 
 def render_chatml(messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:
-    """Qwen2.5-style ChatML: consecutive tool messages share one user block of
-    `<tool_response>` sections; tool schemas, if given, go in the system message."""
+    """ChatML in the project's template convention (agent_rl/models/chat_template.jinja): every
+    tool message is its own user turn wrapped in `<tool_response>`, so appending a message never
+    changes the text before it; tool schemas, if given, go in a system message."""
     parts: list[str] = []
     msgs = list(messages)
     if tools:
@@ -190,13 +201,11 @@ def render_chatml(messages: list[Message], tools: list[dict[str, Any]] | None = 
             '<tool_call>{"name": <function-name>, "arguments": <args-json-object>}</tool_call>'
         )
         parts.append(f"<|im_start|>system\n{sys_text}<|im_end|>\n")
-    for i, m in enumerate(msgs):
-        if m["role"] != "tool":
+    for m in msgs:
+        if m["role"] == "tool":
+            parts.append(
+                f"<|im_start|>user\n<tool_response>\n{m['content']}\n</tool_response><|im_end|>\n"
+            )
+        else:
             parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
-            continue
-        if i == 0 or msgs[i - 1]["role"] != "tool":
-            parts.append("<|im_start|>user")
-        parts.append(f"\n<tool_response>\n{m['content']}\n</tool_response>")
-        if i == len(msgs) - 1 or msgs[i + 1]["role"] != "tool":
-            parts.append("<|im_end|>\n")
     return "".join(parts)

@@ -6,7 +6,7 @@ from agent_rl.demo import corpus_samples, render_chatml, sample_texts
 from agent_rl.messages import tool_message, user
 
 
-def test_chatml_groups_consecutive_tool_messages_and_can_show_tools() -> None:
+def test_chatml_gives_each_tool_message_its_own_turn_and_can_show_tools() -> None:
     msgs = [
         user("q"),
         {"role": "assistant", "content": "a"},
@@ -16,7 +16,8 @@ def test_chatml_groups_consecutive_tool_messages_and_can_show_tools() -> None:
     ]
     assert render_chatml(msgs) == (
         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"
-        "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nr1\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nr2\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\ndone<|im_end|>\n"
     )
     with_tools = render_chatml([user("q")], [{"type": "function", "function": {"name": "calc"}}])
@@ -35,3 +36,5 @@ def test_sample_texts_are_deterministic_and_corpus_covers_every_builtin_env() ->
     for tool_name in ("calc", "search", "python"):
         assert any(f'"name":"{tool_name}"' in t for t in corpus)
     assert any("```python" in t for t in corpus)
+    rendered = sample_texts("calculator", 2, seed=5, render=lambda m, t: f"{len(m)}:{t[0]['type']}")
+    assert rendered == ["4:function", "4:function"]
