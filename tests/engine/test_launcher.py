@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,3 +79,17 @@ def test_dense_model_serves_then_a_crash_is_detected(
     with pytest.raises(EngineError, match=r"exited with code -9.*log: "):
         server.check()
     server.stop()  # reaps the orphaned scheduler/detokenizer children
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.pid, 0)  # nothing of the engine's process group is left
+
+
+def test_cli_start_failure_is_one_line(tmp_path: Path) -> None:
+    """`agent-rl engine start` with a bad model dir: exit 1, one line that says what to do."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from agent_rl.cli import main; main()",
+         "engine", "start", "--model", str(tmp_path / "nope")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and "agent-rl model init" in errors[0], proc.stderr
