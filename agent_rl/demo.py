@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 SandboxFactory = Callable[["SandboxSpec | None"], Awaitable["Sandbox"]]
 """Makes one sandbox for an episode from the env's `sandbox_spec` (None: the default spec)."""
+TextPolicy = Callable[[list[Message]], Awaitable[str]]
+"""Writes the next completion text for a conversation (a teacher, a scripted test policy)."""
 Render = Callable[[list[Message], list[dict[str, Any]]], str]
 """Turns (messages, tool schemas) into text, e.g. by a tokenizer's chat template."""
 
@@ -67,13 +69,30 @@ async def run_demonstration(
     max_turns: int = 16,
 ) -> Transcript:
     """Play `env.demonstrate` through `env` on `task`; the env's errors propagate as EnvError."""
+    return await run_text_episode(
+        env, task, env.demonstrate, seed=seed, sandbox=sandbox, max_turns=max_turns
+    )
+
+
+async def run_text_episode(
+    env: Env,
+    task: Task,
+    policy: TextPolicy,
+    *,
+    seed: int | None = 0,
+    sandbox: Sandbox | None = None,
+    max_turns: int = 16,
+) -> Transcript:
+    """One episode at the text level: `policy(messages)` writes each completion, which goes
+    through `parse_completion` and `env.step` as in the token-level runner. For
+    demonstrations, evaluations of text-only policies, and tests."""
     first = await env.reset(task, seed, sandbox=sandbox)
     messages: list[Message] = list(first.messages)
     steps: list[StepInfo] = []
     reward, terminated, truncated = 0.0, False, False
     try:
         for turn_no in range(max_turns):
-            text = await env.demonstrate(list(messages))
+            text = await policy(list(messages))
             turn = parse_completion(text, id_prefix=f"call_{turn_no}_")
             messages.append(turn.to_message())
             result = await env.step(turn)

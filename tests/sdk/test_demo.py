@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from agent_rl.demo import corpus_samples, render_chatml, sample_texts
+import pytest
+
+from agent_rl import make
+from agent_rl.demo import corpus_samples, render_chatml, run_text_episode, sample_texts
 from agent_rl.messages import tool_message, user
 
 
@@ -38,3 +41,25 @@ def test_sample_texts_are_deterministic_and_corpus_covers_every_builtin_env() ->
     assert any("```python" in t for t in corpus)
     rendered = sample_texts("calculator", 2, seed=5, render=lambda m, t: f"{len(m)}:{t[0]['type']}")
     assert rendered == ["4:function", "4:function"]
+
+
+@pytest.mark.anyio
+async def test_text_episode_with_a_scripted_policy_records_malformed_calls_and_scores() -> None:
+    script = iter(['<tool_call>{"name": "calc"', "<tool_call>[]</tool_call>", "nonsense"])
+
+    async def policy(messages: list) -> str:
+        return next(script)
+
+    env = make("calculator")
+    task = env.task_source().take(1)[0]
+    t = await run_text_episode(env, task, policy)
+    assert [m["role"] for m in t.messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert "never closed" in t.messages[2]["content"] and "JSON object" in t.messages[4]["content"]
+    assert t.terminated and t.reward == 0.0 and len(t.steps[0].malformed) == 1
