@@ -81,11 +81,14 @@ def main() -> None:
             server = EngineServer.from_config(cfg, model=model, port=0, log_dir=tmp)
             t = time.perf_counter()
             stack.enter_context(server)
-            print(f"engine ({server.device}) ready in {time.perf_counter() - t:.1f} s at {server.url}")
+            print(
+                f"engine ({server.device}) ready in {time.perf_counter() - t:.1f} s at {server.url}"
+            )
             url = server.url
         results = asyncio.run(bench(url, args.tokens, args.rounds))
 
-    print(f"{'concurrency':>11} {'requests':>8} {'tokens':>7} {'wall s':>7} {'tok/s':>8} {'per-request tok/s':>17}")
+    header = ("concurrency", "requests", "tokens", "wall s", "tok/s", "per-request tok/s")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (11, 8, 7, 7, 8, 17), strict=True)))
     for r in results.values():
         print(
             f"{r['concurrency']:>11} {r['requests']:>8} {r['tokens']:>7} {r['wall_s']:>7.2f} "

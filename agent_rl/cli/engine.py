@@ -35,7 +35,7 @@ def install(
     dev = detect_device() if device == "auto" else device
     if dev not in ("cpu", "cuda"):
         raise typer.BadParameter("--device must be cpu, cuda or auto")
-    install_engine(target, dev, python=python, force=force, echo=console.print)  # type: ignore[arg-type]
+    install_engine(target, dev, python=python, force=force, echo=console.print)  # type: ignore
 
 
 @app.command("status")
@@ -57,11 +57,17 @@ def start(
     model: Annotated[
         Optional[Path], typer.Option("--model", help="HF model directory (default: engine.model).")
     ] = None,
-    port: Annotated[Optional[int], typer.Option("--port", help="HTTP port (default: engine.port).")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help="Bind address (default: engine.host).")] = None,
+    port: Annotated[
+        Optional[int], typer.Option("--port", help="HTTP port (default: engine.port).")
+    ] = None,
+    host: Annotated[
+        Optional[str], typer.Option("--host", help="Bind address (default: engine.host).")
+    ] = None,
     moe_routing_replay: Annotated[
         Optional[bool],
-        typer.Option("--moe-routing-replay/--no-moe-routing-replay", help="Return routed experts (R3)."),
+        typer.Option(
+            "--moe-routing-replay/--no-moe-routing-replay", help="Return routed experts (R3)."
+        ),
     ] = None,
 ) -> None:
     """Run one SGLang server in the foreground until Ctrl-C; exit 1 if it crashes."""

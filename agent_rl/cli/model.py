@@ -23,7 +23,9 @@ def init(
     layers: Annotated[
         int | None, typer.Option("--layers", help="Override the number of decoder layers.")
     ] = None,
-    hidden: Annotated[int | None, typer.Option("--hidden", help="Override the hidden size.")] = None,
+    hidden: Annotated[
+        int | None, typer.Option("--hidden", help="Override the hidden size.")
+    ] = None,
 ) -> None:
     """Write an HF-format model (weights, config, tokenizer, chat template) to OUT."""
     if preset not in PRESETS:

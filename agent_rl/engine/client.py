@@ -90,7 +90,10 @@ class Generation:
             if [t[1] for t in token_logprobs] != output_ids:
                 raise EngineError("engine response: output_token_logprobs do not match output_ids")
             logprobs = [float(t[0]) for t in token_logprobs]
-        spans = [WeightSpan(str(s["version"]), int(s["start"]), int(s["end"])) for s in meta.get("weight_versions") or []]
+        spans = [
+            WeightSpan(str(s["version"]), int(s["start"]), int(s["end"]))
+            for s in meta.get("weight_versions") or []
+        ]
         experts, routed = meta.get("routed_experts"), None
         if isinstance(experts, str):
             # One row per position whose next token was computed: all but the last token.
@@ -122,7 +125,9 @@ def decode_routed_experts(b64: str, rows: int, topk: int | None) -> np.ndarray:
     if topk is None:
         return flat.reshape(rows, -1)
     if flat.size % (rows * topk):
-        raise EngineError(f"engine response: {flat.size} routed-expert ids do not fit [{rows}, -1, {topk}]")
+        raise EngineError(
+            f"engine response: {flat.size} routed-expert ids do not fit [{rows}, -1, {topk}]"
+        )
     return flat.reshape(rows, -1, topk)
 
 
@@ -230,7 +235,9 @@ class EngineClient:
             routed_experts_start_len, extra, stream=True,
         )  # fmt: skip
         try:
-            async with self.session.post(self.base_url + "/generate", json=body, timeout=self._timeout) as resp:
+            async with self.session.post(
+                self.base_url + "/generate", json=body, timeout=self._timeout
+            ) as resp:
                 await _raise_for_status(resp, "/generate")
                 async for line in resp.content:
                     text = line.decode().strip()
@@ -239,7 +246,9 @@ class EngineClient:
                     data = text[len("data:") :].strip()
                     if data == "[DONE]":
                         return
-                    yield Generation.from_response(json.loads(data), self.moe_topk, routed_experts_start_len)
+                    yield Generation.from_response(
+                        json.loads(data), self.moe_topk, routed_experts_start_len
+                    )
         except aiohttp.ClientError as e:
             raise EngineError(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
 
@@ -248,7 +257,9 @@ class EngineClient:
         """Abort one request (it returns its partial tokens with finish_reason abort) or all."""
         if rid is None and not abort_all:
             raise ValueError("abort needs a rid or abort_all=True")
-        await self._post("/abort_request", {"rid": rid, "abort_all": abort_all} if rid else {"abort_all": True})
+        await self._post(
+            "/abort_request", {"rid": rid, "abort_all": abort_all} if rid else {"abort_all": True}
+        )
 
     async def pause_generation(self, mode: PauseMode = "in_place") -> None:
         """Stop scheduling: in_place keeps requests where they are, retract recomputes them
@@ -279,7 +290,9 @@ class EngineClient:
             body["load_format"] = load_format
         result = await self._post("/update_weights_from_disk", body)
         if not (isinstance(result, dict) and result.get("success")):
-            raise EngineError(f"engine at {self.base_url}: update_weights_from_disk failed: {result}")
+            raise EngineError(
+                f"engine at {self.base_url}: update_weights_from_disk failed: {result}"
+            )
         return result
 
     async def begin_weight_update(self) -> Any:
@@ -292,7 +305,9 @@ class EngineClient:
     async def health_generate(self) -> bool:
         """True if the engine completes a one-token generation (503 while starting: False)."""
         try:
-            async with self.session.get(self.base_url + "/health_generate", timeout=self._timeout) as resp:
+            async with self.session.get(
+                self.base_url + "/health_generate", timeout=self._timeout
+            ) as resp:
                 return resp.status == 200
         except aiohttp.ClientError:
             return False
@@ -320,7 +335,8 @@ class EngineClient:
             self.moe_topk = int(json.loads(path.read_text())["num_experts_per_tok"])
         except (OSError, ValueError, KeyError) as e:
             raise EngineError(
-                f"cannot shape routed experts: {path} is not readable here; pass moe_topk to EngineClient"
+                f"cannot shape routed experts: {path} is not readable here; "
+                "pass moe_topk to EngineClient"
             ) from e
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
@@ -331,7 +347,9 @@ class EngineClient:
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         try:
-            async with self.session.request(method, self.base_url + path, json=body, timeout=self._timeout) as resp:
+            async with self.session.request(
+                method, self.base_url + path, json=body, timeout=self._timeout
+            ) as resp:
                 await _raise_for_status(resp, path)
                 text = await resp.text()
         except aiohttp.ClientError as e:

@@ -44,7 +44,11 @@ def compat_dir() -> Path:
 
 
 def _digest(device: Device) -> str:
-    spec = requirements_file().read_bytes() if device == "cpu" else f"sglang=={SGLANG_VERSION}".encode()
+    spec = (
+        requirements_file().read_bytes()
+        if device == "cpu"
+        else f"sglang=={SGLANG_VERSION}".encode()
+    )
     return hashlib.sha256(device.encode() + b"\0" + spec).hexdigest()
 
 
@@ -62,7 +66,9 @@ def engine_python(venv: Path) -> Path:
         raise EngineError(f"no engine environment at {venv}: {INSTALL_HINT}")
     stamp = _read_stamp(venv)
     if stamp is None or stamp.get("digest") != _digest(stamp.get("device", "cpu")):
-        raise EngineError(f"the engine environment at {venv} is incomplete or out of date: {INSTALL_HINT}")
+        raise EngineError(
+            f"the engine environment at {venv} is incomplete or out of date: {INSTALL_HINT}"
+        )
     return python
 
 
@@ -141,7 +147,7 @@ def _smoke_test(py: str, device: Device) -> None:
     if device == "cpu":
         code += (
             "import sglang.srt.mem_cache.pool_host.common as c\n"
-            "assert c._cuda_host_register.__module__ == 'sitecustomize', 'compat layer not applied'\n"
+            "assert c._cuda_host_register.__module__ == 'sitecustomize', 'compat not applied'\n"
         )
     _run([py, "-c", code], "import SGLang in the engine environment", env=engine_env(device))
 
@@ -155,7 +161,9 @@ def _base_python() -> str:
 
 def _run(cmd: list[str], what: str, env: dict[str, str] | None = None) -> None:
     try:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.run(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     except OSError as e:
         raise EngineError(f"could not {what}: {e}") from e
     if proc.returncode != 0:

@@ -298,7 +298,11 @@ class EngineServer:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(max(0, os.path.getsize(self.log_path) - 64_000))
-                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+                lines = [
+                    ln.strip()
+                    for ln in f.read().decode(errors="replace").splitlines()
+                    if ln.strip()
+                ]
         except OSError:
             return "no log"
         for line in reversed(lines):

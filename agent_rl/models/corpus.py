@@ -28,11 +28,27 @@ SENTENCES = [
     "I could not find that. Let me search again with a different query.",
 ]
 FACTS = [
-    ("Who wrote Hamlet?", "William Shakespeare", "Hamlet is a tragedy written by William Shakespeare."),
+    (
+        "Who wrote Hamlet?",
+        "William Shakespeare",
+        "Hamlet is a tragedy written by William Shakespeare.",
+    ),
     ("What is the capital of Italy?", "Rome", "Rome is the capital city of Italy."),
-    ("When did the Apollo 11 mission land on the Moon?", "1969", "Apollo 11 landed on the Moon in July 1969."),
-    ("What is the largest planet in the solar system?", "Jupiter", "Jupiter is the largest planet in the solar system."),
-    ("Who painted the Mona Lisa?", "Leonardo da Vinci", "The Mona Lisa was painted by Leonardo da Vinci."),
+    (
+        "When did the Apollo 11 mission land on the Moon?",
+        "1969",
+        "Apollo 11 landed on the Moon in July 1969.",
+    ),
+    (
+        "What is the largest planet in the solar system?",
+        "Jupiter",
+        "Jupiter is the largest planet in the solar system.",
+    ),
+    (
+        "Who painted the Mona Lisa?",
+        "Leonardo da Vinci",
+        "The Mona Lisa was painted by Leonardo da Vinci.",
+    ),
     ("What is the chemical symbol for gold?", "Au", "Gold has the chemical symbol Au."),
     ("How many legs does a spider have?", "8", "Spiders have 8 legs."),
     ("Which river flows through Cairo?", "the Nile", "The Nile flows through Cairo, Egypt."),
@@ -80,7 +96,7 @@ Conversation = tuple[list[dict], list[dict]]  # (messages, tools)
 def _expression(rng: random.Random) -> tuple[str, int]:
     terms = [str(rng.randint(1, 999)) for _ in range(rng.randint(2, 4))]
     ops = [rng.choice("+-*") for _ in terms[1:]]
-    expr = terms[0] + "".join(f" {op} {t}" for op, t in zip(ops, terms[1:]))
+    expr = terms[0] + "".join(f" {op} {t}" for op, t in zip(ops, terms[1:], strict=True))
     return expr, eval(expr)  # noqa: S307 - digits and + - * only, built just above
 
 
@@ -91,7 +107,11 @@ def arithmetic(rng: random.Random) -> Conversation:
     call = {"name": "calc", "arguments": {"expression": expr}}
     return [
         {"role": "user", "content": question},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": call}],
+        },
         {"role": "tool", "content": str(value)},
         {"role": "assistant", "content": f"The answer is {value}."},
     ], [CALC_TOOL]
@@ -103,7 +123,11 @@ def search(rng: random.Random) -> Conversation:
     return [
         {"role": "system", "content": "You answer questions using the search tool."},
         {"role": "user", "content": question},
-        {"role": "assistant", "content": "Let me search.", "tool_calls": [{"type": "function", "function": call}]},
+        {
+            "role": "assistant",
+            "content": "Let me search.",
+            "tool_calls": [{"type": "function", "function": call}],
+        },
         {"role": "tool", "content": json.dumps([{"title": answer, "text": passage}])},
         {"role": "assistant", "content": f"The answer is {answer}."},
     ], [SEARCH_TOOL]
@@ -135,8 +159,17 @@ def python_code(rng: random.Random) -> str:
 def code_task(rng: random.Random) -> Conversation:
     code = python_code(rng)
     return [
-        {"role": "user", "content": "Write the function and run its test.\n```python\n" + code + "```"},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "python", "arguments": {"code": code}}}]},
+        {
+            "role": "user",
+            "content": "Write the function and run its test.\n```python\n" + code + "```",
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "python", "arguments": {"code": code}}}
+            ],
+        },
         {"role": "tool", "content": "1 passed in 0.01s"},
         {"role": "assistant", "content": "All tests passed."},
     ], [PYTHON_TOOL]
@@ -144,11 +177,13 @@ def code_task(rng: random.Random) -> Conversation:
 
 def plain_text(rng: random.Random) -> str:
     words = " ".join(rng.choice(SENTENCES) for _ in range(3))
-    numbers = " ".join(str(rng.randint(0, 10**rng.randint(1, 6))) for _ in range(4))
+    numbers = " ".join(str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(4))
     return f"{words} Numbers: {numbers}."
 
 
-def corpus(render: Callable[[list[dict], list[dict]], str], seed: int = 0, n: int = 600) -> Iterator[str]:
+def corpus(
+    render: Callable[[list[dict], list[dict]], str], seed: int = 0, n: int = 600
+) -> Iterator[str]:
     """Yield training texts; conversations go through `render` (the chat template)."""
     rng = random.Random(seed)
     makers = [arithmetic, search, code_task]

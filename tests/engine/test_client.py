@@ -32,7 +32,11 @@ def test_generate_logprobs_versions_and_routed_experts(sglang_moe_server: Engine
         async with EngineClient(sglang_moe_server.url) as c:
             g = await c.generate(PROMPT, GREEDY, rid="t-gen", return_routed_experts=True)
             assert g.rid == "t-gen" and len(g.output_ids) == 8 == g.completion_tokens
-            assert g.logprobs is not None and len(g.logprobs) == 8 and all(lp <= 0 for lp in g.logprobs)
+            assert (
+                g.logprobs is not None
+                and len(g.logprobs) == 8
+                and all(lp <= 0 for lp in g.logprobs)
+            )
             assert g.finish_reason is not None and g.finish_reason.type in ("length", "stop")
             assert g.weight_version == "default"
             assert [(s.version, s.start, s.end) for s in g.weight_spans] == [("default", 0, 8)]
@@ -52,7 +56,7 @@ def test_stream_is_cumulative_and_matches_generate(sglang_moe_server: EngineServ
             chunks = [g async for g in c.stream(PROMPT, GREEDY)]
             full = await c.generate(PROMPT, GREEDY)
         assert len(chunks) >= 2
-        for a, b in zip(chunks, chunks[1:]):
+        for a, b in zip(chunks, chunks[1:], strict=False):
             assert b.output_ids[: len(a.output_ids)] == a.output_ids
         assert all(g.finish_reason is None for g in chunks[:-1])
         assert chunks[-1].finish_reason is not None
@@ -103,7 +107,9 @@ def _perturbed_copy(src: Path, dst: Path) -> Path:
     gen = torch.Generator().manual_seed(1)
     for name, w in weights.items():
         if w.is_floating_point():
-            weights[name] = (w + 0.5 * (w.std() + 1e-3) * torch.randn(w.shape, generator=gen)).contiguous()
+            weights[name] = (
+                w + 0.5 * (w.std() + 1e-3) * torch.randn(w.shape, generator=gen)
+            ).contiguous()
     save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
     return dst
 
@@ -122,7 +128,9 @@ def test_update_weights_from_disk_changes_outputs_and_version(
                 after = await c.generate(PROMPT, GREEDY)
                 assert after.weight_version == "v1" and after.weight_spans[0].version == "v1"
                 assert (await c.model_info())["weight_version"] == "v1"
-                assert after.output_ids != before.output_ids or not np.allclose(after.logprobs, before.logprobs, atol=1e-3)
+                assert after.output_ids != before.output_ids or not np.allclose(
+                    after.logprobs, before.logprobs, atol=1e-3
+                )
             finally:
                 await c.update_weights_from_disk(tiny_moe_model, weight_version="default")
             restored = await c.generate(PROMPT, GREEDY)
@@ -155,12 +163,16 @@ def test_chat_template_tokens_match_sglang_tokenizer(
     """The engine loaded our tokenizer: its count of a rendered conversation equals ours."""
     tok = AutoTokenizer.from_pretrained(tiny_moe_model)
     messages = [{"role": "user", "content": "What is 12 * 34?"}]
-    text = tok.apply_chat_template(messages, tools=[CALC_TOOL], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        messages, tools=[CALC_TOOL], tokenize=False, add_generation_prompt=True
+    )
     ids = tok(text, add_special_tokens=False).input_ids
 
     async def go() -> None:
         async with EngineClient(sglang_moe_server.url) as c:
-            by_text = await c._post("/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}})
+            by_text = await c._post(
+                "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}}
+            )
             assert by_text["meta_info"]["prompt_tokens"] == len(ids)
             g = await c.generate(ids, {"max_new_tokens": 4, "temperature": 0})
             assert g.prompt_tokens == len(ids) and len(g.output_ids) == 4

@@ -23,7 +23,10 @@ def _body(output_ids: list[int], prompt_tokens: int, **meta: object) -> dict:
             "completion_tokens": len(output_ids),
             "cached_tokens": 1,
             "weight_version": "v2",
-            "weight_versions": [{"version": "v1", "start": 0, "end": 2}, {"version": "v2", "start": 2, "end": 3}],
+            "weight_versions": [
+                {"version": "v1", "start": 0, "end": 2},
+                {"version": "v2", "start": 2, "end": 3},
+            ],
             "output_token_logprobs": [[-0.5 - i, t, None] for i, t in enumerate(output_ids)],
             **meta,
         },
@@ -35,7 +38,11 @@ def test_tokens_logprobs_versions_finish() -> None:
     assert g.rid == "rid-1" and g.output_ids == [43, 202, 35]
     assert g.logprobs == [-0.5, -1.5, -2.5]
     assert g.weight_spans == [WeightSpan("v1", 0, 2), WeightSpan("v2", 2, 3)]
-    assert g.finish_reason is not None and g.finish_reason.type == "length" and g.finish_reason.length == 3
+    assert (
+        g.finish_reason is not None
+        and g.finish_reason.type == "length"
+        and g.finish_reason.length == 3
+    )
     assert not g.aborted and g.cached_tokens == 1 and g.routed_experts is None
 
 

@@ -34,7 +34,13 @@ def test_requirements_are_all_pinned() -> None:
     names = {r.split("==")[0].lower() for r in reqs}
     assert {"sglang", "torch", "torchvision", "transformers"} <= names
     # No CUDA-only kernel wheels: they neither install nor run on CPU.
-    assert not names & {"flashinfer-python", "sglang-kernel", "sgl-kernel", "flash-attn-4", "sgl-deep-ep"}
+    assert not names & {
+        "flashinfer-python",
+        "sglang-kernel",
+        "sgl-kernel",
+        "flash-attn-4",
+        "sgl-deep-ep",
+    }
 
 
 def test_install_is_idempotent(engine_venv: Path) -> None:

@@ -52,7 +52,11 @@ def test_cpu_and_gpu_commands(tiny_moe_model: Path, tmp_path: Path) -> None:
 
     gpu = EngineServer(tiny_moe_model, venv=tmp_path, device="cuda", extra_args=["--tp-size", "2"])
     gcmd = gpu.command("python")
-    assert "--device" not in gcmd and "--attention-backend" not in gcmd and gcmd[-2:] == ["--tp-size", "2"]
+    assert (
+        "--device" not in gcmd
+        and "--attention-backend" not in gcmd
+        and gcmd[-2:] == ["--tp-size", "2"]
+    )
     genv = engine_env("cuda")
     assert "SGLANG_USE_CPU_ENGINE" not in genv
     assert str(compat_dir()) not in genv.get("PYTHONPATH", "")

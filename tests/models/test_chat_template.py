@@ -17,15 +17,26 @@ CONVERSATION = [
         "role": "assistant",
         "content": "I will use both tools.",
         "tool_calls": [
-            {"type": "function", "function": {"name": "calc", "arguments": {"expression": "12 * 34"}}},
-            {"type": "function", "function": {"name": "search", "arguments": '{"query": "hamlet author"}'}},
+            {
+                "type": "function",
+                "function": {"name": "calc", "arguments": {"expression": "12 * 34"}},
+            },
+            {
+                "type": "function",
+                "function": {"name": "search", "arguments": '{"query": "hamlet author"}'},
+            },
         ],
     },
     {"role": "tool", "content": "408"},
     {"role": "tool", "content": "Hamlet is a tragedy written by William Shakespeare."},
     {"role": "assistant", "content": "12 * 34 = 408, and Hamlet was written by Shakespeare."},
     {"role": "user", "content": "Thanks! Now 5 + 5?"},
-    {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"expression": "5 + 5"}}}]},
+    {
+        "role": "assistant",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "calc", "arguments": {"expression": "5 + 5"}}}
+        ],
+    },
     {"role": "tool", "content": "10"},
     {"role": "assistant", "content": "10"},
 ]
@@ -72,7 +83,14 @@ def test_tokens_round_trip_and_markers_are_single_tokens(tok: PreTrainedTokenize
     text = tok.apply_chat_template(CONVERSATION, tools=[CALC_TOOL], tokenize=False)
     ids = tok(text, add_special_tokens=False).input_ids
     assert tok.decode(ids) == text
-    for marker in ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]:
+    for marker in [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+    ]:
         assert len(tok(marker, add_special_tokens=False).input_ids) == 1, marker
     assert tok.eos_token == "<|im_end|>"
     # Tool-call markers survive skip_special_tokens (the episode runner parses decoded text).
@@ -80,9 +98,13 @@ def test_tokens_round_trip_and_markers_are_single_tokens(tok: PreTrainedTokenize
     decoded = tok.decode(tok(call, add_special_tokens=False).input_ids, skip_special_tokens=True)
     assert decoded == '<tool_call>\n{"name": "calc"}\n</tool_call>'
     # Digits are one token each.
-    assert tok.convert_ids_to_tokens(tok("2026", add_special_tokens=False).input_ids) == list("2026")
+    assert tok.convert_ids_to_tokens(tok("2026", add_special_tokens=False).input_ids) == list(
+        "2026"
+    )
 
 
 def test_generation_prompt_without_tools_or_system(tok: PreTrainedTokenizerBase) -> None:
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -68,7 +68,9 @@ def _patch_pool_host_common(module: types.ModuleType) -> None:
 
 
 # --- 3. torchvision fake ops without its C++ ops -------------------------------------------------
-def _around_torchvision_meta_registrations(module: types.ModuleType, run: Callable[[], None]) -> None:
+def _around_torchvision_meta_registrations(
+    module: types.ModuleType, run: Callable[[], None]
+) -> None:
     import torch.library
     import torchvision.extension
 
