@@ -35,7 +35,7 @@ class Section(BaseModel):
 class StoreConfig(Section):
     url: str = "sqlite:///agent_rl.db"
     """Database URL. `sqlite:///PATH` (relative to the working directory) or
-    `postgresql://user@host/db`; async drivers (aiosqlite, asyncpg) are chosen automatically."""
+    `postgresql://user@host/db` (driven by psycopg 3)."""
 
     compress_tokens: bool = False
     """zlib-compress token arrays (smaller rows, more CPU per write)."""

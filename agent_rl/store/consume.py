@@ -13,18 +13,20 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import bindparam, insert, or_, select, update
+from sqlalchemy import Connection, case, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import LeaseLostError, StoreError
-from agent_rl.store.base import StoreBase, now
+from agent_rl.store.base import StoreBase, now, write
 from agent_rl.store.models import Episode, Group, PolicyVersion
 from agent_rl.store.records import Claim, ClaimedGroup
 
 
 class Consumption(StoreBase):
-    async def claim(
+    @write(durable=False)  # a claim lost to a power failure only makes its commit fail
+    def claim(
         self,
+        conn: Connection,
         run_id: int,
         trainer_id: str,
         max_groups: int,
@@ -35,7 +37,7 @@ class Consumption(StoreBase):
         """Claim up to `max_groups` ready groups; the claim may hold fewer (or none)."""
         t = now()
         claim_id = uuid.uuid4().hex
-        query = (
+        candidates = (
             select(Group.id)
             .where(
                 Group.run_id == run_id,
@@ -46,30 +48,24 @@ class Consumption(StoreBase):
             .limit(max_groups)
         )
         if min_version is not None:
-            query = query.where(Group.min_version >= min_version)
+            candidates = candidates.where(Group.min_version >= min_version)
         if not self.sqlite:
-            query = query.with_for_update(skip_locked=True)
-        async with self.write() as conn:
-            ids = list((await conn.scalars(query)).all())
-            if ids:
-                await conn.execute(
-                    update(Group).where(Group.id.in_(ids))
-                    .values(status="claimed", claim_id=claim_id, claimed_by=trainer_id,
-                            lease_expires_at=t + lease_s)
-                )
-            groups = (
-                await conn.execute(
-                    select(Group.id, Group.task_id, Group.env_id, Group.min_version)
-                    .where(Group.id.in_(ids)).order_by(Group.ready_at, Group.id)
-                )
-            ).all()
-            episodes = (
-                await conn.execute(
-                    select(Episode.group_id, Episode.id)
-                    .where(Episode.group_id.in_(ids), Episode.status == "completed")
-                    .order_by(Episode.id)
-                )
-            ).all()
+            candidates = candidates.with_for_update(skip_locked=True)
+        # One statement picks and marks the groups, so a claim costs two round trips in all.
+        mark = (
+            update(Group)
+            .where(Group.id.in_(candidates.scalar_subquery()))
+            .values(status="claimed", claim_id=claim_id, claimed_by=trainer_id,
+                    lease_expires_at=t + lease_s)
+            .returning(Group.id, Group.task_id, Group.env_id, Group.min_version, Group.ready_at)
+        )
+        groups = sorted(conn.execute(mark).all(), key=lambda g: (g.ready_at, g.id))
+        ids = [g.id for g in groups]
+        episodes = conn.execute(
+            select(Episode.group_id, Episode.id)
+            .where(Episode.group_id.in_(ids), Episode.status == "completed")
+            .order_by(Episode.id)
+        ).all() if ids else []
         by_group: dict[int, list[int]] = {}
         for gid, eid in episodes:
             by_group.setdefault(gid, []).append(eid)
@@ -83,30 +79,35 @@ class Consumption(StoreBase):
 
     async def renew(self, claim: Claim, lease_s: float = 300.0) -> None:
         """Extend the lease of a claim still held; LeaseLostError if it was taken over."""
+        claim.lease_expires_at = await self._renew(claim, lease_s)
+
+    @write(durable=False)
+    def _renew(self, conn: Connection, claim: Claim, lease_s: float) -> float:
         expires = now() + lease_s
-        async with self.write() as conn:
-            res = await conn.execute(
-                update(Group)
-                .where(Group.id.in_(claim.group_ids), Group.claim_id == claim.claim_id,
-                       Group.status == "claimed")
-                .values(lease_expires_at=expires)
-            )
-            if res.rowcount != len(claim.group_ids):
-                raise LeaseLostError(f"claim {claim.claim_id} lost {len(claim.group_ids) - res.rowcount} groups")
-        claim.lease_expires_at = expires
+        res = conn.execute(
+            update(Group)
+            .where(Group.id.in_(claim.group_ids), Group.claim_id == claim.claim_id,
+                   Group.status == "claimed")
+            .values(lease_expires_at=expires)
+        )
+        if res.rowcount != len(claim.group_ids):
+            raise LeaseLostError(f"claim {claim.claim_id} lost {len(claim.group_ids) - res.rowcount} groups")
+        return expires
 
-    async def release(self, claim: Claim) -> None:
+    @write(durable=False)
+    def release(self, conn: Connection, claim: Claim) -> None:
         """Give the claimed groups back without training them."""
-        async with self.write() as conn:
-            await conn.execute(
-                update(Group)
-                .where(Group.id.in_(claim.group_ids), Group.claim_id == claim.claim_id,
-                       Group.status == "claimed")
-                .values(status="ready", claim_id=None, claimed_by=None, lease_expires_at=None)
-            )
+        conn.execute(
+            update(Group)
+            .where(Group.id.in_(claim.group_ids), Group.claim_id == claim.claim_id,
+                   Group.status == "claimed")
+            .values(status="ready", claim_id=None, claimed_by=None, lease_expires_at=None)
+        )
 
-    async def commit(
+    @write()
+    def commit(
         self,
+        conn: Connection,
         claim: Claim,
         run_id: int,
         *,
@@ -118,46 +119,46 @@ class Consumption(StoreBase):
     ) -> None:
         """Mark the claim's groups and episodes trained by `step` and publish `version`, all or
         nothing."""
-        async with self.write() as conn:
-            latest = await conn.scalar(
-                select(PolicyVersion.version).where(PolicyVersion.run_id == run_id)
-                .order_by(PolicyVersion.version.desc()).limit(1)
+        latest = conn.scalar(
+            select(PolicyVersion.version).where(PolicyVersion.run_id == run_id)
+            .order_by(PolicyVersion.version.desc()).limit(1)
+        )
+        if latest is not None and version <= latest:
+            raise StoreError(f"policy version {version} is not newer than the latest ({latest})")
+        if claim.group_ids:
+            res = conn.execute(
+                update(Group)
+                .where(Group.id.in_(claim.group_ids), Group.claim_id == claim.claim_id,
+                       Group.status == "claimed")
+                .values(status="trained", trained_step=step, lease_expires_at=None)
             )
-            if latest is not None and version <= latest:
-                raise StoreError(f"policy version {version} is not newer than the latest ({latest})")
-            if claim.group_ids:
-                res = await conn.execute(
-                    update(Group)
-                    .where(Group.id.in_(claim.group_ids), Group.claim_id == claim.claim_id,
-                           Group.status == "claimed")
-                    .values(status="trained", trained_step=step, lease_expires_at=None)
+            if res.rowcount != len(claim.group_ids):
+                # Raising rolls the whole transaction back: nothing of this step is recorded.
+                raise LeaseLostError(
+                    f"claim {claim.claim_id}: {len(claim.group_ids) - res.rowcount} groups were "
+                    "taken over after the lease expired; the step is discarded"
                 )
-                if res.rowcount != len(claim.group_ids):
-                    # Raising rolls the whole transaction back: nothing of this step is recorded.
-                    raise LeaseLostError(
-                        f"claim {claim.claim_id}: {len(claim.group_ids) - res.rowcount} groups were "
-                        "taken over after the lease expired; the step is discarded"
-                    )
-                await conn.execute(
-                    update(Episode)
-                    .where(Episode.group_id.in_(claim.group_ids), Episode.status == "completed")
-                    .values(status="trained", trained_step=step)
+            values: dict[str, Any] = {"status": "trained", "trained_step": step}
+            if advantages:
+                values["advantage"] = case(
+                    {e: float(a) for e, a in advantages.items()}, value=Episode.id,
+                    else_=Episode.advantage,
                 )
-                if advantages:
-                    await conn.execute(
-                        update(Episode).where(Episode.id == bindparam("eid"))
-                        .values(advantage=bindparam("adv")),
-                        [{"eid": e, "adv": float(a)} for e, a in advantages.items()],
-                    )
-            try:
-                await conn.execute(
+            conn.execute(
+                update(Episode)
+                .where(Episode.group_id.in_(claim.group_ids), Episode.status == "completed")
+                .values(**values)
+            )
+        try:
+            with conn.begin_nested():
+                conn.execute(
                     insert(PolicyVersion).values(
                         run_id=run_id, version=version, checkpoint=checkpoint, trainer_step=step,
                         metrics=metrics, created_at=now(),
                     )
                 )
-            except IntegrityError as e:
-                # Another trainer published the same version between our check and insert.
-                raise StoreError(
-                    f"policy version {version} is not newer than the latest (published concurrently)"
-                ) from e
+        except IntegrityError as e:
+            # Another trainer published the same version between our check and insert.
+            raise StoreError(
+                f"policy version {version} is not newer than the latest (published concurrently)"
+            ) from e

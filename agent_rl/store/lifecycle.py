@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Connection, bindparam, insert, select, update
 
 from agent_rl.errors import NotFoundError, StoreError
 from agent_rl.store import arrays as codec
-from agent_rl.store.base import StoreBase, now
+from agent_rl.store.base import StoreBase, now, read, write
 from agent_rl.store.models import (
     TERMINAL_EPISODE_STATUSES,
     Episode,
@@ -32,178 +32,181 @@ from agent_rl.store.records import MessageRecord, TurnRecord
 
 
 class LifecycleWrites(StoreBase):
-    async def ensure_run(self, name: str, config: dict[str, Any] | None = None) -> int:
+    @write()
+    def ensure_run(self, conn: Connection, name: str, config: dict[str, Any] | None = None) -> int:
         """The id of the run called `name`, created (with policy version 0) if new."""
-        async with self.write() as conn:
-            run_id = await conn.scalar(select(Run.id).where(Run.name == name))
-            if run_id is not None:
-                return run_id
-            t = now()
-            run_id = await conn.scalar(
-                insert(Run).values(name=name, config=config or {}, created_at=t).returning(Run.id)
-            )
-            await conn.execute(
-                insert(PolicyVersion).values(run_id=run_id, version=0, created_at=t)
-            )
+        run_id = conn.scalar(select(Run.id).where(Run.name == name))
+        if run_id is not None:
             return run_id
+        t = now()
+        run_id = conn.scalar(
+            insert(Run).values(name=name, config=config or {}, created_at=t).returning(Run.id)
+        )
+        conn.execute(insert(PolicyVersion).values(run_id=run_id, version=0, created_at=t))
+        return run_id
 
-    async def add_task(self, run_id: int, env_id: str, key: str, payload: dict[str, Any]) -> int:
-        async with self.write() as conn:
-            return await conn.scalar(
-                insert(Task)
-                .values(run_id=run_id, env_id=env_id, key=key, payload=payload, created_at=now())
-                .returning(Task.id)
-            )
+    @write()
+    def add_task(self, conn: Connection, run_id: int, env_id: str, key: str, payload: dict[str, Any]) -> int:
+        return conn.scalar(
+            insert(Task)
+            .values(run_id=run_id, env_id=env_id, key=key, payload=payload, created_at=now())
+            .returning(Task.id)
+        )
 
-    async def admit_group(
-        self, run_id: int, task_id: int, env_id: str, size: int, seeds: list[int] | None = None
+    @write(durable=False)
+    def admit_group(
+        self, conn: Connection, run_id: int, task_id: int, env_id: str, size: int,
+        seeds: list[int] | None = None,
     ) -> tuple[int, list[int]]:
         """Create a group of `size` waiting episodes; returns (group id, episode ids)."""
         if size < 1:
             raise ValueError("a group needs at least one episode")
         seeds = seeds if seeds is not None else [None] * size  # type: ignore[list-item]
         t = now()
-        async with self.write() as conn:
-            group_id = await conn.scalar(
-                insert(Group)
-                .values(run_id=run_id, task_id=task_id, env_id=env_id, size=size, created_at=t)
-                .returning(Group.id)
-            )
-            ids = []
-            for i in range(size):
-                ids.append(
-                    await conn.scalar(
-                        insert(Episode)
-                        .values(
-                            run_id=run_id, group_id=group_id, task_id=task_id, env_id=env_id,
-                            index=i, seed=seeds[i], created_at=t,
-                        )
-                        .returning(Episode.id)
-                    )
-                )
-            return group_id, ids
+        group_id = conn.scalar(
+            insert(Group)
+            .values(run_id=run_id, task_id=task_id, env_id=env_id, size=size, created_at=t)
+            .returning(Group.id)
+        )
+        rows = conn.execute(
+            insert(Episode).returning(Episode.id, sort_by_parameter_order=True),
+            [
+                dict(run_id=run_id, group_id=group_id, task_id=task_id, env_id=env_id,
+                     index=i, seed=seeds[i], created_at=t)
+                for i in range(size)
+            ],
+        )
+        return group_id, list(rows.scalars().all())
 
-    async def start_episode(self, episode_id: int, owner: str) -> None:
+    @write(durable=False)
+    def start_episode(self, conn: Connection, episode_id: int, owner: str) -> None:
         """waiting -> running, owned by `owner` (a serve process)."""
         t = now()
-        async with self.write() as conn:
-            res = await conn.execute(
-                update(Episode)
-                .where(Episode.id == episode_id, Episode.status == "waiting")
-                .values(status="running", owner=owner, started_at=t, heartbeat_at=t)
-            )
-            if res.rowcount != 1:
-                await self._raise_state(conn, episode_id, "waiting")
+        res = conn.execute(_START, {"eid": episode_id, "owner": owner, "t": t})
+        if res.rowcount != 1:
+            _raise_state(conn, episode_id, "waiting")
 
-    async def append_turn(self, episode_id: int, turn: TurnRecord) -> int:
-        """Persist one completed turn atomically; returns its index."""
+    @write()
+    def append_turn(
+        self, conn: Connection, episode_id: int, turn: TurnRecord, *,
+        final_reward: float | None = None, reward_details: dict[str, Any] | None = None,
+    ) -> int:
+        """Persist one completed turn atomically; returns its index. With `final_reward`, the
+        episode is completed in the same transaction (one durable commit for its last turn)."""
         tokens = turn.tokens
         model = tokens.loss_mask.astype(bool)
         model_versions = tokens.versions[model]
-        enc = "zlib" if self.cfg.compress_tokens else "raw"
-        async with self.write() as conn:
-            row = (
-                await conn.execute(
-                    select(Episode.status, Episode.num_turns, Episode.num_tokens,
-                           Episode.min_version, Episode.max_version)
-                    .where(Episode.id == episode_id)
-                )
-            ).one_or_none()
-            if row is None:
-                raise NotFoundError(f"episode {episode_id} does not exist")
-            if row.status != "running":
-                raise StoreError(f"episode {episode_id} is {row.status}, not running: cannot add a turn")
-            index = row.num_turns
-            experts = tokens.routed_experts
-            await conn.execute(
-                insert(Turn).values(
-                    episode_id=episode_id, index=index, span_start=row.num_tokens,
-                    num_tokens=len(tokens), num_prompt_tokens=turn.num_prompt_tokens,
-                    finish_reason=turn.finish_reason, drift=turn.drift,
-                    started_at=turn.started_at, finished_at=turn.finished_at, codec=enc,
-                    token_ids=codec.encode(tokens.token_ids, enc),
-                    logprobs=codec.encode(tokens.logprobs, enc),
-                    loss_mask=codec.encode(tokens.loss_mask, enc),
-                    versions=codec.encode(tokens.versions, enc),
-                    routed_experts=None if experts is None else codec.encode(experts, enc),
-                    experts_shape=None if experts is None else f"{experts.shape[1]},{experts.shape[2]}",
-                )
+        enc = codec.CODEC_ZLIB if self.cfg.compress_tokens else codec.CODEC_RAW
+        row = conn.execute(_EPISODE_FOR_TURN, {"eid": episode_id}).one_or_none()
+        if row is None:
+            raise NotFoundError(f"episode {episode_id} does not exist")
+        if row.status != "running":
+            raise StoreError(f"episode {episode_id} is {row.status}, not running: cannot add a turn")
+        index = row.num_turns
+        experts = tokens.routed_experts
+        conn.execute(
+            _INSERT_TURN,
+            dict(
+                episode_id=episode_id, index=index, span_start=row.num_tokens,
+                num_tokens=len(tokens), num_prompt_tokens=turn.num_prompt_tokens,
+                finish_reason=turn.finish_reason, drift=turn.drift,
+                started_at=turn.started_at, finished_at=turn.finished_at, codec=enc,
+                token_ids=codec.encode(tokens.token_ids, enc),
+                logprobs=codec.encode(tokens.logprobs, enc),
+                loss_mask=codec.encode(tokens.loss_mask, enc),
+                versions=codec.encode(tokens.versions, enc),
+                routed_experts=None if experts is None else codec.encode(experts, enc),
+                experts_shape=None if experts is None else f"{experts.shape[1]},{experts.shape[2]}",
+                trainer_logprobs=None,
+            ),
+        )
+        _insert_messages(conn, episode_id, index, row.num_messages, turn.messages)
+        if turn.tool_calls:
+            conn.execute(
+                _INSERT_TOOL_CALL,
+                [
+                    dict(episode_id=episode_id, turn_index=index, call_index=i, name=c.name,
+                         arguments=c.arguments, status=c.status, output=c.output,
+                         exit_status=c.exit_status, duration_s=c.duration_s,
+                         sandbox_error=c.sandbox_error)
+                    for i, c in enumerate(turn.tool_calls)
+                ],
             )
-            await self._insert_messages(conn, episode_id, index, turn.messages)
-            if turn.tool_calls:
-                await conn.execute(
-                    insert(ToolCall),
-                    [
-                        dict(episode_id=episode_id, turn_index=index, call_index=i, name=c.name,
-                             arguments=c.arguments, status=c.status, output=c.output,
-                             exit_status=c.exit_status, duration_s=c.duration_s,
-                             sandbox_error=c.sandbox_error)
-                        for i, c in enumerate(turn.tool_calls)
-                    ],
-                )
-            lo = [v for v in (row.min_version, _min(model_versions)) if v is not None]
-            hi = [v for v in (row.max_version, _max(model_versions)) if v is not None]
-            await conn.execute(
-                update(Episode)
-                .where(Episode.id == episode_id)
-                .values(
-                    num_turns=index + 1,
-                    num_tokens=row.num_tokens + len(tokens),
-                    num_model_tokens=Episode.num_model_tokens + int(model.sum()),
-                    min_version=min(lo) if lo else None,
-                    max_version=max(hi) if hi else None,
-                    drift_count=Episode.drift_count + int(turn.drift),
-                    tool_error_count=Episode.tool_error_count
-                    + sum(c.status != "ok" for c in turn.tool_calls),
-                    heartbeat_at=turn.finished_at,
-                )
-            )
-            return index
+        lo = [v for v in (row.min_version, _min(model_versions)) if v is not None]
+        hi = [v for v in (row.max_version, _max(model_versions)) if v is not None]
+        final = final_reward is not None
+        conn.execute(
+            _UPDATE_AFTER_TURN,
+            dict(
+                eid=episode_id,
+                num_turns=index + 1,
+                num_messages=row.num_messages + len(turn.messages),
+                num_tokens=row.num_tokens + len(tokens),
+                num_model_tokens=row.num_model_tokens + int(model.sum()),
+                min_version=min(lo) if lo else None,
+                max_version=max(hi) if hi else None,
+                drift_count=row.drift_count + int(turn.drift),
+                tool_error_count=row.tool_error_count + sum(c.status != "ok" for c in turn.tool_calls),
+                heartbeat_at=turn.finished_at,
+                status="completed" if final else "running",
+                reward=float(final_reward) if final else None,
+                reward_details=reward_details,
+                finished_at=now() if final else None,
+            ),
+        )
+        return index
 
-    async def add_messages(self, episode_id: int, messages: list[MessageRecord]) -> None:
+    @write()
+    def add_messages(self, conn: Connection, episode_id: int, messages: list[MessageRecord]) -> None:
         """Record messages outside a turn (e.g. the environment's final observation)."""
-        async with self.write() as conn:
-            turns = await conn.scalar(select(Episode.num_turns).where(Episode.id == episode_id))
-            if turns is None:
-                raise NotFoundError(f"episode {episode_id} does not exist")
-            await self._insert_messages(conn, episode_id, max(turns - 1, 0), messages)
+        row = conn.execute(
+            select(Episode.num_turns, Episode.num_messages).where(Episode.id == episode_id)
+        ).one_or_none()
+        if row is None:
+            raise NotFoundError(f"episode {episode_id} does not exist")
+        _insert_messages(conn, episode_id, max(row.num_turns - 1, 0), row.num_messages, messages)
+        conn.execute(
+            update(Episode).where(Episode.id == episode_id)
+            .values(num_messages=row.num_messages + len(messages))
+        )
 
-    async def finish_episode(
-        self, episode_id: int, reward: float, reward_details: dict[str, Any] | None = None
+    @write()
+    def finish_episode(
+        self, conn: Connection, episode_id: int, reward: float,
+        reward_details: dict[str, Any] | None = None,
     ) -> None:
         """running -> completed with its reward."""
-        async with self.write() as conn:
-            res = await conn.execute(
-                update(Episode)
-                .where(Episode.id == episode_id, Episode.status == "running")
-                .values(status="completed", reward=float(reward), reward_details=reward_details,
-                        finished_at=now())
-            )
-            if res.rowcount != 1:
-                await self._raise_state(conn, episode_id, "running")
+        res = conn.execute(
+            _FINISH,
+            {"eid": episode_id, "reward": float(reward), "details": reward_details, "t": now()},
+        )
+        if res.rowcount != 1:
+            _raise_state(conn, episode_id, "running")
 
-    async def fail_episode(self, episode_id: int, error_type: str, cause: str) -> None:
+    @write()
+    def fail_episode(self, conn: Connection, episode_id: int, error_type: str, cause: str) -> None:
         """waiting|running -> failed, with the error's type and a readable cause."""
-        async with self.write() as conn:
-            res = await conn.execute(
-                update(Episode)
-                .where(Episode.id == episode_id, Episode.status.in_(("waiting", "running")))
-                .values(status="failed", error_type=error_type, error_cause=cause, finished_at=now())
-            )
-            if res.rowcount != 1:
-                await self._raise_state(conn, episode_id, "waiting or running")
+        res = conn.execute(
+            update(Episode)
+            .where(Episode.id == episode_id, Episode.status.in_(("waiting", "running")))
+            .values(status="failed", error_type=error_type, error_cause=cause, finished_at=now())
+        )
+        if res.rowcount != 1:
+            _raise_state(conn, episode_id, "waiting or running")
 
-    async def heartbeat(self, owner: str) -> None:
+    @write(durable=False)
+    def heartbeat(self, conn: Connection, owner: str) -> None:
         """Mark `owner`'s running episodes as alive."""
-        async with self.write() as conn:
-            await conn.execute(
-                update(Episode)
-                .where(Episode.owner == owner, Episode.status == "running")
-                .values(heartbeat_at=now())
-            )
+        conn.execute(
+            update(Episode)
+            .where(Episode.owner == owner, Episode.status == "running")
+            .values(heartbeat_at=now())
+        )
 
-    async def resolve_interrupted(
-        self, *, owner: str | None = None, stale_after_s: float | None = None, run_id: int | None = None
+    @write()
+    def resolve_interrupted(
+        self, conn: Connection, *, owner: str | None = None, stale_after_s: float | None = None,
+        run_id: int | None = None,
     ) -> list[int]:
         """Fail running episodes whose process is gone (by owner, or silent for `stale_after_s`)
         with cause "interrupted"; returns their ids. Their turns so far stay for inspection."""
@@ -216,100 +219,120 @@ class LifecycleWrites(StoreBase):
             cond.append(Episode.heartbeat_at < now() - stale_after_s)
         if run_id is not None:
             cond.append(Episode.run_id == run_id)
-        async with self.write() as conn:
-            ids = list((await conn.scalars(select(Episode.id).where(*cond))).all())
-            if ids:
-                await conn.execute(
-                    update(Episode)
-                    .where(Episode.id.in_(ids), Episode.status == "running")
-                    .values(status="failed", error_type="Interrupted",
-                            error_cause="interrupted: the process running it stopped",
-                            finished_at=now())
-                )
-            return ids
+        ids = list(conn.scalars(select(Episode.id).where(*cond).order_by(Episode.id)).all())
+        if ids:
+            conn.execute(
+                update(Episode)
+                .where(Episode.id.in_(ids), Episode.status == "running")
+                .values(status="failed", error_type="Interrupted",
+                        error_cause="interrupted: the process running it stopped", finished_at=now())
+            )
+        return ids
 
-    async def complete_group(self, group_id: int, *, filter_reason: str | None = None) -> str:
+    @write()
+    def complete_group(self, conn: Connection, group_id: int, *, filter_reason: str | None = None) -> str:
         """Decide a group whose episodes are all terminal: `filtered` (its completed episodes
         too, with the reason), `ready` if any episode completed, else `failed`. Returns the
         group's status; a group already decided is left as it is."""
-        async with self.write() as conn:
-            status = await conn.scalar(select(Group.status).where(Group.id == group_id))
-            if status is None:
-                raise NotFoundError(f"group {group_id} does not exist")
-            if status != "open":
-                return status
-            rows = (
-                await conn.execute(
-                    select(Episode.status, Episode.min_version).where(Episode.group_id == group_id)
-                )
-            ).all()
-            pending = [r for r in rows if r.status not in TERMINAL_EPISODE_STATUSES]
-            if pending:
-                raise StoreError(f"group {group_id} still has {len(pending)} episodes in flight")
-            completed = [r for r in rows if r.status == "completed"]
-            t = now()
-            if filter_reason is not None:
-                await conn.execute(
-                    update(Episode)
-                    .where(Episode.group_id == group_id, Episode.status == "completed")
-                    .values(status="filtered", filter_reason=filter_reason)
-                )
-                new, values = "filtered", {"filter_reason": filter_reason}
-            elif completed:
-                versions = [r.min_version for r in completed if r.min_version is not None]
-                new = "ready"
-                values = {"ready_at": t, "min_version": min(versions) if versions else None}
-            else:
-                new, values = "failed", {}
-            await conn.execute(update(Group).where(Group.id == group_id).values(status=new, **values))
-            return new
-
-    async def groups_to_complete(self, run_id: int) -> list[int]:
-        """Open groups none of whose episodes is waiting or running (e.g. after a restart)."""
-        busy = (
-            select(Episode.group_id)
-            .where(Episode.status.in_(("waiting", "running")))
-            .scalar_subquery()
-        )
-        async with self.read() as conn:
-            return list(
-                (
-                    await conn.scalars(
-                        select(Group.id)
-                        .where(Group.run_id == run_id, Group.status == "open", Group.id.not_in(busy))
-                        .order_by(Group.id)
-                    )
-                ).all()
+        status = conn.scalar(select(Group.status).where(Group.id == group_id))
+        if status is None:
+            raise NotFoundError(f"group {group_id} does not exist")
+        if status != "open":
+            return status
+        rows = conn.execute(
+            select(Episode.status, Episode.min_version).where(Episode.group_id == group_id)
+        ).all()
+        pending = [r for r in rows if r.status not in TERMINAL_EPISODE_STATUSES]
+        if pending:
+            raise StoreError(f"group {group_id} still has {len(pending)} episodes in flight")
+        completed = [r for r in rows if r.status == "completed"]
+        if filter_reason is not None:
+            conn.execute(
+                update(Episode)
+                .where(Episode.group_id == group_id, Episode.status == "completed")
+                .values(status="filtered", filter_reason=filter_reason)
             )
+            new, values = "filtered", {"filter_reason": filter_reason}
+        elif completed:
+            versions = [r.min_version for r in completed if r.min_version is not None]
+            new = "ready"
+            values = {"ready_at": now(), "min_version": min(versions) if versions else None}
+        else:
+            new, values = "failed", {}
+        conn.execute(update(Group).where(Group.id == group_id).values(status=new, **values))
+        return new
 
-    async def record_trainer_logprobs(self, episode_id: int, logprobs: np.ndarray) -> None:
+    @read
+    def groups_to_complete(self, conn: Connection, run_id: int) -> list[int]:
+        """Open groups none of whose episodes is waiting or running (e.g. after a restart)."""
+        busy = select(Episode.group_id).where(Episode.status.in_(("waiting", "running")))
+        return list(
+            conn.scalars(
+                select(Group.id)
+                .where(Group.run_id == run_id, Group.status == "open", Group.id.not_in(busy))
+                .order_by(Group.id)
+            ).all()
+        )
+
+    @write()
+    def record_trainer_logprobs(self, conn: Connection, episode_id: int, logprobs: np.ndarray) -> None:
         """Store the trainer's logprobs for an episode's whole token stream, split by turn."""
         logprobs = np.ascontiguousarray(logprobs, dtype=codec.LOGPROB_DTYPE)
-        async with self.write() as conn:
-            turns = (
-                await conn.execute(
-                    select(Turn.id, Turn.span_start, Turn.num_tokens, Turn.codec)
-                    .where(Turn.episode_id == episode_id)
-                )
-            ).all()
-            total = sum(t.num_tokens for t in turns)
-            if total != logprobs.shape[0]:
-                raise StoreError(f"episode {episode_id} has {total} tokens, got {logprobs.shape[0]} logprobs")
-            for t in turns:
-                span = logprobs[t.span_start : t.span_start + t.num_tokens]
-                await conn.execute(
-                    update(Turn).where(Turn.id == t.id)
-                    .values(trainer_logprobs=codec.encode(span, t.codec))
-                )
+        turns = conn.execute(
+            select(Turn.id, Turn.span_start, Turn.num_tokens, Turn.codec)
+            .where(Turn.episode_id == episode_id)
+        ).all()
+        total = sum(t.num_tokens for t in turns)
+        if total != logprobs.shape[0]:
+            raise StoreError(f"episode {episode_id} has {total} tokens, got {logprobs.shape[0]} logprobs")
+        for t in turns:
+            span = logprobs[t.span_start : t.span_start + t.num_tokens]
+            conn.execute(
+                update(Turn).where(Turn.id == t.id).values(trainer_logprobs=codec.encode(span, t.codec))
+            )
 
-    async def _insert_messages(self, conn, episode_id: int, turn_index: int, messages) -> None:  # type: ignore[no-untyped-def]
-        if not messages:
-            return
-        start = await conn.scalar(
-            select(func.count()).select_from(Message).where(Message.episode_id == episode_id)
-        )
-        await conn.execute(
-            insert(Message),
+
+# The hot path's statements are built once: constructing SQLAlchemy statements per call cost
+# more CPU than the database work for a turn.
+_START = (
+    update(Episode)
+    .where(Episode.id == bindparam("eid"), Episode.status == "waiting")
+    .values(status="running", owner=bindparam("owner"), started_at=bindparam("t"),
+            heartbeat_at=bindparam("t"))
+)
+_EPISODE_FOR_TURN = select(
+    Episode.status, Episode.num_turns, Episode.num_tokens, Episode.num_messages,
+    Episode.num_model_tokens, Episode.drift_count, Episode.tool_error_count,
+    Episode.min_version, Episode.max_version,
+).where(Episode.id == bindparam("eid"))
+_INSERT_TURN = insert(Turn)
+_INSERT_MESSAGE = insert(Message)
+_INSERT_TOOL_CALL = insert(ToolCall)
+_UPDATE_AFTER_TURN = (
+    update(Episode)
+    .where(Episode.id == bindparam("eid"))
+    .values(
+        {name: bindparam(name) for name in (
+            "num_turns", "num_messages", "num_tokens", "num_model_tokens", "min_version",
+            "max_version", "drift_count", "tool_error_count", "heartbeat_at", "status", "reward",
+            "reward_details", "finished_at",
+        )}
+    )
+)
+_FINISH = (
+    update(Episode)
+    .where(Episode.id == bindparam("eid"), Episode.status == "running")
+    .values(status="completed", reward=bindparam("reward"), reward_details=bindparam("details"),
+            finished_at=bindparam("t"))
+)
+
+
+def _insert_messages(
+    conn: Connection, episode_id: int, turn_index: int, start: int, messages: list[MessageRecord]
+) -> None:
+    if messages:
+        conn.execute(
+            _INSERT_MESSAGE,
             [
                 dict(episode_id=episode_id, turn_index=turn_index, position=start + i,
                      role=m.role, content=m.content, tool_calls=m.tool_calls, name=m.name)
@@ -317,11 +340,12 @@ class LifecycleWrites(StoreBase):
             ],
         )
 
-    async def _raise_state(self, conn, episode_id: int, expected: str) -> None:  # type: ignore[no-untyped-def]
-        status = await conn.scalar(select(Episode.status).where(Episode.id == episode_id))
-        if status is None:
-            raise NotFoundError(f"episode {episode_id} does not exist")
-        raise StoreError(f"episode {episode_id} is {status}, expected {expected}")
+
+def _raise_state(conn: Connection, episode_id: int, expected: str) -> None:
+    status = conn.scalar(select(Episode.status).where(Episode.id == episode_id))
+    if status is None:
+        raise NotFoundError(f"episode {episode_id} does not exist")
+    raise StoreError(f"episode {episode_id} is {status}, expected {expected}")
 
 
 def _min(a: np.ndarray) -> int | None:

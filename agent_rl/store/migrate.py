@@ -14,51 +14,52 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import Engine
 
 import migrations
 from agent_rl.config import StoreConfig
 from agent_rl.errors import SchemaBehindError
-from agent_rl.store.db import async_url
+from agent_rl.store.db import engine_url
 
 
 def alembic_config(store: StoreConfig) -> AlembicConfig:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     cfg.attributes["store_config"] = store
-    cfg.attributes["url"] = async_url(store.url).render_as_string(hide_password=False)
+    cfg.attributes["url"] = engine_url(store.url).render_as_string(hide_password=False)
     return cfg
 
 
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config(StoreConfig()))
+
+
 def head_revision() -> str:
-    script = ScriptDirectory.from_config(alembic_config(StoreConfig()))
-    head = script.get_current_head()
+    head = _script().get_current_head()
     assert head is not None, "the migrations package has no revisions"
     return head
 
 
 async def upgrade(store: StoreConfig, revision: str = "head") -> None:
-    """Apply migrations up to `revision` (Alembic runs its own event loop, so in a thread)."""
+    """Apply migrations up to `revision`."""
     cfg = alembic_config(store)
     await anyio.to_thread.run_sync(lambda: command.upgrade(cfg, revision))
 
 
-async def current_revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as conn:
-        return await conn.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
 
 
-async def check_schema(engine: AsyncEngine) -> None:
+def check_schema(engine: Engine) -> None:
     """Raise SchemaBehindError unless the database is at the head revision."""
-    current = await current_revision(engine)
+    current = current_revision(engine)
     head = head_revision()
     if current == head:
         return
     if current is None:
         raise SchemaBehindError("the database has no agent-rl schema: run `agent-rl db upgrade`")
-    script = ScriptDirectory.from_config(alembic_config(StoreConfig()))
-    known = {rev.revision for rev in script.walk_revisions()}
-    if current not in known:
+    if current not in {rev.revision for rev in _script().walk_revisions()}:
         raise SchemaBehindError(
             f"the database schema ({current}) is newer than this agent-rl ({head}): upgrade agent-rl"
         )

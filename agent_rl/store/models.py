@@ -116,6 +116,7 @@ class Episode(Base):
     reward_details: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     advantage: Mapped[float | None]
     num_turns: Mapped[int] = mapped_column(default=0)
+    num_messages: Mapped[int] = mapped_column(default=0)
     num_tokens: Mapped[int] = mapped_column(default=0)
     num_model_tokens: Mapped[int] = mapped_column(default=0)
     min_version: Mapped[int | None]

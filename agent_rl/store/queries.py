@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from sqlalchemy import func, select
+import numpy as np
+from sqlalchemy import Connection, func, select
 
 from agent_rl.errors import NotFoundError
 from agent_rl.store import arrays as codec
 from agent_rl.store.arrays import TokenArrays
-from agent_rl.store.base import StoreBase
+from agent_rl.store.base import StoreBase, read
 from agent_rl.store.models import Episode, Message, PolicyVersion, Run, ToolCall, Turn
 from agent_rl.store.records import EpisodeDetail, EpisodeSummary, Ledger, TurnView
 
@@ -19,33 +20,30 @@ _SUMMARY_COLUMNS = [getattr(Episode, f.name) for f in fields(EpisodeSummary)]
 
 
 class Queries(StoreBase):
-    async def run_id(self, name: str) -> int:
-        async with self.read() as conn:
-            run_id = await conn.scalar(select(Run.id).where(Run.name == name))
+    @read
+    def run_id(self, conn: Connection, name: str) -> int:
+        run_id = conn.scalar(select(Run.id).where(Run.name == name))
         if run_id is None:
             raise NotFoundError(f"no run named {name!r} in the store")
         return run_id
 
-    async def latest_version(self, run_id: int) -> int:
+    @read
+    def latest_version(self, conn: Connection, run_id: int) -> int:
         """The newest published policy version of the run (0 before any training)."""
-        async with self.read() as conn:
-            v = await conn.scalar(
-                select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == run_id)
-            )
+        v = conn.scalar(select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == run_id))
         return int(v) if v is not None else 0
 
-    async def policy_versions(self, run_id: int) -> list[dict[str, Any]]:
-        async with self.read() as conn:
-            rows = (
-                await conn.execute(
-                    select(PolicyVersion).where(PolicyVersion.run_id == run_id)
-                    .order_by(PolicyVersion.version)
-                )
-            ).mappings().all()
+    @read
+    def policy_versions(self, conn: Connection, run_id: int) -> list[dict[str, Any]]:
+        rows = conn.execute(
+            select(PolicyVersion).where(PolicyVersion.run_id == run_id).order_by(PolicyVersion.version)
+        ).mappings().all()
         return [dict(r) for r in rows]
 
-    async def list_episodes(
+    @read
+    def list_episodes(
         self,
+        conn: Connection,
         *,
         run_id: int | None = None,
         status: str | None = None,
@@ -77,40 +75,31 @@ class Queries(StoreBase):
             cond.append(Episode.max_version <= max_version)
         if after_id is not None:
             cond.append(Episode.id > after_id)
-        async with self.read() as conn:
-            rows = (
-                await conn.execute(select(*_SUMMARY_COLUMNS).where(*cond).order_by(Episode.id).limit(limit))
-            ).all()
+        rows = conn.execute(select(*_SUMMARY_COLUMNS).where(*cond).order_by(Episode.id).limit(limit)).all()
         return [EpisodeSummary(*r) for r in rows]
 
-    async def get_episode(self, episode_id: int) -> EpisodeDetail:
-        async with self.read() as conn:
-            row = (await conn.execute(select(*_SUMMARY_COLUMNS).where(Episode.id == episode_id))).one_or_none()
-            if row is None:
-                raise NotFoundError(f"episode {episode_id} does not exist: list ids with `agent-rl episodes list`")
-            turns = (
-                await conn.execute(
-                    select(Turn.index, Turn.span_start, Turn.num_tokens, Turn.num_prompt_tokens,
-                           Turn.finish_reason, Turn.drift, Turn.started_at, Turn.finished_at)
-                    .where(Turn.episode_id == episode_id).order_by(Turn.index)
-                )
-            ).all()
-            messages = (
-                await conn.execute(
-                    select(Message.turn_index, Message.position, Message.role, Message.content,
-                           Message.tool_calls, Message.name)
-                    .where(Message.episode_id == episode_id).order_by(Message.position)
-                )
-            ).mappings().all()
-            calls = (
-                await conn.execute(
-                    select(ToolCall.turn_index, ToolCall.call_index, ToolCall.name, ToolCall.arguments,
-                           ToolCall.status, ToolCall.output, ToolCall.exit_status, ToolCall.duration_s,
-                           ToolCall.sandbox_error)
-                    .where(ToolCall.episode_id == episode_id)
-                    .order_by(ToolCall.turn_index, ToolCall.call_index)
-                )
-            ).mappings().all()
+    @read
+    def get_episode(self, conn: Connection, episode_id: int) -> EpisodeDetail:
+        row = conn.execute(select(*_SUMMARY_COLUMNS).where(Episode.id == episode_id)).one_or_none()
+        if row is None:
+            raise NotFoundError(f"episode {episode_id} does not exist: list ids with `agent-rl episodes list`")
+        turns = conn.execute(
+            select(Turn.index, Turn.span_start, Turn.num_tokens, Turn.num_prompt_tokens,
+                   Turn.finish_reason, Turn.drift, Turn.started_at, Turn.finished_at)
+            .where(Turn.episode_id == episode_id).order_by(Turn.index)
+        ).all()
+        messages = conn.execute(
+            select(Message.turn_index, Message.position, Message.role, Message.content,
+                   Message.tool_calls, Message.name)
+            .where(Message.episode_id == episode_id).order_by(Message.position)
+        ).mappings().all()
+        calls = conn.execute(
+            select(ToolCall.turn_index, ToolCall.call_index, ToolCall.name, ToolCall.arguments,
+                   ToolCall.status, ToolCall.output, ToolCall.exit_status, ToolCall.duration_s,
+                   ToolCall.sandbox_error)
+            .where(ToolCall.episode_id == episode_id)
+            .order_by(ToolCall.turn_index, ToolCall.call_index)
+        ).mappings().all()
         return EpisodeDetail(
             episode=EpisodeSummary(*row),
             turns=[TurnView(*t) for t in turns],
@@ -118,30 +107,25 @@ class Queries(StoreBase):
             tool_calls=[dict(c) for c in calls],
         )
 
-    async def episode_tokens(self, episode_id: int, *, with_trainer_logprobs: bool = False) -> TokenArrays:
+    async def episode_tokens(self, episode_id: int) -> TokenArrays:
         """The episode's whole token stream, its turns' spans joined in order."""
-        tokens, _ = await self._tokens(episode_id, with_trainer_logprobs)
+        tokens, _ = await self._tokens(episode_id)
         return tokens
 
-    async def trainer_logprobs(self, episode_id: int) -> Any:
+    async def trainer_logprobs(self, episode_id: int) -> np.ndarray | None:
         """The trainer's logprobs for the token stream, or None if not recorded for every turn."""
-        _, trainer = await self._tokens(episode_id, True)
+        _, trainer = await self._tokens(episode_id)
         return trainer
 
-    async def _tokens(self, episode_id: int, with_trainer: bool):  # type: ignore[no-untyped-def]
-        import numpy as np
-
-        async with self.read() as conn:
-            exists = await conn.scalar(select(Episode.id).where(Episode.id == episode_id))
-            if exists is None:
-                raise NotFoundError(f"episode {episode_id} does not exist")
-            turns = (
-                await conn.execute(
-                    select(Turn.codec, Turn.token_ids, Turn.logprobs, Turn.loss_mask, Turn.versions,
-                           Turn.routed_experts, Turn.experts_shape, Turn.trainer_logprobs)
-                    .where(Turn.episode_id == episode_id).order_by(Turn.index)
-                )
-            ).all()
+    @read
+    def _tokens(self, conn: Connection, episode_id: int) -> tuple[TokenArrays, np.ndarray | None]:
+        if conn.scalar(select(Episode.id).where(Episode.id == episode_id)) is None:
+            raise NotFoundError(f"episode {episode_id} does not exist")
+        turns = conn.execute(
+            select(Turn.codec, Turn.token_ids, Turn.logprobs, Turn.loss_mask, Turn.versions,
+                   Turn.routed_experts, Turn.experts_shape, Turn.trainer_logprobs)
+            .where(Turn.episode_id == episode_id).order_by(Turn.index)
+        ).all()
         spans, trainer = [], []
         for t in turns:
             experts = None
@@ -157,17 +141,15 @@ class Queries(StoreBase):
                     routed_experts=experts,
                 )
             )
-            if with_trainer and t.trainer_logprobs is not None:
+            if t.trainer_logprobs is not None:
                 trainer.append(codec.decode(t.trainer_logprobs, codec.LOGPROB_DTYPE, t.codec))
         full_trainer = np.concatenate(trainer) if trainer and len(trainer) == len(turns) else None
         return TokenArrays.concat(spans), full_trainer
 
-    async def ledger(self, run_id: int | None = None) -> Ledger:
+    @read
+    def ledger(self, conn: Connection, run_id: int | None = None) -> Ledger:
         cond = [] if run_id is None else [Episode.run_id == run_id]
-        async with self.read() as conn:
-            rows = (
-                await conn.execute(
-                    select(Episode.status, func.count()).where(*cond).group_by(Episode.status)
-                )
-            ).all()
+        rows = conn.execute(
+            select(Episode.status, func.count()).where(*cond).group_by(Episode.status)
+        ).all()
         return Ledger(**{status: int(n) for status, n in rows})

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-30 07:39:37.931512
+Create Date: 2026-11-30 08:02:27.991702
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def upgrade() -> None:
     sa.Column('reward_details', sa.JSON(), nullable=True),
     sa.Column('advantage', sa.Double(), nullable=True),
     sa.Column('num_turns', sa.Integer(), nullable=False),
+    sa.Column('num_messages', sa.Integer(), nullable=False),
     sa.Column('num_tokens', sa.Integer(), nullable=False),
     sa.Column('num_model_tokens', sa.Integer(), nullable=False),
     sa.Column('min_version', sa.Integer(), nullable=True),

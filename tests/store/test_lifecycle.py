@@ -59,6 +59,22 @@ async def test_lifecycle_and_ledger(db_url: str) -> None:
             await store.get_episode(10_000)
 
 
+async def test_final_turn_completes_the_episode_in_one_commit(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        task = await store.add_task(run, "calculator", "1", {})
+        group, (episode,) = await store.admit_group(run, task, "calculator", 1)
+        await store.start_episode(episode, "s")
+        await store.append_turn(episode, make_turn(1, version=2))
+        await store.append_turn(episode, make_turn(2, version=3), final_reward=0.75,
+                                reward_details={"f1": 0.75})
+        e = (await store.get_episode(episode)).episode
+        assert (e.status, e.reward, e.reward_details, e.num_turns) == ("completed", 0.75, {"f1": 0.75}, 2)
+        assert (e.min_version, e.max_version, e.num_model_tokens) == (2, 3, 14)
+        assert e.finished_at is not None
+        assert await store.complete_group(group) == "ready"
+
+
 async def test_filter_and_failed_groups(db_url: str) -> None:
     async with await migrated_store(db_url) as store:
         run = await store.ensure_run("r")

@@ -1,0 +1,106 @@
+"""`agent-rl db` and `agent-rl episodes` as a user runs them, against SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.store.helpers import completed_group, make_turn, migrated_store
+
+AGENT_RL = str(Path(sys.executable).parent / "agent-rl")
+
+
+def cli(*args: str, url: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
+    if url is not None:
+        env["AGENT_RL_STORE__URL"] = url
+    env["COLUMNS"] = "200"
+    return subprocess.run([AGENT_RL, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+
+
+def assert_one_line_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr + res.stdout
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_upgrade_list_show(db_url: str) -> None:
+    import anyio
+
+    assert cli("db", "upgrade", url=db_url).returncode == 0
+    assert "(head)" in cli("db", "current", url=db_url).stdout
+    empty = cli("episodes", "list", url=db_url)
+    assert empty.returncode == 0 and "0 episodes" in empty.stdout
+
+    async def fill() -> list[int]:
+        async with await migrated_store(db_url) as store:
+            run = await store.ensure_run("cli")
+            _, eps = await completed_group(store, run, size=2, version=3)
+            task = await store.add_task(run, "search-qa", "q1", {})
+            _, (failed,) = await store.admit_group(run, task, "search-qa", 1)
+            await store.start_episode(failed, "s")
+            await store.append_turn(failed, make_turn(9))
+            await store.fail_episode(failed, "SandboxError", "sandbox died: killed for memory")
+            return [*eps, failed]
+
+    eps = anyio.run(fill)
+    listed = cli("episodes", "list", url=db_url)
+    assert listed.returncode == 0 and "3 episodes" in listed.stdout
+    rows = [json.loads(line) for line in cli("episodes", "list", "--json", url=db_url).stdout.splitlines()]
+    assert [r["id"] for r in rows] == eps
+
+    def ids(*flags: str) -> list[int]:
+        out = cli("episodes", "list", "--json", *flags, url=db_url)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line)["id"] for line in out.stdout.splitlines()]
+
+    assert ids("--status", "failed") == [eps[2]]
+    assert ids("--env", "calculator") == eps[:2]
+    assert ids("--min-reward", "0.5") == [eps[1]]
+    assert ids("--max-reward", "0.5") == [eps[0]]
+    assert ids("--min-version", "3", "--max-version", "3") == eps[:2]
+    assert ids("--run", "cli", "--after", str(eps[0])) == eps[1:]
+
+    shown = cli("episodes", "show", str(eps[2]), url=db_url)
+    assert shown.returncode == 0
+    assert "sandbox died: killed for memory" in shown.stdout and "calc" in shown.stdout
+    detail = json.loads(cli("episodes", "show", str(eps[0]), "--json", url=db_url).stdout)
+    assert detail["episode"]["num_tokens"] == 12 and len(detail["turns"]) == 1
+    assert detail["tool_calls"][0]["name"] == "calc"
+
+
+def test_bad_input_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[store]\nurll = "sqlite:///x.db"\n')
+    assert_one_line_error(cli("--config", str(bad), "config", "show"), "unknown key 'store.urll'", str(bad))
+    assert_one_line_error(cli("config", "check", str(bad)), "store.urll")
+    assert_one_line_error(cli("--config", str(tmp_path / "missing.toml"), "db", "upgrade"), "does not exist")
+    (tmp_path / "syntax.toml").write_text("[store\n")
+    assert_one_line_error(cli("config", "check", str(tmp_path / "syntax.toml")), "invalid TOML")
+
+    unreachable = "postgresql://nobody@127.0.0.1:1/none"
+    assert_one_line_error(cli("episodes", "list", url=unreachable), "cannot open the store", "store.url")
+    assert_one_line_error(cli("db", "upgrade", url=unreachable), "cannot open the store")
+    assert_one_line_error(cli("episodes", "list", url="mysql://x/y"), "store.url")
+
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert_one_line_error(cli("episodes", "list", url=fresh), "agent-rl db upgrade")
+    assert cli("db", "upgrade", url=fresh).returncode == 0
+    assert_one_line_error(cli("episodes", "show", "424242", url=fresh), "episode 424242 does not exist")
+
+
+def test_config_file_and_environment(tmp_path: Path) -> None:
+    (tmp_path / "agent-rl.toml").write_text('[run]\nname = "from-file"\n')
+    shown = json.loads(cli("config", "show", "--json", cwd=tmp_path).stdout)
+    assert shown["run"]["name"] == "from-file"
+    env_wins = cli("config", "show", "--json", cwd=tmp_path, url="sqlite:///other.db")
+    assert json.loads(env_wins.stdout)["store"]["url"] == "sqlite:///other.db"
+    assert cli("config", "check", str(tmp_path / "agent-rl.toml")).returncode == 0

@@ -1,0 +1,55 @@
+"""The Alembic revisions and the models agree, and a store behind its schema is refused."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+
+from agent_rl.config import StoreConfig
+from agent_rl.errors import SchemaBehindError
+from agent_rl.store import Store
+from agent_rl.store.db import create_engine
+from agent_rl.store.migrate import alembic_config, head_revision, upgrade
+from agent_rl.store.models import Base
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_models_match_migrations(db_url: str) -> None:
+    cfg = StoreConfig(url=db_url)
+    await upgrade(cfg)
+    engine = create_engine(cfg)
+    try:
+        with engine.connect() as conn:
+            diff = compare_metadata(
+                MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata
+            )
+    finally:
+        engine.dispose()
+    assert diff == [], f"models and migrations differ; autogenerate a revision: {diff}"
+
+
+async def test_schema_behind_or_ahead_is_refused(db_url: str) -> None:
+    cfg = StoreConfig(url=db_url)
+    with pytest.raises(SchemaBehindError, match="run `agent-rl db upgrade`"):
+        await Store.open(cfg)
+    await upgrade(cfg)
+    store = await Store.open(cfg)
+    await store.close()
+
+    await anyio.to_thread.run_sync(lambda: command.downgrade(alembic_config(cfg), "base"))
+    with pytest.raises(SchemaBehindError, match="agent-rl db upgrade"):
+        await Store.open(cfg)
+    await upgrade(cfg)
+
+    engine = create_engine(cfg)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'ffff'"))
+    engine.dispose()
+    with pytest.raises(SchemaBehindError, match="newer than this agent-rl"):
+        await Store.open(cfg)
+    assert head_revision() != "ffff"
