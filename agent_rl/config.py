@@ -354,6 +354,57 @@ class SandboxConfig(Section):
     """Image for sandboxes; None builds `agent-rl-sandbox:py` locally from this host's /usr (no pulls)."""
 
 
+class RolloutConfig(Section):
+    env: str = "calculator"
+    """Registry id of the environment `serve` runs (`agent-rl envs list`)."""
+
+    env_kwargs: dict[str, Any] = {}
+    """Keyword arguments for `make(env, **env_kwargs)` (e.g. `tasks = "my_tasks.jsonl"`)."""
+
+    split: str = "train"
+    """Task split to draw from."""
+
+    seed: int = 0
+    """Seed of the task order and of per-episode seeds; a restart continues the same order."""
+
+    group_size: int = Field(default=8, ge=1)
+    """Episodes per task; GRPO computes one advantage baseline over them."""
+
+    max_concurrent_episodes: int = Field(default=32, ge=1)
+    """Episodes running at once in one serve process."""
+
+    max_turns: int = Field(default=8, ge=1)
+    """Assistant turns before the runner truncates an episode (reward 0, recorded why)."""
+
+    max_tokens: int = Field(default=2048, ge=16)
+    """Token budget of a whole episode (prompt, completions, observations)."""
+
+    max_new_tokens: int = Field(default=128, ge=1)
+    """Most tokens one generation may produce."""
+
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature (1.0 keeps the behaviour logprobs on-policy)."""
+
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling threshold."""
+
+    episode_timeout_s: float = Field(default=600.0, gt=0)
+    """Wall-clock deadline of one episode; past it the episode is truncated."""
+
+    filter_zero_variance: bool = True
+    """Filter groups whose rewards are all equal (they carry no GRPO signal), with the reason."""
+
+    router_url: str | None = None
+    """An external router (or SGLang server) to generate with; unset: `serve` starts the
+    embedded router and one engine."""
+
+    heartbeat_s: float = Field(default=10.0, gt=0)
+    """How often a serve process marks its running episodes alive."""
+
+    stale_after_s: float = Field(default=60.0, gt=0)
+    """A running episode whose process has not beaten for this long is resolved as interrupted."""
+
+
 class RunConfig(Section):
     name: str = "default"
     """Name of the run; serve and train with the same name share one run in the store."""
@@ -386,6 +437,10 @@ class Config(BaseSettings):
 
     sandbox: SandboxConfig = SandboxConfig()
     """Sandboxes that run the agents' tool calls."""
+
+    rollout: RolloutConfig = RolloutConfig()
+    """The scheduler and episode runners of `agent-rl serve` (admission uses
+    `trainer.max_staleness` as the staleness bound)."""
 
     @classmethod
     def settings_customise_sources(

@@ -230,15 +230,26 @@ class LifecycleWrites(StoreBase):
         return ids
 
     @write()
-    def complete_group(self, conn: Connection, group_id: int, *, filter_reason: str | None = None) -> str:
+    def complete_group(
+        self, conn: Connection, group_id: int, *, filter_reason: str | None = None,
+        rewards: dict[int, float] | None = None,
+    ) -> str:
         """Decide a group whose episodes are all terminal: `filtered` (its completed episodes
-        too, with the reason), `ready` if any episode completed, else `failed`. Returns the
-        group's status; a group already decided is left as it is."""
+        too, with the reason), `ready` if any episode completed, else `failed`. `rewards`
+        replaces completed episodes' rewards (a group reward hook's result) in the same
+        transaction. Returns the group's status; a group already decided is left as it is."""
         status = conn.scalar(select(Group.status).where(Group.id == group_id))
         if status is None:
             raise NotFoundError(f"group {group_id} does not exist")
         if status != "open":
             return status
+        for episode_id, reward in (rewards or {}).items():
+            conn.execute(
+                update(Episode)
+                .where(Episode.id == episode_id, Episode.group_id == group_id,
+                       Episode.status == "completed")
+                .values(reward=float(reward))
+            )
         rows = conn.execute(
             select(Episode.status, Episode.min_version).where(Episode.group_id == group_id)
         ).all()

@@ -13,7 +13,7 @@ from agent_rl.errors import NotFoundError
 from agent_rl.store import arrays as codec
 from agent_rl.store.arrays import TokenArrays
 from agent_rl.store.base import StoreBase, read
-from agent_rl.store.models import Episode, Message, PolicyVersion, Run, ToolCall, Turn
+from agent_rl.store.models import Episode, Group, Message, PolicyVersion, Run, Task, ToolCall, Turn
 from agent_rl.store.records import EpisodeDetail, EpisodeSummary, Ledger, TurnView
 
 _SUMMARY_COLUMNS = [getattr(Episode, f.name) for f in fields(EpisodeSummary)]
@@ -145,6 +145,52 @@ class Queries(StoreBase):
                 trainer.append(codec.decode(t.trainer_logprobs, codec.LOGPROB_DTYPE, t.codec))
         full_trainer = np.concatenate(trainer) if trainer and len(trainer) == len(turns) else None
         return TokenArrays.concat(spans), full_trainer
+
+    @read
+    def get_task(self, conn: Connection, task_id: int) -> dict[str, Any]:
+        """A task row: id, run_id, env_id, key (the task's id in its source) and payload."""
+        row = conn.execute(select(Task).where(Task.id == task_id)).mappings().one_or_none()
+        if row is None:
+            raise NotFoundError(f"task {task_id} does not exist")
+        return dict(row)
+
+    @read
+    def count_tasks(self, conn: Connection, run_id: int, env_id: str) -> int:
+        """Tasks of the run drawn for `env_id` so far (a restarted scheduler skips them)."""
+        return int(
+            conn.scalar(
+                select(func.count()).select_from(Task)
+                .where(Task.run_id == run_id, Task.env_id == env_id)
+            ) or 0
+        )
+
+    @read
+    def unfinished_groups(self, conn: Connection, run_id: int, env_id: str | None = None) -> list[dict[str, Any]]:
+        """Open groups of the run with their task and the ids of their still-waiting episodes
+        (admitted but never started, e.g. before a restart), oldest first."""
+        cond = [Group.run_id == run_id, Group.status == "open"]
+        if env_id is not None:
+            cond.append(Group.env_id == env_id)
+        groups = conn.execute(
+            select(Group.id, Group.task_id, Group.env_id).where(*cond).order_by(Group.id)
+        ).all()
+        out = []
+        for g in groups:
+            waiting = conn.scalars(
+                select(Episode.id).where(Episode.group_id == g.id, Episode.status == "waiting")
+                .order_by(Episode.id)
+            ).all()
+            out.append({"group_id": g.id, "task_id": g.task_id, "env_id": g.env_id,
+                        "waiting": list(waiting)})
+        return out
+
+    @read
+    def group_episodes(self, conn: Connection, group_id: int) -> list[EpisodeSummary]:
+        """The episodes of one group, by index."""
+        rows = conn.execute(
+            select(*_SUMMARY_COLUMNS).where(Episode.group_id == group_id).order_by(Episode.index)
+        ).all()
+        return [EpisodeSummary(*r) for r in rows]
 
     @read
     def ledger(self, conn: Connection, run_id: int | None = None) -> Ledger:
