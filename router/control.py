@@ -9,7 +9,8 @@ failure is visible instead of averaged away. The answer is 200 when every worker
 Weight updates from disk run, on each worker concurrently: pause generation (`in_place` by
 default, so in-flight requests keep their place and finish on the new weights, their tokens
 labelled by `meta_info.weight_versions`), update, continue, read back `weight_version` from
-`/model_info`. While a worker is in that sequence it is marked `updating`, and new sessions go to
+`/model_info`. In `in_place` mode the update is sent with `flush_cache: false` unless the caller
+chose otherwise: SGLang cannot flush a cache that paused requests still hold. While a worker is in that sequence it is marked `updating`, and new sessions go to
 workers that already finished. Tensor and distributed updates are driven by the trainer against
 each worker (they carry per-worker payloads and ranks); the router brackets them with
 `/begin_weight_update` and `/end_weight_update` fanned out to all.
@@ -134,6 +135,11 @@ class Control:
             return error_response(400, "body must be JSON with at least model_path")
         if not isinstance(payload, dict) or not payload.get("model_path"):
             return error_response(400, "update_weights_from_disk needs model_path in the body")
+        if self.config.update_pause_mode == "in_place" and "flush_cache" not in payload:
+            # Requests paused in place keep their KV cache, so SGLang's default flush after the
+            # update would fail ("requests are still running or queued"). The radix cache then
+            # keeps prefixes computed with the old weights until the next /flush_cache.
+            body = json.dumps(dict(payload, flush_cache=False)).encode()
         async with self.update_lock:
             workers = self.pool.all()
             for w in workers:

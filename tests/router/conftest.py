@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
@@ -11,6 +12,9 @@ import pytest
 from agent_rl.config import RouterConfig
 from router import Router
 from tests.router.fault_worker import FaultWorker
+
+if TYPE_CHECKING:
+    from agent_rl.engine.launcher import EngineServer
 
 
 @pytest.fixture
@@ -61,3 +65,19 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
 
+
+
+@pytest.fixture(scope="module")
+def second_sglang_moe_server(
+    engine_venv: Path, tiny_moe_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineServer]:
+    """A second real SGLang server (tiny-moe, routing replay) for fan-out tests; it lives only
+    for the module that asks for it, so its ~2 GB are returned before the next package runs."""
+    from agent_rl.engine.launcher import EngineServer
+
+    server = EngineServer(tiny_moe_model, venv=engine_venv, moe_routing_replay=True,
+                          log_dir=tmp_path_factory.mktemp("router-engine-logs"),
+                          startup_timeout_s=240.0)
+    server.start()
+    yield server
+    server.stop()
