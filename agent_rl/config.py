@@ -405,6 +405,34 @@ class RolloutConfig(Section):
     """A running episode whose process has not beaten for this long is resolved as interrupted."""
 
 
+class ApiConfig(Section):
+    host: str = "127.0.0.1"
+    """Address the web API and viewer bind; loopback by default. On any other address every
+    endpoint, reads included, needs the bearer token."""
+
+    port: int = Field(default=30200, ge=0, le=65535)
+    """Port of the web API and viewer (0 picks a free one)."""
+
+    token: SecretStr | None = None
+    """Bearer token for the mutating endpoints (replay, fork); unset: they answer 403."""
+
+    max_page_size: int = Field(default=500, ge=1, le=10_000)
+    """Most episodes one list request returns; larger `limit`s are clamped to it."""
+
+    max_request_bytes: int = Field(default=65_536, ge=1024)
+    """Largest request body accepted; beyond it the answer is 413."""
+
+    tokenizer: Path | None = None
+    """HF tokenizer (or model) directory for the token view's text pieces; unset: the run's
+    `engine.model`, then this config's `engine.model`."""
+
+    events_poll_s: float = Field(default=0.5, gt=0)
+    """How often the live event stream of a running episode polls the store for new turns."""
+
+    replay_timeout_s: float = Field(default=300.0, gt=0)
+    """Wall-clock limit of one replay or fork."""
+
+
 class RunConfig(Section):
     name: str = "default"
     """Name of the run; serve and train with the same name share one run in the store."""
@@ -441,6 +469,9 @@ class Config(BaseSettings):
     rollout: RolloutConfig = RolloutConfig()
     """The scheduler and episode runners of `agent-rl serve` (admission uses
     `trainer.max_staleness` as the staleness bound)."""
+
+    api: ApiConfig = ApiConfig()
+    """The web API and episode viewer (`agent-rl api`, or mounted by `serve`)."""
 
     @classmethod
     def settings_customise_sources(

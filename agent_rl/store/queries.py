@@ -7,7 +7,7 @@ from dataclasses import fields
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, and_, func, or_, select
 
 from agent_rl.errors import NotFoundError
 from agent_rl.store import arrays as codec
@@ -17,6 +17,17 @@ from agent_rl.store.models import Episode, Group, Message, PolicyVersion, Run, T
 from agent_rl.store.records import EpisodeDetail, EpisodeSummary, Ledger, TurnView
 
 _SUMMARY_COLUMNS = [getattr(Episode, f.name) for f in fields(EpisodeSummary)]
+# Sort keys of `list_episodes` (None: the id itself). Missing values sort as the lowest, through
+# a sentinel rather than NULLS FIRST/LAST, so that keyset pagination compares plain numbers.
+NULL_KEY = -1e300
+SORT_KEYS = {
+    "id": None,
+    "reward": func.coalesce(Episode.reward, NULL_KEY),
+    "num_turns": Episode.num_turns,
+    "num_tokens": Episode.num_tokens,
+    "created_at": Episode.created_at,
+    "finished_at": func.coalesce(Episode.finished_at, NULL_KEY),
+}
 
 
 class Queries(StoreBase):
@@ -54,11 +65,37 @@ class Queries(StoreBase):
         max_version: int | None = None,
         after_id: int | None = None,
         limit: int = 100,
+        group_id: int | None = None,
+        text: str | None = None,
+        has_tool_error: bool | None = None,
+        drift: bool | None = None,
+        sort: str = "id",
+        after_key: float | None = None,
     ) -> list[EpisodeSummary]:
         """Episodes matching every given filter, by id, at most `limit`, after `after_id`.
 
-        The version filters select episodes whose tokens all come from policies in the range."""
+        The version filters select episodes whose tokens all come from policies in the range.
+        `text` matches any message of the transcript (case-insensitive substring);
+        `has_tool_error` and `drift` select episodes with (True) or without (False) a failed
+        tool call or a re-tokenization drift. `sort` is one of SORT_KEYS, `-` first for
+        descending; for keyed sorts the page starts after (`after_key`, `after_id`), the sort
+        key and id of the previous page's last episode (keyset pagination, ties broken by id)."""
+        if sort.lstrip("-") not in SORT_KEYS:
+            raise ValueError(f"unknown sort {sort!r}: use one of {', '.join(SORT_KEYS)}, or -KEY")
         cond = []
+        if group_id is not None:
+            cond.append(Episode.group_id == group_id)
+        if text:
+            pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            cond.append(
+                select(Message.id)
+                .where(Message.episode_id == Episode.id, Message.content.ilike(pattern, escape="\\"))
+                .exists()
+            )
+        if has_tool_error is not None:
+            cond.append(Episode.tool_error_count > 0 if has_tool_error else Episode.tool_error_count == 0)
+        if drift is not None:
+            cond.append(Episode.drift_count > 0 if drift else Episode.drift_count == 0)
         if run_id is not None:
             cond.append(Episode.run_id == run_id)
         if status is not None:
@@ -73,9 +110,17 @@ class Queries(StoreBase):
             cond.append(Episode.min_version >= min_version)
         if max_version is not None:
             cond.append(Episode.max_version <= max_version)
+        desc = sort.startswith("-")
+        key = SORT_KEYS[sort.lstrip("-")]
         if after_id is not None:
-            cond.append(Episode.id > after_id)
-        rows = conn.execute(select(*_SUMMARY_COLUMNS).where(*cond).order_by(Episode.id).limit(limit)).all()
+            later = Episode.id < after_id if desc else Episode.id > after_id
+            if key is not None and after_key is not None:
+                past = key < after_key if desc else key > after_key
+                later = or_(past, and_(key == after_key, later))
+            cond.append(later)
+        order = [] if key is None else [key.desc() if desc else key.asc()]
+        order.append(Episode.id.desc() if desc else Episode.id.asc())
+        rows = conn.execute(select(*_SUMMARY_COLUMNS).where(*cond).order_by(*order).limit(limit)).all()
         return [EpisodeSummary(*r) for r in rows]
 
     @read
@@ -199,3 +244,62 @@ class Queries(StoreBase):
             select(Episode.status, func.count()).where(*cond).group_by(Episode.status)
         ).all()
         return Ledger(**{status: int(n) for status, n in rows})
+
+    @read
+    def get_group(self, conn: Connection, group_id: int) -> dict[str, Any]:
+        """A group row: task, env, size, status, filter reason, claim, trained step, times."""
+        row = conn.execute(select(Group).where(Group.id == group_id)).mappings().one_or_none()
+        if row is None:
+            raise NotFoundError(f"group {group_id} does not exist")
+        return dict(row)
+
+    @read
+    def list_runs(self, conn: Connection) -> list[dict[str, Any]]:
+        """Every run (id, name, created_at) with its latest policy version and episode count."""
+        latest = (
+            select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == Run.id)
+            .scalar_subquery()
+        )
+        episodes = select(func.count(Episode.id)).where(Episode.run_id == Run.id).scalar_subquery()
+        rows = conn.execute(
+            select(Run.id, Run.name, Run.created_at, latest.label("latest_version"),
+                   episodes.label("num_episodes")).order_by(Run.id)
+        ).mappings().all()
+        return [dict(r) for r in rows]
+
+    @read
+    def get_run(self, conn: Connection, run_id: int) -> dict[str, Any]:
+        """A run row with its config."""
+        row = conn.execute(select(Run).where(Run.id == run_id)).mappings().one_or_none()
+        if row is None:
+            raise NotFoundError(f"run {run_id} does not exist")
+        return dict(row)
+
+    @read
+    def recent_activity(self, conn: Connection, run_id: int | None = None,
+                        limit: int = 5000) -> dict[str, list[dict[str, Any]]]:
+        """The newest `limit` finished episodes and tool calls (for throughput, staleness and
+        latency statistics), and the run's policy versions with the step that made each."""
+        ep_cond = [Episode.finished_at.is_not(None)]
+        if run_id is not None:
+            ep_cond.append(Episode.run_id == run_id)
+        episodes = conn.execute(
+            select(Episode.env_id, Episode.status, Episode.started_at, Episode.finished_at,
+                   Episode.num_tokens, Episode.num_model_tokens, Episode.min_version,
+                   Episode.trained_step)
+            .where(*ep_cond).order_by(Episode.finished_at.desc()).limit(limit)
+        ).mappings().all()
+        calls = select(ToolCall.name, ToolCall.status, ToolCall.duration_s)
+        if run_id is not None:
+            calls = calls.join(Episode, Episode.id == ToolCall.episode_id).where(Episode.run_id == run_id)
+        tool_calls = conn.execute(calls.order_by(ToolCall.id.desc()).limit(limit)).mappings().all()
+        ver_cond = [] if run_id is None else [PolicyVersion.run_id == run_id]
+        versions = conn.execute(
+            select(PolicyVersion.run_id, PolicyVersion.version, PolicyVersion.trainer_step)
+            .where(*ver_cond).order_by(PolicyVersion.version)
+        ).mappings().all()
+        return {
+            "episodes": [dict(r) for r in episodes],
+            "tool_calls": [dict(r) for r in tool_calls],
+            "versions": [dict(r) for r in versions],
+        }
