@@ -6,8 +6,10 @@ test fixtures use. Contract:
 - `start()` checks what can be checked before spending half a minute on a launch (the model
   directory, the port, the engine environment), starts `sglang.launch_server` from the engine
   venv in its own process group with its output in a log file, and returns once
-  `/health_generate` answers 200. Any failure raises `EngineError` with one line that says what
-  to do, plus the log's telling line when the engine itself died.
+  `/health_generate` answers 200. `astart()` is the same for an event loop; `launch()` only
+  spawns, so several engines can start side by side before `wait_until_healthy()`. Any
+  failure raises `EngineError` with one line that says what to do, plus the log's telling
+  line when the engine itself died.
 - On CPU the server runs SGLang's CPU engine with agent-rl's compatibility layer on its
   PYTHONPATH (`agent_rl/engine/cpu_compat/sitecustomize.py`); on a GPU it runs stock SGLang.
 - `check()` raises `EngineError` if the process has exited (a crash); `watch()` is the same as
@@ -194,6 +196,27 @@ class EngineServer:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> EngineServer:
+        """Launch and block until healthy (or raise EngineError, leaving nothing running)."""
+        self.launch()
+        try:
+            self.wait_until_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def astart(self) -> EngineServer:
+        """`start()` for an event loop: the health wait sleeps instead of blocking."""
+        self.launch()
+        try:
+            await self.wait_until_healthy_async()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def launch(self) -> EngineServer:
+        """Check, then spawn the server and return at once (it becomes healthy later)."""
         if self._proc is not None and self._proc.poll() is None:
             raise EngineError(f"engine at {self.url} is already running (pid {self._proc.pid})")
         self._preflight()
@@ -211,11 +234,6 @@ class EngineServer:
                 start_new_session=True,  # its own process group: stop() reaches every child
                 preexec_fn=_die_with_parent() if _in_main_thread() else None,
             )
-        try:
-            self.wait_until_healthy()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def _preflight(self) -> None:
@@ -233,23 +251,41 @@ class EngineServer:
     def wait_until_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         with httpx.Client(timeout=10.0) as http:
+            while not self._probe_healthy(http, deadline):
+                time.sleep(0.5)
+
+    async def wait_until_healthy_async(self) -> None:
+        import anyio
+
+        deadline = time.monotonic() + self.startup_timeout_s
+        async with httpx.AsyncClient(timeout=10.0) as http:
             while True:
-                if self.returncode is not None:
-                    raise EngineError(
-                        f"the engine exited with code {self.returncode} while starting: "
-                        f"{self.last_error()} (log: {self.log_path})"
-                    )
+                self._raise_if_failed_start(deadline)
                 try:
-                    if http.get(self.url + "/health_generate").status_code == 200:
+                    if (await http.get(self.url + "/health_generate")).status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass  # not listening yet
-                if time.monotonic() > deadline:
-                    raise EngineError(
-                        f"the engine did not become healthy within {self.startup_timeout_s:.0f} s: "
-                        f"raise engine.startup_timeout_s or read its log {self.log_path}"
-                    )
-                time.sleep(0.5)
+                await anyio.sleep(0.5)
+
+    def _probe_healthy(self, http: httpx.Client, deadline: float) -> bool:
+        self._raise_if_failed_start(deadline)
+        try:
+            return http.get(self.url + "/health_generate").status_code == 200
+        except httpx.HTTPError:
+            return False  # not listening yet
+
+    def _raise_if_failed_start(self, deadline: float) -> None:
+        if self.returncode is not None:
+            raise EngineError(
+                f"the engine exited with code {self.returncode} while starting: "
+                f"{self.last_error()} (log: {self.log_path})"
+            )
+        if time.monotonic() > deadline:
+            raise EngineError(
+                f"the engine did not become healthy within {self.startup_timeout_s:.0f} s: "
+                f"raise engine.startup_timeout_s or read its log {self.log_path}"
+            )
 
     def check(self) -> None:
         """Raise EngineError if the engine process has exited (crashed or was killed)."""
@@ -282,9 +318,21 @@ class EngineServer:
             except subprocess.TimeoutExpired:
                 self._signal(signal.SIGKILL)
                 proc.wait(10)
-        # Children that outlived the main process (e.g. after a crash) go with the group.
+        # Children that outlived the main process (e.g. after a crash) go with the group; wait
+        # until they are gone so their port and memory are free when stop() returns.
         self._signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while self._group_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         return proc.returncode
+
+    def _group_alive(self) -> bool:
+        assert self._proc is not None
+        try:
+            os.killpg(self._proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
     def _signal(self, sig: signal.Signals) -> None:
         assert self._proc is not None

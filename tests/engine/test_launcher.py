@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -63,10 +63,24 @@ def test_cpu_and_gpu_commands(tiny_moe_model: Path, tmp_path: Path) -> None:
 
 
 def test_dense_model_serves_then_a_crash_is_detected(
-    sglang_server_factory: Callable[..., EngineServer], tiny_dense_model: Path
+    engine_venv: Path, tiny_dense_model: Path, tmp_path: Path
 ) -> None:
-    """`agent-rl model init` output loads in SGLang; killing the engine is noticed by check()."""
-    server = sglang_server_factory(tiny_dense_model)
+    """`agent-rl model init` output loads in SGLang (started with the async `astart`); killing
+    the engine is noticed by check(), and stop() leaves nothing behind."""
+    server = EngineServer(
+        tiny_dense_model, venv=engine_venv, log_dir=tmp_path, startup_timeout_s=240
+    )
+    try:
+        asyncio.run(server.astart())
+        _serve_then_crash(server)
+    finally:
+        server.stop()
+    assert server.pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.pid, 0)  # nothing of the engine's process group is left
+
+
+def _serve_then_crash(server: EngineServer) -> None:
     r = httpx.post(
         server.url + "/generate",
         json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
@@ -82,9 +96,6 @@ def test_dense_model_serves_then_a_crash_is_detected(
         time.sleep(0.1)
     with pytest.raises(EngineError, match=r"exited with code -9.*log: "):
         server.check()
-    server.stop()  # reaps the orphaned scheduler/detokenizer children
-    with pytest.raises(ProcessLookupError):
-        os.killpg(server.pid, 0)  # nothing of the engine's process group is left
 
 
 def test_cli_start_failure_is_one_line(tmp_path: Path) -> None:
