@@ -132,7 +132,8 @@ class Sandbox(Protocol):
         stdin: str | bytes = b"",
         timeout: float | None = None,
     ) -> ExecResult:
-        """Run a command (argv[0] looked up on the sandbox's PATH) in /work."""
+        """Run a command (argv[0] looked up on the sandbox's PATH) in /work. `stdin` is fed up
+        to the pipe's capacity (64 KiB); `timeout` may lower the spec's `wall_s`, never raise it."""
         ...
 
     async def run_python(

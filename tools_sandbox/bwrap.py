@@ -155,10 +155,11 @@ class BwrapBackend:
         self.layout.prepare()
         self.uids = UidPool(config.uid_base)
         self._live: dict[str, BwrapSandbox] = {}
+        self._filters = {net: seccomp.write_filter(self.root / f"seccomp{'-net' if net else ''}.bpf",
+                                                   network=net) for net in (False, True)}
 
     def filter_path(self, network: bool) -> Path:
-        return seccomp.write_filter(self.root / f"seccomp{'-net' if network else ''}.bpf",
-                                    network=network)
+        return self._filters[network]
 
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
         sandbox = BwrapSandbox(self, new_id(PREFIX), spec, self.uids.take())

@@ -11,6 +11,7 @@ The BPF program is written with libseccomp (through pyseccomp) and fed to `bwrap
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from pathlib import Path
 
@@ -31,10 +32,9 @@ CLONE_NS_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x
 
 
 def write_filter(path: Path, *, network: bool = False) -> Path:
-    """Compile the filter to `path` (if not already there) and return it; `network=True`
-    leaves sockets of every family allowed (for specs that ask for the network)."""
-    if path.exists():
-        return path
+    """Compile the filter to `path` (replacing what is there: it takes milliseconds, and a stale
+    file from an older version must not survive) and return it; `network=True` leaves sockets
+    of every family allowed (for specs that ask for the network)."""
     try:
         import pyseccomp as seccomp
     except (ImportError, OSError) as e:
@@ -53,7 +53,7 @@ def write_filter(path: Path, *, network: bool = False) -> Path:
         f.add_rule(eperm, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     for family in () if network else DENIED_FAMILIES:
         f.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.EQ, family))
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with open(tmp, "wb") as out:
         f.export_bpf(out)
     tmp.replace(path)

@@ -35,6 +35,7 @@ import sys
 import time
 import traceback
 
+DRAIN_S = 0.05  # how long output is still read after a call's main process has exited
 CONF: dict = {}  # set from argv: cap, work, cpu_s, nofile, fsize, as_bytes, nproc, env
 
 
@@ -216,14 +217,20 @@ def spawn(target) -> tuple[int, int, list[int], int]:
 def collect(fds: list[int], deadline: float, done, wake: int) -> dict:
     """Read `fds` until EOF on all and done() is true, the deadline passes, or the cap is hit.
 
-    `wake` (a pidfd or a socket) becomes readable when done() may have turned true."""
+    `wake` (a pidfd or a socket) becomes readable when done() may have turned true. Once it is
+    true, a process the call left behind may still hold the pipes open: reading stops after
+    DRAIN_S then, and the caller kills the stragglers."""
     out = {fd: bytearray() for fd in fds}
     open_fds, cap = list(fds), CONF["cap"]
     timed_out = truncated = False
+    drain_until = None
     while open_fds or not done():
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        if drain_until is None and done():
+            drain_until = now + DRAIN_S
+        left = min(deadline, drain_until or deadline) - now
         if left <= 0:
-            timed_out = True
+            timed_out = drain_until is None
             break
         ready, _, _ = select.select(open_fds + ([] if done() else [wake]), [], [], left)
         for fd in ready:

@@ -105,9 +105,11 @@ async def test_sandboxes_are_separate(backend: SandboxBackend) -> None:
 
 @pytest.mark.slow
 async def test_64_concurrent_sandboxes(backend: SandboxBackend) -> None:
-    """64 sandboxes alive at once on 2 cores, each completing a short Python call."""
+    """64 sandboxes alive at once on 2 cores, each completing a short Python call (the default
+    backend; the fallback is checked at 16, Docker at 8 through the pool test)."""
     if backend.name == "docker":
         pytest.skip("covered for Docker by the pool test at a smaller scale (container start-up)")
+    n = 64 if backend.name == "bwrap" else 16
     results: list[str] = []
 
     async def one(i: int) -> None:
@@ -118,7 +120,7 @@ async def test_64_concurrent_sandboxes(backend: SandboxBackend) -> None:
 
     with anyio.fail_after(150):
         async with anyio.create_task_group() as tg:
-            for i in range(64):
+            for i in range(n):
                 tg.start_soon(one, i)
-    assert sorted(results) == sorted(f"{sum(range(i * 1000))}\n" for i in range(64))
+    assert sorted(results) == sorted(f"{sum(range(i * 1000))}\n" for i in range(n))
     assert leftovers(backend) == []
