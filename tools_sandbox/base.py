@@ -63,6 +63,10 @@ class SandboxSpec(BaseModel):
     image: str | None = None
     """Docker image tag; None means the backend's own minimal Python image (built locally)."""
 
+    rootfs: str | None = None
+    """bubblewrap: a host directory to use, read-only, as the root filesystem (it must hold the
+    `python` the worker runs); None shares the host's /usr read-only."""
+
     mounts: tuple[Mount, ...] = ()
     """Extra host paths to expose (bubblewrap, Docker); the system dirs are always read-only."""
 

@@ -31,7 +31,7 @@ from tools_sandbox.session import Channel, WorkerSandbox, process_stderr, worker
 
 PREFIX = "bw-"
 HERE = Path(__file__).resolve().parent
-WORKER_IN_SANDBOX = "/opt/agent-rl/worker.py"
+WORKER_IN_SANDBOX = "/.agent-rl/worker.py"  # on bwrap's own root: never inside a rootfs
 INNER_UID = 1000
 # what of /etc a Python needs, and nothing that holds secrets
 ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/etc/ssl/certs",
@@ -59,15 +59,9 @@ class BwrapSandbox(WorkerSandbox):
 
     def bwrap_argv(self, seccomp_fd: int) -> list[str]:
         lim, spec = self.spec.limits, self.spec
-        argv = [self.backend.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                "--new-session", "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
-        for name in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
-            if os.path.islink(f"/{name}"):
-                argv += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
-            elif os.path.isdir(f"/{name}"):
-                argv += ["--ro-bind", f"/{name}", f"/{name}"]
-        for path in ETC_FILES:
-            argv += ["--ro-bind-try", path, path]
+        argv = [self.backend.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+                "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        argv += _root_binds(spec.rootfs) if spec.rootfs else _host_binds()
         if spec.network:
             argv += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
         for m in spec.mounts:
@@ -197,6 +191,36 @@ class BwrapBackend:
     async def aclose(self) -> None:
         for sandbox in list(self._live.values()):
             await sandbox.close()
+
+
+def _host_binds() -> list[str]:
+    """The host's /usr (and merged-/usr links) and the harmless part of /etc, read-only."""
+    argv = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
+        if os.path.islink(f"/{name}"):
+            argv += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
+        elif os.path.isdir(f"/{name}"):
+            argv += ["--ro-bind", f"/{name}", f"/{name}"]
+    for path in ETC_FILES:
+        argv += ["--ro-bind-try", path, path]
+    return argv
+
+
+def _root_binds(rootfs: str) -> list[str]:
+    """Each top-level entry of `rootfs`, read-only, onto bwrap's own root, so that the mount
+    points bwrap still has to create (/opt, /work, /tmp) land on its tmpfs, not on rootfs."""
+    if not os.path.isdir(rootfs):
+        raise SandboxError(f"rootfs {rootfs!r} is not a directory")
+    argv: list[str] = []
+    for name in sorted(os.listdir(rootfs)):
+        path = os.path.join(rootfs, name)
+        if name in ("proc", "dev", "tmp", "work", "sys"):
+            continue
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), f"/{name}"]
+        else:
+            argv += ["--ro-bind", path, f"/{name}"]
+    return argv
 
 
 def _owned_by_live_server(sandbox_dir: Path) -> bool:

@@ -166,6 +166,8 @@ class DockerBackend:
         self._live: dict[str, DockerSandbox] = {}
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.rootfs:
+            raise SandboxError("spec.rootfs is for the bwrap backend; Docker sandboxes use spec.image")
         sandbox = DockerSandbox(self, new_id(PREFIX), spec, self.uids.take())
         self._live[sandbox.id] = sandbox
         self.history.add(sandbox.id)

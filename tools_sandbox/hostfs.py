@@ -45,11 +45,21 @@ def unmount(path: Path) -> None:
             break
 
 
+def mounts_under(path: Path) -> list[Path]:
+    """Mount points at or below `path`, deepest first (from /proc/self/mountinfo)."""
+    root = str(path.resolve() if path.exists() else path)
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if point == root or point.startswith(root + "/"):
+                found.append(Path(point))
+    return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
+
+
 def remove_tree(path: Path) -> None:
-    """Unmount every mount below `path`, then delete it."""
-    if not path.exists():
-        return
-    for sub in sorted((p for p in path.rglob("*") if p.is_dir() and is_mount(p)), reverse=True):
-        unmount(sub)
-    unmount(path)
-    shutil.rmtree(path, ignore_errors=True)
+    """Unmount every mount at or below `path`, then delete it."""
+    for point in mounts_under(path):
+        unmount(point)
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)

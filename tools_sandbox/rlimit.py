@@ -150,6 +150,8 @@ class RlimitBackend:
     async def create(self, spec: SandboxSpec) -> RlimitSandbox:
         if spec.mounts:
             raise SandboxError("the rlimit backend cannot mount paths: it shares the host's files")
+        if spec.rootfs:
+            raise SandboxError("spec.rootfs is for the bwrap backend; rlimit sandboxes share the host's files")
         uid = self.uids.take() if self.as_root else None
         sandbox = RlimitSandbox(self, new_id(PREFIX), spec, uid)
         self._live[sandbox.id] = sandbox

@@ -158,6 +158,13 @@ class WorkerSandbox(ABC):
     ) -> None:
         await self.close()
 
+    async def _abandon(self) -> None:
+        """The caller was cancelled mid-request: the worker's late answer would be read as the
+        next call's, so the sandbox is killed now and respawned by the next call."""
+        with anyio.CancelScope(shield=True):
+            self._chan = None
+            await self._kill()
+
     async def _respawn(self) -> None:
         await self._kill()
         self._chan = None
@@ -188,6 +195,9 @@ class WorkerSandbox(ABC):
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
                     anyio.IncompleteRead, OSError, ValueError, SandboxError) as e:
                 failure, answer = f"the sandbox died ({type(e).__name__}) and was restarted", {}
+            except anyio.get_cancelled_exc_class():
+                await self._abandon()
+                raise
             oom = self._oom_kills() > before or bool(answer.get("oom"))
             if failure:
                 log.warning("sandbox %s: %s", self._id, failure)
@@ -245,6 +255,9 @@ class WorkerSandbox(ABC):
             try:
                 with anyio.fail_after(self._spec.limits.wall_s + GRACE_S):
                     answer = await self._chan.request(req, max_answer)
+            except anyio.get_cancelled_exc_class():
+                await self._abandon()
+                raise
             except Exception as e:
                 await self._respawn()
                 raise SandboxError(f"sandbox {self._id}: file operation failed: {e}") from e

@@ -124,3 +124,11 @@ async def test_64_concurrent_sandboxes(backend: SandboxBackend) -> None:
                 tg.start_soon(one, i)
     assert sorted(results) == sorted(f"{sum(range(i * 1000))}\n" for i in range(n))
     assert leftovers(backend) == []
+
+
+async def test_cancelled_call_does_not_answer_the_next(backend: SandboxBackend) -> None:
+    async with await backend.create(SPEC) as sb:
+        with anyio.move_on_after(0.5):
+            await sb.run_python("import time; time.sleep(2); print('late')")
+        r = await sb.run_python("print('next')")
+        assert r.stdout == "next\n", r
