@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "model": "agent_rl.cli.model:app",
     "engine": "agent_rl.cli.engine:app",
     "router": "agent_rl.cli.router:router",
+    "serve": "agent_rl.cli.serve:serve",
 }
 
 

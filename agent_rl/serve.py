@@ -1,0 +1,119 @@
+"""`agent-rl serve`: the store, the scheduler and its episode runners, and by default an embedded
+router in front of one SGLang engine, in one process.
+
+The embedded defaults need no configuration: SQLite under the working directory (created on
+first use), a tiny model made locally when `engine.model` is unset, an engine and a router on
+free loopback ports. `rollout.router_url` points serve at an external router (or engine)
+instead. The embedded engine is supervised: if it dies, the episodes it was serving fail with
+the cause, and it is started again while the scheduler keeps admitting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import anyio
+
+from agent_rl.config import Config, StoreConfig
+from agent_rl.errors import EngineError
+from agent_rl.rollout.scheduler import Scheduler, SchedulerStats
+from agent_rl.store import Store
+from agent_rl.store.db import engine_url
+from agent_rl.store.migrate import upgrade
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_DIR = Path("runs/model")
+
+
+async def open_store(cfg: StoreConfig) -> Store:
+    """Open the store; a SQLite file that does not exist yet is created at the head schema (an
+    existing database behind its migrations is still refused)."""
+    url = engine_url(cfg.url)
+    if url.drivername == "sqlite" and url.database and not Path(url.database).exists():
+        await upgrade(cfg)
+    return await Store.open(cfg)
+
+
+def default_model(model: Path | None) -> Path:
+    """The configured model, or a tiny dense model made once under the working directory."""
+    if model is not None:
+        return model
+    if not (DEFAULT_MODEL_DIR / "config.json").is_file():
+        from agent_rl.models import init_model
+
+        log.info("no engine.model configured: making a tiny model in %s", DEFAULT_MODEL_DIR)
+        init_model(DEFAULT_MODEL_DIR, "tiny-dense", seed=0)
+    return DEFAULT_MODEL_DIR
+
+
+async def serve(cfg: Config, *, max_episodes: int | None = None) -> SchedulerStats:
+    """Run the rollout side until `max_episodes` are admitted and finished (None: until
+    cancelled); returns the scheduler's statistics."""
+    from agent_rl.engine.client import EngineClient
+    from agent_rl.registry import make
+    from agent_rl.rollout.render import ChatRenderer
+    from agent_rl.rollout.runner import RunnerContext
+
+    model = default_model(cfg.engine.model)
+    store = await open_store(cfg.store)
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(store.close)
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        url = cfg.rollout.router_url or await _embedded(stack, tg, cfg, model)
+        client = EngineClient(url)
+        stack.push_async_callback(client.aclose)
+        backend = None
+        if make(cfg.rollout.env, **cfg.rollout.env_kwargs).needs_sandbox:
+            from tools_sandbox.factory import open_backend
+
+            backend = await open_backend(cfg.sandbox)
+            stack.push_async_callback(backend.aclose)
+        ctx = RunnerContext(
+            store=store, client=client, renderer=ChatRenderer(model), cfg=cfg.rollout,
+            owner=f"serve-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+            run_name=cfg.run.name, model_name=model.name, sandbox_backend=backend,
+            routed_experts=cfg.engine.moe_routing_replay,
+        )
+        scheduler = Scheduler(
+            ctx, env_id=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
+            max_staleness=cfg.trainer.max_staleness,
+            run_config=cfg.model_dump(mode="json"),
+        )
+        stats = await scheduler.run(max_episodes)
+        tg.cancel_scope.cancel()
+        return stats
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _embedded(stack: AsyncExitStack, tg: anyio.abc.TaskGroup, cfg: Config, model: Path) -> str:
+    """Start the embedded engine (supervised) and router; return the router's URL."""
+    from agent_rl.engine.launcher import EngineServer
+    from router.app import Router
+
+    # Free ports unless the config names them, so several serves can share a machine.
+    engine_port = cfg.engine.port if "port" in cfg.engine.model_fields_set else 0
+    router_cfg = cfg.router
+    if "port" not in router_cfg.model_fields_set:
+        router_cfg = router_cfg.model_copy(update={"port": 0})
+    engine = EngineServer.from_config(cfg.engine, model=model, port=engine_port)
+    log.info("starting the embedded SGLang engine on %s (log: %s)", engine.url, engine.log_path)
+    await engine.astart()
+    stack.callback(engine.stop)
+    tg.start_soon(_supervise, engine)
+    router = await stack.enter_async_context(Router(router_cfg, workers=[engine.url]))
+    return router.url
+
+
+async def _supervise(engine) -> None:  # type: ignore[no-untyped-def]
+    """Restart the embedded engine whenever it dies."""
+    while True:
+        try:
+            await engine.watch()
+        except EngineError as e:
+            log.error("embedded engine died (%s); restarting it", e)
+            await engine.astart()

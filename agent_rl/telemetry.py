@@ -1,0 +1,94 @@
+"""OpenTelemetry spans of the rollout path, named by the GenAI semantic conventions.
+
+One `invoke_agent` span per episode, a `chat` span per generation and an `execute_tool` span
+per tool call (recorded after the fact from the call's own start time and duration), each with
+`gen_ai.*` attributes. Nothing is exported unless configured: without a tracer provider the
+OpenTelemetry API is a no-op. `configure(cfg)` installs a provider exporting to the console or
+to an OTLP endpoint when `telemetry.exporter` asks for one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
+
+TRACER_NAME = "agent_rl"
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(TRACER_NAME)
+
+
+def configure(exporter: str | None) -> None:
+    """Install a tracer provider: None/"none" (no-op, the default) or "console"."""
+    if exporter in (None, "none"):
+        return
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    if exporter != "console":
+        raise ValueError(f"unknown telemetry exporter {exporter!r}: use none or console")
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    trace.set_tracer_provider(provider)
+
+
+@contextmanager
+def invoke_agent(env_id: str, episode_id: int, run: str) -> Iterator[Span]:
+    with tracer().start_as_current_span(
+        f"invoke_agent {env_id}",
+        kind=SpanKind.INTERNAL,
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": env_id,
+            "gen_ai.conversation.id": str(episode_id),
+            "agent_rl.run": run,
+        },
+    ) as span:
+        yield span
+
+
+@contextmanager
+def chat(model: str, max_tokens: int, temperature: float) -> Iterator[Span]:
+    with tracer().start_as_current_span(
+        f"chat {model}",
+        kind=SpanKind.CLIENT,
+        attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model,
+            "gen_ai.request.max_tokens": max_tokens,
+            "gen_ai.request.temperature": temperature,
+        },
+    ) as span:
+        yield span
+
+
+def record_usage(span: Span, input_tokens: int, output_tokens: int, finish_reason: str | None) -> None:
+    span.set_attribute("gen_ai.usage.input_tokens", input_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+    if finish_reason:
+        span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+
+
+def execute_tool(name: str, call_id: str, started_at: float, duration_s: float, error: str | None,
+                 attributes: dict[str, Any] | None = None) -> None:
+    """Record a finished tool call as a span with its real start and end times."""
+    start_ns = int(started_at * 1e9)
+    span = tracer().start_span(
+        f"execute_tool {name}",
+        kind=SpanKind.INTERNAL,
+        start_time=start_ns,
+        attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "gen_ai.tool.call.id": call_id,
+            **(attributes or {}),
+        },
+    )
+    if error:
+        span.set_attribute("error.type", error)
+    span.end(end_time=start_ns + int(duration_s * 1e9))
