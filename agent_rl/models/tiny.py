@@ -98,7 +98,7 @@ def init_model(
     with torch.device("cpu"):
         model = _model_class(p.architecture)(config).to(torch.float32).eval()
     model.generation_config = GenerationConfig(
-        eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, do_sample=True, temperature=1.0
+        eos_token_id=eos_id, pad_token_id=pad_id, do_sample=True, temperature=1.0
     )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
