@@ -284,7 +284,7 @@ class Queries(StoreBase):
         if run_id is not None:
             ep_cond.append(Episode.run_id == run_id)
         episodes = conn.execute(
-            select(Episode.env_id, Episode.status, Episode.started_at, Episode.finished_at,
+            select(Episode.run_id, Episode.env_id, Episode.status, Episode.started_at, Episode.finished_at,
                    Episode.num_tokens, Episode.num_model_tokens, Episode.min_version,
                    Episode.trained_step)
             .where(*ep_cond).order_by(Episode.finished_at.desc()).limit(limit)

@@ -1,0 +1,135 @@
+"""The web API and episode viewer as one FastAPI app.
+
+`create_app(config)` opens the Store once in the app's lifespan and closes it at shutdown;
+`create_app(config, store=store)` uses a store the caller already holds (what `agent-rl serve`
+does to mount the API in-process) and leaves closing it to the caller. JSON lives under
+`/api/v1` (OpenAPI at `/openapi.json`), the server-rendered viewer at `/`.
+
+`serve_api(app, config.api)` runs it with uvicorn inside the caller's event loop: start it in
+a task group and cancel the group to stop it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from importlib.resources import files
+from typing import Any
+
+import anyio
+import uvicorn
+from anyio.abc import TaskStatus
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from agent_rl.api.deps import is_loopback
+from agent_rl.api.errors import install_error_handlers
+from agent_rl.api.limits import BodySizeLimit
+from agent_rl.api.routes import api_router, viewer
+from agent_rl.config import ApiConfig, Config
+from agent_rl.errors import ConfigError
+from agent_rl.store import Store
+
+log = logging.getLogger("agent_rl.api")
+API_PREFIX = "/api/v1"
+
+
+def create_app(config: Config, *, store: Store | None = None, sandboxes: Any = None) -> FastAPI:
+    """The API app. `store`/`sandboxes` (a tools_sandbox backend, for replay and fork of
+    sandbox environments) are borrowed when given; otherwise the app opens its own."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            if store is None:
+                app.state.store = await stack.enter_async_context(await Store.open(config.store))
+            else:
+                app.state.store = store
+            app.state.sandboxes = sandboxes
+            if sandboxes is None:
+                # Made on first use (most API processes never replay a sandbox episode).
+                stack.push_async_callback(_close_sandboxes, app)
+            yield
+
+    app = FastAPI(
+        title="agent-rl",
+        summary="Inspect, replay and fork the episodes of agent-rl runs.",
+        version="1",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.config = config
+    app.state.store = store
+    app.state.sandboxes = sandboxes
+    app.add_middleware(BodySizeLimit, max_bytes=config.api.max_request_bytes)
+    install_error_handlers(app)
+    app.include_router(api_router, prefix=API_PREFIX)
+    app.include_router(viewer.router, include_in_schema=False)
+    app.mount("/static", StaticFiles(directory=str(files("agent_rl.api") / "static")), name="static")
+    return app
+
+
+async def _close_sandboxes(app: FastAPI) -> None:
+    if getattr(app.state, "own_sandboxes", False) and app.state.sandboxes is not None:
+        await app.state.sandboxes.aclose()
+        app.state.sandboxes = None
+
+
+def check_exposure(api: ApiConfig) -> None:
+    """Refuse to listen beyond loopback without a token: reads would be open to the network."""
+    if not is_loopback(api.host) and api.token is None:
+        raise ConfigError(
+            f"api.host is {api.host}, not loopback, and api.token is unset: set a token "
+            "(AGENT_RL_API__TOKEN), which every endpoint then requires, or bind 127.0.0.1"
+        )
+
+
+async def serve_api(
+    app: FastAPI, api: ApiConfig, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Run `app` with uvicorn until cancelled; `task_status.started(port)` once it listens."""
+    check_exposure(api)
+    server = EmbeddedServer(
+        uvicorn.Config(app, host=api.host, port=api.port, log_level="warning", lifespan="on",
+                       access_log=False)  # fmt: skip
+    )
+    failed: list[str] = []
+
+    async def run() -> None:
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn exits when it cannot bind or its lifespan failed
+            failed.append("exit")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        while not server.started:
+            if failed:
+                raise ConfigError(
+                    f"the API could not start on {api.host}:{api.port} (port in use, or the "
+                    "store could not be opened: see the log above)"
+                )
+            await anyio.sleep(0.05)
+        task_status.started(server.port)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            server.should_exit = True
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn's Server without its signal handlers: the host process owns the signals."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the real one when configured as 0)."""
+        for s in self.servers:
+            for sock in s.sockets:
+                return int(sock.getsockname()[1])
+        return int(self.config.port)

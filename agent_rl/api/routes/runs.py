@@ -1,0 +1,33 @@
+"""GET /runs and GET /runs/{id}: config, policy versions, per-step training metrics, ledger."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from agent_rl.api.convert import json_safe, metric_series, policy_version_out
+from agent_rl.api.deps import StoreDep
+from agent_rl.api.schemas import RunOut, RunSummaryOut
+
+router = APIRouter(tags=["runs"])
+
+
+@router.get("/runs", response_model=list[RunSummaryOut])
+async def list_runs(store: StoreDep) -> list[RunSummaryOut]:
+    """Every run with its latest policy version and number of episodes."""
+    return [RunSummaryOut(**r) for r in await store.list_runs()]
+
+
+@router.get("/runs/{run_id}", response_model=RunOut)
+async def get_run(run_id: Annotated[int, Path(ge=0, le=2**31 - 1)], store: StoreDep) -> RunOut:
+    """One run: its recorded config, policy versions with their metrics, and its ledger."""
+    run = await store.get_run(run_id)
+    versions = await store.policy_versions(run_id)
+    ledger = await store.ledger(run_id)
+    return RunOut(
+        id=run["id"], name=run["name"], created_at=run["created_at"],
+        config=json_safe(run["config"] or {}),
+        policy_versions=[policy_version_out(v) for v in versions],
+        metrics=metric_series(versions), ledger=ledger.as_dict(),
+    )  # fmt: skip

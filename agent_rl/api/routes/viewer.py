@@ -1,0 +1,95 @@
+"""The episode viewer: server-rendered pages over the same reads as the JSON API.
+
+Pages read fully without JavaScript (filters are a GET form, tool calls are <details>, token
+details are tooltips); the vendored `static/viewer.js` only adds a token inspector and the
+replay button, which needs the bearer token.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from agent_rl.api.convert import episode_out, json_safe, metric_series, transcript
+from agent_rl.api.deps import ConfigDep, StoreDep, read_access
+from agent_rl.api.filters import EpisodeQueryDep, fetch_page
+from agent_rl.api.stats import run_stats
+from agent_rl.api.tokens import token_view
+from agent_rl.api.viewer_data import MAX_STRIP_TOKENS, plot, token_strip
+
+router = APIRouter(dependencies=[Depends(read_access)], default_response_class=HTMLResponse)
+templates = Jinja2Templates(directory=str(files("agent_rl.api") / "templates"))
+templates.env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
+
+Id = Annotated[int, Path(ge=0, le=2**31 - 1)]
+
+
+def page(request: Request, name: str, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context)
+
+
+@router.get("/")
+async def episodes_page(request: Request, store: StoreDep, cfg: ConfigDep, query: EpisodeQueryDep) -> HTMLResponse:
+    episodes, next_cursor = await fetch_page(store, query, cfg.api.max_page_size)
+    next_params = query.params(cursor=next_cursor) if next_cursor else None
+    return page(request, "episodes.html", query=query, episodes=[episode_out(e) for e in episodes],
+                next_params=next_params, runs=await store.list_runs())  # fmt: skip
+
+
+@router.get("/episodes/{episode_id}")
+async def episode_page(request: Request, episode_id: Id, store: StoreDep, cfg: ConfigDep) -> HTMLResponse:
+    detail = await store.get_episode(episode_id)
+    turns, messages, calls = transcript(detail)
+    run = await store.get_run(detail.episode.run_id)
+    view = await token_view(store, cfg, episode_id, run.get("config"))
+    calls_by_turn: dict[int, list[Any]] = {}
+    for c in calls:
+        calls_by_turn.setdefault(c.turn_index, []).append(c)
+    return page(
+        request, "episode.html", e=episode_out(detail.episode), run=run, turns=turns,
+        messages=messages, calls_by_turn=calls_by_turn, strip=token_strip(view, turns),
+        view=view, truncated_strip=len(view.token_ids) > MAX_STRIP_TOKENS,
+        task=json_safe((await store.get_task(detail.episode.task_id))["payload"]),
+        mutations=cfg.api.token is not None,
+    )  # fmt: skip
+
+
+@router.get("/groups/{group_id}")
+async def group_page(request: Request, group_id: Id, store: StoreDep) -> HTMLResponse:
+    group = await store.get_group(group_id)
+    episodes = [episode_out(e) for e in await store.group_episodes(group_id)]
+    answers = {}
+    for e in episodes:
+        detail = await store.get_episode(e.id)
+        final = [m for m in detail.messages if m["role"] == "assistant"]
+        answers[e.id] = final[-1]["content"] if final else ""
+    return page(request, "group.html", group=group, episodes=episodes, answers=answers)
+
+
+@router.get("/runs")
+async def runs_page(request: Request, store: StoreDep) -> HTMLResponse:
+    return page(request, "runs.html", runs=await store.list_runs())
+
+
+@router.get("/runs/{run_id}")
+async def run_page(request: Request, run_id: Id, store: StoreDep) -> HTMLResponse:
+    run = await store.get_run(run_id)
+    versions = await store.policy_versions(run_id)
+    plots = {name: plot(points) for name, points in metric_series(versions).items()}
+    return page(request, "run.html", run=run, config=json_safe(run["config"] or {}),
+                versions=versions, plots=plots, ledger=(await store.ledger(run_id)).as_dict())  # fmt: skip
+
+
+@router.get("/stats")
+async def stats_page(
+    request: Request, store: StoreDep,
+    run: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
+) -> HTMLResponse:  # fmt: skip
+    run_id = await store.run_id(run) if run else None
+    return page(request, "stats.html", stats=await run_stats(store, run_id), run=run,
+                runs=await store.list_runs())  # fmt: skip

@@ -1,0 +1,229 @@
+"""Pydantic response models of the web API, separate from the store's records.
+
+The store hands out dataclasses shaped for its own callers; these models are the public,
+versioned contract under `/api/v1` and what `/openapi.json` documents. Floats that can be
+non-finite in the store (logprobs of -inf, NaN) are sent as null, since JSON has no such
+numbers. Every error is an `ErrorOut`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorOut(Schema):
+    """Every error response: one readable message."""
+
+    detail: str
+
+
+class EpisodeOut(Schema):
+    """An episode's row: where it is in its lifecycle, its reward and counters."""
+
+    id: int
+    run_id: int
+    group_id: int
+    task_id: int
+    env_id: str
+    index: int = Field(description="Position within its group.")
+    seed: int | None
+    status: str = Field(description="waiting | running | completed | trained | filtered | failed")
+    reward: float | None
+    reward_details: dict[str, Any] | None
+    advantage: float | None = Field(description="Set when the trainer committed its group.")
+    num_turns: int
+    num_tokens: int
+    num_model_tokens: int
+    min_version: int | None
+    max_version: int | None
+    drift_count: int
+    tool_error_count: int
+    owner: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    filter_reason: str | None
+    error_type: str | None
+    error_cause: str | None
+    trained_step: int | None
+    parent_episode_id: int | None
+
+
+class EpisodePage(Schema):
+    """One page of episodes; pass `next_cursor` as `cursor` for the next one."""
+
+    items: list[EpisodeOut]
+    next_cursor: str | None
+
+
+class MessageOut(Schema):
+    turn_index: int
+    position: int
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] | None
+    name: str | None
+
+
+class ToolCallOut(Schema):
+    """One tool call with its outcome, exit status and timing."""
+
+    turn_index: int
+    call_index: int
+    name: str
+    arguments: str = Field(description="The arguments as the model wrote them (raw text).")
+    status: str = Field(description="ok | error | malformed | timeout")
+    output: str
+    exit_status: int | None
+    duration_s: float
+    sandbox_error: str | None
+
+
+class TurnOut(Schema):
+    index: int
+    span_start: int
+    num_tokens: int
+    num_prompt_tokens: int
+    finish_reason: str | None
+    drift: bool
+    started_at: float
+    finished_at: float
+
+
+class TokenView(Schema):
+    """The episode's token stream as parallel arrays (one entry per token)."""
+
+    token_ids: list[int]
+    pieces: list[str] | None = Field(description="Each token's text; null without a tokenizer.")
+    logprobs: list[float | None] = Field(description="Rollout logprobs (null: not finite).")
+    trainer_logprobs: list[float | None] | None = Field(
+        description="The trainer's logprobs, when it recorded them."
+    )
+    loss_mask: list[int]
+    versions: list[int] = Field(description="Policy version per model token, -1 elsewhere.")
+    routed_experts: list[list[list[int]]] | None = Field(
+        description="[token][layer][k] expert ids, with ?experts=true on MoE episodes."
+    )
+    tokenizer: str | None = Field(description="Where the pieces were decoded from.")
+
+
+class EpisodeDetailOut(Schema):
+    episode: EpisodeOut
+    task: dict[str, Any] | None = Field(description="The task row (key and payload).")
+    turns: list[TurnOut]
+    messages: list[MessageOut]
+    tool_calls: list[ToolCallOut]
+    tokens: TokenView | None
+
+
+class GroupOut(Schema):
+    """A group with its episodes side by side."""
+
+    id: int
+    run_id: int
+    task_id: int
+    env_id: str
+    size: int
+    status: str
+    filter_reason: str | None
+    min_version: int | None
+    trained_step: int | None
+    created_at: float
+    ready_at: float | None
+    episodes: list[EpisodeOut]
+
+
+class RunSummaryOut(Schema):
+    id: int
+    name: str
+    created_at: float
+    latest_version: int | None
+    num_episodes: int
+
+
+class PolicyVersionOut(Schema):
+    version: int
+    trainer_step: int | None
+    checkpoint: str | None
+    metrics: dict[str, Any] | None
+    created_at: float
+
+
+class RunOut(Schema):
+    id: int
+    name: str
+    created_at: float
+    config: dict[str, Any]
+    policy_versions: list[PolicyVersionOut]
+    metrics: dict[str, list[list[float]]] = Field(
+        description="Per metric, [trainer step, value] points over the policy versions."
+    )
+    ledger: dict[str, int]
+
+
+class Percentiles(Schema):
+    count: int
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+class ToolLatency(Percentiles):
+    errors: int
+
+
+class StatsOut(Schema):
+    """Where episodes are, how fast they come, how stale they were, how long things take."""
+
+    run_id: int | None
+    ledger: dict[str, int]
+    throughput: dict[str, float | None] = Field(
+        description="Over the sampled window: episodes_per_s and model_tokens_per_s."
+    )
+    staleness: dict[str, int] = Field(
+        description="Trained episodes by (version trained at - oldest version that sampled them)."
+    )
+    episode_latency_s: dict[str, Percentiles] = Field(description="Per env: episode wall time.")
+    tool_latency_s: dict[str, ToolLatency] = Field(description="Per tool: call wall time.")
+
+
+class ObservationDiff(Schema):
+    """The observations after one assistant turn, as recorded and as replayed."""
+
+    turn: int = Field(description="Assistant turn index; -1 for the reset's initial messages.")
+    recorded: list[dict[str, Any]] = Field(description="Messages as stored: role, content, name.")
+    replayed: list[dict[str, Any]] = Field(description="Messages the fresh environment produced.")
+    equal: bool
+    diff: str = Field(description="Unified diff of the two, empty when equal.")
+
+
+class ReplayOut(Schema):
+    episode_id: int
+    env_id: str
+    reproduced: bool = Field(description="Every observation and the reward are identical.")
+    recorded_reward: float | None
+    replayed_reward: float | None
+    reward_equal: bool
+    terminated: bool
+    truncated: bool
+    turns: list[ObservationDiff]
+    notes: list[str] = Field(description="Turns that could not be compared, and why.")
+
+
+class ForkOut(Schema):
+    episode_id: int = Field(description="The new episode.")
+    parent_episode_id: int
+    from_turn: int
+    status: str
+    reward: float | None
+
+
+class HealthOut(Schema):
+    status: Literal["ok"]
+    version: str

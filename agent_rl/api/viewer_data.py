@@ -1,0 +1,67 @@
+"""What the viewer's templates draw, computed on the server so pages read without JavaScript:
+the token strip (tokens colored by rollout probability, prompt and observation tokens marked as
+masked, turn and policy-version boundaries shown) and the metric plots (SVG polylines)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agent_rl.api.schemas import TokenView, TurnOut
+
+MAX_STRIP_TOKENS = 20_000
+"""Tokens drawn on an episode page; the JSON API has them all."""
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def token_strip(view: TokenView, turns: list[TurnOut]) -> list[dict[str, Any]]:
+    """Items in stream order: {"mark": label} at turn and version boundaries, else a token
+    {"text", "cls", "style", "title", "i"}."""
+    starts = {t.span_start: t.index for t in turns}
+    items: list[dict[str, Any]] = []
+    last_version: int | None = None
+    n = min(len(view.token_ids), MAX_STRIP_TOKENS)
+    for i in range(n):
+        if i in starts:
+            items.append({"mark": f"turn {starts[i]}", "cls": "turn"})
+        masked = view.loss_mask[i] == 0
+        version = view.versions[i]
+        if not masked and version != last_version:
+            items.append({"mark": f"v{version}", "cls": "version"})
+            last_version = version
+        lp = view.logprobs[i]
+        tlp = view.trainer_logprobs[i] if view.trainer_logprobs is not None else None
+        text = view.pieces[i] if view.pieces is not None else f"[{view.token_ids[i]}]"
+        if masked:
+            style = ""
+        else:
+            p = math.exp(lp) if lp is not None else 0.0
+            style = f"background:hsl({120 * p:.0f},70%,{82 - 10 * (1 - p):.0f}%)"
+        title = (f"#{i} id={view.token_ids[i]} {'masked' if masked else 'model'} "
+                 f"logprob={_fmt(None if masked else lp)} trainer={_fmt(tlp)} v={version}")  # fmt: skip
+        items.append({
+            "i": i,
+            "text": text.replace("\n", "\u21b5\n") if text else "\u2205",
+            "cls": "tok m" if masked else "tok",
+            "style": style,
+            "title": title,
+        })  # fmt: skip
+    return items
+
+
+def plot(points: list[list[float]], width: int = 360, height: int = 120) -> dict[str, Any]:
+    """An SVG polyline for [x, y] points, with its y range for the axis labels."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    dx, dy = (x1 - x0) or 1.0, (y1 - y0) or 1.0
+    pad = 6
+    coords = " ".join(
+        f"{pad + (x - x0) / dx * (width - 2 * pad):.1f},{height - pad - (y - y0) / dy * (height - 2 * pad):.1f}"
+        for x, y in points
+    )
+    return {"points": coords, "width": width, "height": height, "ymin": y0, "ymax": y1,
+            "xmin": x0, "xmax": x1, "last": ys[-1], "n": len(points)}  # fmt: skip

@@ -1,0 +1,93 @@
+"""Fixtures of the API tests: a tokenizer directory, a filled store on SQLite and PostgreSQL,
+an in-process client, and a live server on loopback (for the browser and schemathesis)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fastapi.testclient import TestClient
+
+from agent_rl.api import create_app
+from agent_rl.api.app import EmbeddedServer
+from agent_rl.config import Config
+from agent_rl.store import Store
+from agent_rl.store.migrate import upgrade
+from tests._databases import fresh_database
+from tests.api.fill import Filled, fill
+
+TOKEN = "test-token-1234"
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny models' tokenizer, saved alone (the token view decodes with it)."""
+    from agent_rl.models import build_tokenizer
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    build_tokenizer().save_pretrained(path)
+    return path
+
+
+def api_config(url: str, **api: Any) -> Config:
+    return Config(store={"url": url}, api={"token": TOKEN, **api})
+
+
+def fill_database(url: str, tokenizer_dir: Path) -> Filled:
+    from agent_rl.api.tokens import load_tokenizer
+
+    async def go() -> Filled:
+        cfg = api_config(url)
+        await upgrade(cfg.store)
+        async with await Store.open(cfg.store) as store:
+            filled = await fill(store, load_tokenizer(str(tokenizer_dir)), str(tokenizer_dir))
+        filled.url = url
+        return filled
+
+    return anyio.run(go)
+
+
+@pytest.fixture
+def filled(db_url: str, tokenizer_dir: Path) -> Filled:
+    """A store filled like a small run (see tests/api/fill.py), on SQLite and PostgreSQL."""
+    return fill_database(db_url, tokenizer_dir)
+
+
+@pytest.fixture
+def client(filled: Filled) -> Iterator[TestClient]:
+    with TestClient(create_app(api_config(filled.url))) as c:
+        yield c
+
+
+@dataclass
+class LiveServer:
+    url: str
+    filled: Filled
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Iterator[LiveServer]:
+    """The API over real HTTP on 127.0.0.1 (a free port), on a filled SQLite store."""
+    import uvicorn
+
+    with fresh_database("sqlite", tmp_path_factory.mktemp("live")) as url:
+        filled = fill_database(url, tokenizer_dir)
+        app = create_app(api_config(url))
+        server = EmbeddedServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the API server did not start"
+            time.sleep(0.05)
+        try:
+            yield LiveServer(f"http://127.0.0.1:{server.port}", filled)
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
