@@ -36,7 +36,8 @@ import time
 import traceback
 
 DRAIN_S = 0.05  # how long output is still read after a call's main process has exited
-CONF: dict = {}  # set from argv: cap, work, cpu_s, nofile, fsize, as_bytes, nproc, env
+CONF: dict = {}  # set from argv: cap, work, cpu_s, nofile, fsize, as_bytes, nproc, env, sweep
+PRIVATE_FDS: list[int] = []  # the protocol stream and REPL socket: closed in every call's child
 
 
 def read_msg(f):
@@ -68,7 +69,13 @@ def recv_frame(sock: socket.socket, first: bytes) -> bytes:
 
 
 def child_setup() -> None:
-    """Per-call limits, applied in the forked child only, so the worker itself is never capped."""
+    """Per-call limits, applied in the forked child only, so the worker itself is never capped.
+    Also closes the worker's own channels, so tool code cannot forge answers through them."""
+    for fd in PRIVATE_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     os.setpgid(0, 0)
     try:  # be the first victim of the OOM killer, so the worker survives a memory hog
         with open("/proc/self/oom_score_adj", "w") as f:
@@ -110,7 +117,7 @@ def kill_strays(keep: set[int]) -> None:
             if not name.isdigit() or int(name) in keep:
                 continue
             try:
-                if os.stat("/proc/" + name).st_uid != uid:
+                if os.stat("/proc/" + name).st_uid != uid or _zombie(name):
                     continue
                 os.kill(int(name), signal.SIGKILL)
                 found = True
@@ -120,6 +127,12 @@ def kill_strays(keep: set[int]) -> None:
         if not found:
             return
         time.sleep(0.005)
+
+
+def _zombie(pid: str) -> bool:
+    """Dead, waiting for its parent to reap it: nothing left to kill."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def kill_group(pgid: int, status: list[int]) -> None:
@@ -252,9 +265,9 @@ class Repl:
 
     def __init__(self) -> None:
         self.sock, child = socket.socketpair()
+        PRIVATE_FDS.append(self.sock.fileno())
         self.pid = os.fork()
         if self.pid == 0:
-            self.sock.close()
             try:
                 child_setup()
                 self.serve(child)
@@ -272,6 +285,7 @@ class Repl:
             if len(first) < 4 or len(fds) != 3:
                 return
             code = recv_frame(sock, first).decode()
+            reap()  # children of earlier calls, killed since by the worker
             for target, fd in zip((0, 1, 2), fds):
                 os.dup2(fd, target)
                 os.close(fd)
@@ -310,6 +324,7 @@ class Repl:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:
             pass
+        PRIVATE_FDS.remove(self.sock.fileno())
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
@@ -432,6 +447,7 @@ def main() -> None:
     if CONF.get("connect"):
         sock = socket.socket(socket.AF_UNIX)
         sock.connect(CONF["connect"])
+        PRIVATE_FDS.append(sock.fileno())
         f = sock.makefile("rwb")
         serve(f, f)
     else:
@@ -439,6 +455,8 @@ def main() -> None:
         # tool code must not reach the protocol stream by inheriting fd 1: point it elsewhere
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 1)
+        os.close(null)
+        PRIVATE_FDS.append(out.fileno())
         serve(sys.stdin.buffer, out)
 
 

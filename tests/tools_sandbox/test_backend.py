@@ -132,3 +132,16 @@ async def test_cancelled_call_does_not_answer_the_next(backend: SandboxBackend) 
             await sb.run_python("import time; time.sleep(2); print('late')")
         r = await sb.run_python("print('next')")
         assert r.stdout == "next\n", r
+
+
+async def test_tool_code_inherits_no_worker_channel(backend: SandboxBackend) -> None:
+    """Only stdin/stdout/stderr (and, for Python, its result pipe) reach tool code, so it cannot
+    write to the worker's channel to the server."""
+    count = "import os; print(len(os.listdir('/proc/self/fd')))"  # listdir holds one fd itself
+    async with await backend.create(SPEC) as sb:
+        assert (await sb.exec(["python3", "-c", count])).stdout == "4\n"
+        assert (await sb.run_python(count)).stdout == "5\n"
+        await sb.run_python("import subprocess; subprocess.Popen(['sleep', '100'])",
+                            persistent=True)
+        r = await sb.run_python("print('fast')", persistent=True)
+        assert r.stdout == "fast\n" and r.duration_s < 1.0, r  # the killed child is no obstacle
