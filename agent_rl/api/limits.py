@@ -1,12 +1,13 @@
-"""A bound on request bodies, enforced before any route reads them.
+"""A bound on request bodies, enforced before any route runs.
 
-The declared Content-Length is checked first; a body sent without one (chunked) is counted
-as it streams, and reading past the bound raises the 413 the route then answers with.
+A declared Content-Length over the bound is refused at once. Otherwise the body is read here,
+up to the bound, before the route is called (the API's bodies are small, so buffering costs
+nothing), and a body that streams past it (chunked, without a length) is refused with 413 too;
+the route then reads the buffered body as usual.
 """
 
 from __future__ import annotations
 
-from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -15,13 +16,14 @@ class BodySizeLimit:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
-    def _too_large(self) -> str:
-        return f"request body larger than {self.max_bytes} bytes (api.max_request_bytes)"
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        too_large = JSONResponse(
+            {"detail": f"request body larger than {self.max_bytes} bytes (api.max_request_bytes)"},
+            status_code=413,
+        )
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None:
             try:
@@ -30,17 +32,23 @@ class BodySizeLimit:
                 await JSONResponse({"detail": "invalid Content-Length"}, 400)(scope, receive, send)
                 return
             if declared > self.max_bytes:
-                await JSONResponse({"detail": self._too_large()}, 413)(scope, receive, send)
+                await too_large(scope, receive, send)
                 return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
+        body = bytearray()
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise HTTPException(413, self._too_large())
-            return message
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        buffered: list[Message] = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
-        await self.app(scope, counted, send)
+        async def replay() -> Message:
+            # The body once, then whatever the server says next (e.g. a disconnect).
+            return buffered.pop() if buffered else await receive()
+
+        await self.app(scope, replay, send)
