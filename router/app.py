@@ -37,6 +37,7 @@ from router.control import Control
 from router.health import Health
 from router.metrics import RouterMetrics, RouterTracer
 from router.proxy import Proxy, error_response
+from router.upstream import Upstream
 from router.workers import WorkerPool
 
 log = logging.getLogger("agent_rl.router")
@@ -82,8 +83,9 @@ class Router:
         self.balancer = Balancer(config)
         self.health = Health(config, self.pool, self.metrics)
         self._client: aiohttp.ClientSession | None = None
+        self.upstream = Upstream(config.connect_timeout_s, _UPSTREAM_KEEPALIVE_S)
         self.proxy = Proxy(config, self.pool, self.balancer, self.health, self.metrics,
-                           RouterTracer(tracer_provider), self.client)
+                           RouterTracer(tracer_provider), self.upstream)
         self.control = Control(config, self.pool, self.proxy, self.client)
         self._runner: web.AppRunner | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -146,6 +148,7 @@ class Router:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self.upstream.close()
         if self._client is not None:
             await self._client.close()
             self._client = None

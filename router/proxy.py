@@ -19,18 +19,17 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry.trace import Span
-from yarl import URL
 
 from agent_rl.config import RouterConfig
 from router.balance import Balancer
 from router.health import Health
 from router.metrics import RouterMetrics, RouterTracer
+from router.upstream import NotSent, Upstream, UpstreamFailed, UpstreamResponse
 from router.workers import Worker, WorkerPool
 
 log = logging.getLogger("agent_rl.router")
@@ -41,9 +40,6 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade", "host", "content-length",
 })
-# Request headers the aiohttp client would otherwise add on its own; the worker should see only
-# what the caller sent.
-_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
 
 def error_response(status: int, message: str, worker: str | None = None) -> web.Response:
@@ -65,7 +61,7 @@ class Proxy:
         health: Health,
         metrics: RouterMetrics,
         tracer: RouterTracer,
-        session: Callable[[], aiohttp.ClientSession],
+        upstream: Upstream,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -73,10 +69,7 @@ class Proxy:
         self.health = health
         self.metrics = metrics
         self.tracer = tracer
-        self._session = session
-        self._timeout = aiohttp.ClientTimeout(
-            total=config.request_timeout_s, sock_connect=config.connect_timeout_s
-        )
+        self.upstream = upstream
         self._routing_header = config.routing_key_header
         self.rids: dict[str, Worker] = {}
         """Which worker holds each in-flight request id, for `/abort_request` by rid."""
@@ -154,7 +147,6 @@ class Proxy:
         self, request: web.Request, worker: Worker, body: bytes, headers: CIMultiDict[str],
         rids: list[str],
     ) -> web.StreamResponse:
-        url = URL(worker.url + request.raw_path, encoded=True)
         worker.outstanding += 1
         gauge = worker.in_flight_gauge
         if gauge is None:
@@ -164,25 +156,7 @@ class Proxy:
         for rid in rids:
             self.rids[rid] = worker
         try:
-            try:
-                upstream = await self._session().request(
-                    request.method, url, data=body, headers=headers, timeout=self._timeout,
-                    skip_auto_headers=_NO_AUTO_HEADERS, allow_redirects=False,
-                )
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
-                self.health.request_failed(worker, "connect", str(e))
-                raise _NotSent(f"{worker.url}: {e}") from e
-            except asyncio.TimeoutError:
-                self.health.request_failed(worker, "timeout", "no response headers")
-                return error_response(504, f"worker gave no answer within "
-                                      f"{self.config.request_timeout_s}s", worker.url)
-            except aiohttp.ClientError as e:
-                self.health.request_failed(worker, "reset", f"{type(e).__name__}: {e}")
-                return error_response(502, f"worker failed after the request was sent "
-                                      f"(not retried, the generation may have run): "
-                                      f"{type(e).__name__}: {e}", worker.url)
-            async with upstream:
-                return await self._relay(request, worker, upstream)
+            return await self._exchange(request, worker, body, list(headers.items()))
         finally:
             worker.outstanding -= 1
             gauge.dec()
@@ -190,46 +164,71 @@ class Proxy:
                 if self.rids.get(rid) is worker:
                     del self.rids[rid]
 
-    async def _relay(
-        self, request: web.Request, worker: Worker, upstream: aiohttp.ClientResponse
+    async def _exchange(
+        self, request: web.Request, worker: Worker, body: bytes, headers: list[tuple[str, str]]
     ) -> web.StreamResponse:
-        out_headers = _end_to_end(upstream.headers)
-        streamed = upstream.content_length is None or upstream.content_type == "text/event-stream"
+        """Send the request and relay the answer, within the request timeout."""
+        upstream: UpstreamResponse | None = None
         response: web.StreamResponse | None = None
         try:
-            if not streamed:
-                payload = await upstream.read()
+            async with asyncio.timeout(self.config.request_timeout_s):
+                upstream = await self.upstream.request(
+                    worker.address, request.method, request.raw_path, headers, body)
+                out_headers = CIMultiDict(
+                    (k, v) for k, v in upstream.headers if k.lower() not in HOP_BY_HOP)
+                if _whole(upstream):
+                    payload = await upstream.read()
+                    self._record_status(worker, upstream.status)
+                    return web.Response(status=upstream.status, reason=upstream.reason,
+                                        body=payload, headers=out_headers)
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                              headers=out_headers)
+                await response.prepare(request)
+                async for chunk in upstream.chunks():
+                    await response.write(chunk)
+                await response.write_eof()
                 self._record_status(worker, upstream.status)
-                return web.Response(status=upstream.status, reason=upstream.reason,
-                                    body=payload, headers=out_headers)
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                          headers=out_headers)
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            self._record_status(worker, upstream.status)
-            return response
-        except (asyncio.TimeoutError, aiohttp.ClientError) as e:
-            kind = "timeout" if isinstance(e, asyncio.TimeoutError) else "reset"
-            self.health.request_failed(worker, kind, f"during the response: {type(e).__name__}")
+                return response
+        except NotSent as e:
+            self.health.request_failed(worker, "connect", str(e))
+            raise _NotSent(f"{worker.url}: {e}") from e
+        except (TimeoutError, UpstreamFailed) as e:
+            timed_out = isinstance(e, TimeoutError)
+            kind = "timeout" if timed_out else "reset"
+            phase = "for the answer" if upstream is None else "during the answer"
+            self.health.request_failed(worker, kind, f"{phase}: {e}")
             if response is not None and response.prepared:
                 # Status and part of the body are out: the only honest signal left is to cut
                 # the connection, so the caller sees a broken stream rather than a short one.
                 if request.transport is not None:
                     request.transport.close()
                 return response
-            if kind == "timeout":
-                return error_response(504, f"worker did not finish within "
+            if timed_out:
+                return error_response(504, f"worker gave no complete answer within "
                                       f"{self.config.request_timeout_s}s", worker.url)
-            return error_response(502, f"worker broke the connection mid-response (not retried): "
-                                  f"{type(e).__name__}: {e}", worker.url)
+            return error_response(502, f"worker failed after the request was sent (not "
+                                  f"retried, the generation may have run): {e}", worker.url)
+        finally:
+            if upstream is not None:
+                upstream.close()  # no-op when the body was read and the connection pooled
 
     def _record_status(self, worker: Worker, status: int) -> None:
         if status >= 500:
             self.health.request_failed(worker, "5xx", f"status {status}")
         else:
             self.health.request_succeeded(worker)
+
+
+def _whole(upstream: UpstreamResponse) -> bool:
+    """Whether to relay the answer in one piece: it has a length and is not an event stream."""
+    length = ctype = None
+    for k, v in upstream.headers:
+        lk = k.lower()
+        if lk == "content-length":
+            length = v
+        elif lk == "content-type":
+            ctype = v
+    return length is not None and not (ctype or "").startswith("text/event-stream")
 
 
 def _end_to_end(headers: Any) -> CIMultiDict[str]:
@@ -242,4 +241,4 @@ def _end_to_end(headers: Any) -> CIMultiDict[str]:
 
 
 class _NotSent(Exception):
-    """The connection to a worker could not be opened: no byte of the request reached it."""
+    """This worker could not be reached; the request may go to another one."""

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator
+from urllib.parse import urlsplit
 
 from agent_rl.errors import ConfigError
 
@@ -31,6 +32,8 @@ class Worker:
     """One SGLang server behind the router."""
 
     url: str
+    address: tuple[str, int] = ("", 0)
+    """(host, port) of `url`, parsed once for the proxy's connection pool."""
     outstanding: int = 0
     """Requests forwarded to this worker and not yet finished (the least-outstanding load)."""
     quarantined: bool = False
@@ -49,6 +52,10 @@ class Worker:
     in_flight_gauge: Any = None
     """This worker's Prometheus in-flight gauge, looked up once (see RouterMetrics.observe)."""
     added_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        self.address = (parts.hostname or "127.0.0.1", parts.port or 80)
 
     def admits(self, now: float, cooldown_s: float) -> bool:
         """Whether a new request may be sent here now (moves an expired open breaker to half-open)."""
@@ -82,9 +89,10 @@ def normalize_url(url: str) -> str:
     url = url.strip().rstrip("/")
     if "://" not in url:
         url = "http://" + url
-    if not url.startswith(("http://", "https://")) or url.count("/") > 2:
+    if not url.startswith("http://") or url.count("/") > 2:
         raise ConfigError(
-            f"invalid worker URL {url!r}: give the SGLang server's base URL, e.g. http://127.0.0.1:30000"
+            f"invalid worker URL {url!r}: give the SGLang server's plain-http base URL, "
+            "e.g. http://127.0.0.1:30000"
         )
     return url
 

@@ -26,6 +26,8 @@ class Seen:
     raw_path: str
     headers: dict[str, str]
     body: bytes
+    peer: tuple[str, int] | None = None
+    """The router's end of the connection, to tell reused connections from new ones."""
 
 
 @dataclass
@@ -95,7 +97,8 @@ class FaultWorker:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         path = request.path
-        self.seen.append(Seen(request.method, path, request.raw_path, dict(request.headers), body))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.seen.append(Seen(request.method, path, request.raw_path, dict(request.headers), body, peer))
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:

@@ -71,6 +71,25 @@ async def test_response_bytes_equal_direct(
     assert routed_headers["Content-Type"] == direct_headers["Content-Type"]
 
 
+async def test_upstream_connections_are_kept_alive(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    for path in ("/generate", "/v1/completions", "/generate"):
+        for _ in range(5):
+            async with http.post(router.url + path, data=b"{}") as r:
+                assert r.status == 200
+    body = json.dumps({"stream": True}).encode()
+    async with http.post(router.url + "/generate", data=body) as r:
+        await r.read()
+    async with http.post(router.url + "/generate", data=b"{}") as r:
+        assert r.status == 200
+    # Sequential requests, plain and streamed, all travel on one pooled connection.
+    peers = {s.peer for s in worker.seen if s.path != "/model_info"}
+    assert len(peers) == 1
+
+
 async def test_batch_request_passes_through(
     make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
