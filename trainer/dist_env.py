@@ -19,9 +19,6 @@ from trainer import cpu_compat
 from trainer.model import Parallel
 
 
-_SOLO = "AGENT_RL_TRAINER_SOLO"
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -35,14 +32,16 @@ def init(par: Parallel, seed: int = 0) -> None:
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     if not dist.is_initialized():
-        if "RANK" not in os.environ or os.environ.get(_SOLO) == "1":
-            # Not under torchrun: a world of one, on a fresh port each time (a torn-down
-            # store's port can linger).
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(_free_port()), **{_SOLO: "1"})
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(backend)
+        else:
+            # Not under torchrun: a world of one on a fresh loopback port; the environment is
+            # left alone so child processes (torchrun) do not inherit a fake RANK.
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                    rank=0, world_size=1)
     world = dist.get_world_size()
     if world % (par.tp * par.pp) or world % (par.ep * par.pp):
         raise ConfigError(f"world size {world} is not divisible by tp*pp={par.tp * par.pp} "

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 def from_sglang(
@@ -53,7 +54,8 @@ def _sp_chunk(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Mismatch:
-    """Counts over valid tokens and MoE layers of this rank's chunk."""
+    """Counts over the valid tokens of the batch (all sequence-parallel chunks) and layers;
+    `free` holds this rank's chunk only."""
 
     differing_tokens: int = 0
     tokens: int = 0
@@ -106,13 +108,19 @@ class RoutingReplay:
             if not replay:
                 free = [r.get_recorded_indices() for r in self.routers]
             any_diff = torch.zeros_like(valid_rows)
+            counts = []
             for given, chosen in zip(per_layer, free):
                 diff = (given.sort(-1).values != chosen.sort(-1).values).any(-1) & valid_rows
-                result.per_layer.append(float(diff.sum()) / max(int(valid_rows.sum()), 1))
+                counts.append(diff.sum())
                 any_diff |= diff
-            result.differing_tokens = int(any_diff.sum())
+            totals = torch.stack([any_diff.sum(), valid_rows.sum(), *counts]).double()
+            if self.sequence_parallel:  # each TP rank saw its own chunk of the sequence
+                from megatron.core import parallel_state as ps
+
+                dist.all_reduce(totals, group=ps.get_tensor_model_parallel_group())
+            result.differing_tokens, result.tokens = int(totals[0]), int(totals[1])
+            result.per_layer = [float(c) / max(result.tokens, 1) for c in totals[2:]]
             result.free = [f.detach().clone() for f in free]
-            result.tokens = int(valid_rows.sum())
         finally:
             for router in self.routers:
                 router.__dict__.pop("get_replay_topk", None)

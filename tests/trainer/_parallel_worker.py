@@ -1,0 +1,72 @@
+"""One rank of parallel-equivalence runs (launched by torchrun; `train` also runs in-process
+for the one-process baseline).
+
+Each run trains 2 RL steps on fixed batches (each data-parallel rank takes its contiguous
+share; MoE batches carry routed experts for replay), then exports HF weights into
+OUT_DIR/NAME; rank 0 writes the step metrics to OUT_DIR/NAME/metrics.json. Several runs share
+one launch (imports dominate the cost). Usage: _parallel_worker.py MODEL_DIR OUT_DIR tp2 ep2 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from agent_rl.config import TrainerConfig
+from tests.trainer._batches import rl_batch
+from trainer.batch import Batch
+from trainer import dist_env
+from trainer.engine import Engine
+from trainer.model import ModelArch
+
+
+def batch_for(arch: ModelArch, seed: int) -> Batch:
+    batch = rl_batch(arch.vocab_size, size=8, length=40, seed=seed)
+    if not arch.is_moe:
+        return batch
+    g = torch.Generator().manual_seed(100 + seed)
+    scores = torch.rand(8, 40, arch.num_layers, arch.num_experts, generator=g)
+    experts = scores.topk(arch.moe_topk, dim=-1).indices  # distinct experts per token
+    valid = batch.loss_mask.bool() | (torch.arange(40) < 10)
+    return Batch(batch.tokens, batch.loss_mask, batch.rollout_logprobs, batch.advantages,
+                 experts, valid)
+
+
+def train(model_dir: Path, out_dir: Path, tp: int = 1, ep: int = 1) -> list[dict[str, float]]:
+    from megatron.core import parallel_state as ps
+
+    arch = ModelArch.from_hf_dir(model_dir)
+    cfg = TrainerConfig(tp=tp, ep=ep, lr=1e-3, micro_batch_size=2)
+    # The process group stays up between runs (re-creating it under torchrun hangs); each
+    # Engine re-initialises megatron's parallel groups for its sizes.
+    e = Engine(model_dir, cfg)
+    dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    steps = []
+    for seed in range(2):
+        full = batch_for(arch, seed)
+        share = full.size // dp
+        steps.append(e.rl_step(full.rows(slice(rank * share, (rank + 1) * share))))
+    e.export_hf(out_dir / "export")
+    if torch.distributed.get_rank() == 0:
+        (out_dir / "metrics.json").write_text(json.dumps(steps))
+    return steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("runs", nargs="+", help="tpN or epN")
+    args = parser.parse_args()
+    for run in args.runs:
+        size = int(run[2:])
+        train(args.model_dir, args.out_dir / run, tp=size if run.startswith("tp") else 1,
+              ep=size if run.startswith("ep") else 1)
+    dist_env.teardown()
+
+
+if __name__ == "__main__":
+    main()
