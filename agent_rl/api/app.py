@@ -64,6 +64,7 @@ def create_app(config: Config, *, store: Store | None = None, sandboxes: Any = N
     app.state.store = store
     app.state.sandboxes = sandboxes
     app.add_middleware(BodySizeLimit, max_bytes=config.api.max_request_bytes)
+    app.add_middleware(viewer.DropEmptyQueryParams)
     install_error_handlers(app)
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(viewer.router, include_in_schema=False)

@@ -4,6 +4,7 @@ an in-process client, and a live server on loopback (for the browser and schemat
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,7 +51,9 @@ def fill_database(url: str, tokenizer_dir: Path) -> Filled:
         filled.url = url
         return filled
 
-    return anyio.run(go)
+    # In a thread of its own: Playwright's sync API keeps an event loop in the test's thread.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(anyio.run, go).result()
 
 
 @pytest.fixture

@@ -80,10 +80,12 @@ async def write_transcript(
     rng = np.random.default_rng(seed)
     await store.start_episode(episode_id, "test-runner")
     turns = _turn_records(transcript)
+    observations: list[dict[str, Any]] = []  # the previous turn's, rendered in this turn's span
     for k, (messages, step) in enumerate(turns):
         assistant = messages.index(next(m for m in messages if m["role"] == "assistant"))
         before, completion, after = messages[:assistant], messages[assistant], messages[assistant + 1 :]
-        prompt_text = render_chatml(before) + GEN_PROMPT if before else GEN_PROMPT
+        prompt_text = ("\n" if k else "") + render_chatml([*observations, *before]) + GEN_PROMPT
+        observations = after
         prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
         completion_ids = tokenizer.encode(completion["content"] + "<|im_end|>", add_special_tokens=False)
         n_p, n_c = len(prompt_ids), len(completion_ids)

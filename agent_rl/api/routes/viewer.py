@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from importlib.resources import files
+from urllib.parse import parse_qsl, urlencode
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_rl.api.convert import episode_out, json_safe, metric_series, transcript
 from agent_rl.api.deps import ConfigDep, StoreDep, read_access
@@ -93,3 +95,17 @@ async def stats_page(
     run_id = await store.run_id(run) if run else None
     return page(request, "stats.html", stats=await run_stats(store, run_id), run=run,
                 runs=await store.list_runs())  # fmt: skip
+
+
+class DropEmptyQueryParams:
+    """A GET form submits its empty fields (`min_reward=`); on viewer pages they mean "no
+    filter", so they are dropped before validation. The JSON API under /api is left as it is."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith("/api/") and scope["query_string"]:
+            pairs = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+            scope = {**scope, "query_string": urlencode([(k, v) for k, v in pairs if v]).encode("latin-1")}
+        await self.app(scope, receive, send)
