@@ -6,7 +6,9 @@ each sending `--rounds` sequential /generate requests of 8 random prompt tokens 
 `--tokens` completion tokens (ignore_eos), and reports completion tokens per wall second.
 The ratio c32 / c1 is the batching gain the rollout side relies on (target >= 8x on 2 cores).
 
-Usage: python bench/engine.py [--url URL] [--model DIR] [--tokens 256] [--rounds 2]
+The levels run in turn `--repeats` times and each keeps its best pass (a shared machine only
+slows a pass down). Usage: python bench/engine.py [--url URL] [--model DIR] [--tokens 256]
+[--rounds 2] [--repeats 2]
 Last line: RESULT {"tok_s_c1": ..., "tok_s_c8": ..., "tok_s_c32": ..., "batch32_vs_1": ...}
 """
 
@@ -57,11 +59,19 @@ async def level(client: EngineClient, c: int, tokens: int, rounds: int, rng: ran
     }
 
 
-async def bench(url: str, tokens: int, rounds: int) -> dict[int, dict]:
+async def bench(url: str, tokens: int, rounds: int, repeats: int) -> dict[int, dict]:
+    """Run the levels `repeats` times in turn; keep each level's best run. Other processes on
+    a shared machine only ever slow a run down, so the best is the least disturbed one."""
     rng = random.Random(0)
+    best: dict[int, dict] = {}
     async with EngineClient(url) as client:
         await client.generate([5, 6, 7], {"max_new_tokens": 16})  # warm-up
-        return {c: await level(client, c, tokens, rounds, rng) for c in LEVELS}
+        for _ in range(repeats):
+            for c in LEVELS:
+                r = await level(client, c, tokens, rounds, rng)
+                if c not in best or r["tok_s"] > best[c]["tok_s"]:
+                    best[c] = r
+    return best
 
 
 def main() -> None:
@@ -69,7 +79,8 @@ def main() -> None:
     ap.add_argument("--url", help="an already running SGLang server (default: start one)")
     ap.add_argument("--model", type=Path, help="model directory (default: a fresh tiny-dense)")
     ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="requests per worker and level")
+    ap.add_argument("--repeats", type=int, default=2, help="passes over the levels; best kept")
     args = ap.parse_args()
 
     with ExitStack() as stack:
@@ -85,7 +96,7 @@ def main() -> None:
                 f"engine ({server.device}) ready in {time.perf_counter() - t:.1f} s at {server.url}"
             )
             url = server.url
-        results = asyncio.run(bench(url, args.tokens, args.rounds))
+        results = asyncio.run(bench(url, args.tokens, args.rounds, args.repeats))
 
     header = ("concurrency", "requests", "tokens", "wall s", "tok/s", "per-request tok/s")
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, (11, 8, 7, 7, 8, 17), strict=True)))
