@@ -1,7 +1,8 @@
-"""The router process: an aiohttp server in front of SGLang workers, with one pooled client.
+"""The router process: an aiohttp server in front of SGLang workers.
 
-`Router` owns everything with a lifetime: the upstream client session (one per process, created
-at start), the health-check task, the listening socket. Use it as an async context manager, in
+`Router` owns everything with a lifetime: the proxy's keep-alive connection pool to the workers,
+the aiohttp session for health checks and control calls (both created at start), the
+health-check task, the listening socket. Use it as an async context manager, in
 its own process (`agent-rl router`) or embedded in another (`agent-rl serve`):
 
     async with Router(config.router, workers=["http://127.0.0.1:30000"]) as router:
@@ -13,9 +14,9 @@ Endpoints (details in docs/router.md): proxied `/generate`, `/v1/chat/completion
 `/continue_generation`, `/flush_cache`, `/update_weights_from_disk`, `/begin_weight_update`,
 `/end_weight_update`, ...). `/v1/loads` and `/model_info` are read-only and open.
 
-Why aiohttp on both sides: measured with a 50 ms stub engine at 256 concurrent requests, an
-aiohttp server with an aiohttp client was the fastest pairing; an httpx client collapsed under
-connection-pool contention and a Starlette/uvicorn server was slower (docs/router.md).
+Why this stack: measured with a 50 ms stub engine at 256 concurrent requests, aiohttp's server
+beat Starlette/uvicorn, an httpx client collapsed under pool contention, and aiohttp's own
+client was over half the CPU of a proxied request, hence `router/upstream.py` (docs/router.md).
 """
 
 from __future__ import annotations
