@@ -23,7 +23,7 @@ from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from agent_rl.config import SandboxLimits
 from agent_rl.errors import ToolError

@@ -149,8 +149,10 @@ class BwrapBackend:
         self.layout.prepare()
         self.uids = UidPool(config.uid_base)
         self._live: dict[str, BwrapSandbox] = {}
-        self._filters = {net: seccomp.write_filter(self.root / f"seccomp{'-net' if net else ''}.bpf",
-                                                   network=net) for net in (False, True)}
+        self._filters = {
+            net: seccomp.write_filter(self.root / f"seccomp{'-net' * net}.bpf", network=net)
+            for net in (False, True)
+        }
 
     def filter_path(self, network: bool) -> Path:
         return self._filters[network]

@@ -39,8 +39,8 @@ class CgroupLayout:
         if (ROOT / "memory").is_dir() and (ROOT / "pids").is_dir():
             return cls(v2=False, parent=parent)
         raise SandboxError(
-            "no usable cgroups (need /sys/fs/cgroup/{memory,pids} or a cgroup v2 mount): run as root "
-            "on a host with cgroups, or choose sandbox.backend = 'docker'"
+            "no usable cgroups (need /sys/fs/cgroup/{memory,pids} or a cgroup v2 mount): run as "
+            "root on a host with cgroups, or choose sandbox.backend = 'docker'"
         )
 
     def parents(self) -> list[Path]:
@@ -91,7 +91,7 @@ class SandboxCgroup:
             else:
                 mem, pid = self.dirs[0], self.dirs[1]
                 _write(mem / "memory.limit_in_bytes", str(memory_bytes))
-                try:  # memory+swap: absent when swap accounting is off, then there is no swap to use
+                try:  # memory+swap: absent when swap accounting is off (then no swap is used)
                     _write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))
                 except OSError:
                     pass
@@ -130,7 +130,8 @@ class SandboxCgroup:
 
     def kill_all(self, wait_s: float = 5.0) -> bool:
         """SIGKILL every process of the sandbox and wait until none is left; True if empty."""
-        kill_file = next((d / "cgroup.kill" for d in self.dirs if (d / "cgroup.kill").exists()), None)
+        kills = [d / "cgroup.kill" for d in self.dirs if (d / "cgroup.kill").exists()]
+        kill_file = kills[0] if kills else None
         deadline = time.monotonic() + wait_s
         while True:
             pids = self.pids()

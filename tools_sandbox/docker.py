@@ -14,7 +14,6 @@ server process that owns it, which is how `reap` finds what a crashed server lef
 
 from __future__ import annotations
 
-import os
 import socket
 from functools import partial
 from pathlib import Path
@@ -39,7 +38,9 @@ HERE = Path(__file__).resolve().parent
 
 
 class DockerSandbox(WorkerSandbox):
-    def __init__(self, backend: DockerBackend, sandbox_id: str, spec: SandboxSpec, uid: int) -> None:
+    def __init__(
+        self, backend: DockerBackend, sandbox_id: str, spec: SandboxSpec, uid: int
+    ) -> None:
         super().__init__(sandbox_id, spec, backend._forget)
         self.backend = backend
         self.uid = uid
@@ -167,7 +168,8 @@ class DockerBackend:
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         if spec.rootfs:
-            raise SandboxError("spec.rootfs is for the bwrap backend; Docker sandboxes use spec.image")
+            raise SandboxError(
+                "spec.rootfs is for the bwrap backend; Docker sandboxes use spec.image")
         sandbox = DockerSandbox(self, new_id(PREFIX), spec, self.uids.take())
         self._live[sandbox.id] = sandbox
         self.history.add(sandbox.id)

@@ -138,7 +138,7 @@ class RlimitBackend:
         self.worker = self.root / "worker.py"
         shutil.copyfile(HERE / "worker.py", self.worker)
         self.worker.chmod(0o644)
-        # the system's interpreter, not the server's venv (often under a home dir other uids cannot read)
+        # the system's interpreter, not the server's venv (maybe in a home dir others cannot read)
         python = shutil.which(config.python, path="/usr/local/bin:/usr/bin:/bin")
         if python is None:
             raise SandboxError(f"no {config.python!r} on PATH for the rlimit backend's worker")
@@ -151,7 +151,8 @@ class RlimitBackend:
         if spec.mounts:
             raise SandboxError("the rlimit backend cannot mount paths: it shares the host's files")
         if spec.rootfs:
-            raise SandboxError("spec.rootfs is for the bwrap backend; rlimit sandboxes share the host's files")
+            raise SandboxError(
+                "spec.rootfs is for the bwrap backend; rlimit sandboxes share the host's files")
         uid = self.uids.take() if self.as_root else None
         sandbox = RlimitSandbox(self, new_id(PREFIX), spec, uid)
         self._live[sandbox.id] = sandbox

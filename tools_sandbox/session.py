@@ -30,7 +30,8 @@ from tools_sandbox.base import ExecResult, SandboxSpec, work_path
 log = logging.getLogger(__name__)
 
 GRACE_S = 5.0
-"""Time past a call's timeout the worker gets to kill the call and answer before it is presumed hung."""
+"""Seconds past a call's timeout the worker gets to kill the call and answer, before it is
+presumed hung and the sandbox is restarted."""
 
 START_TIMEOUT_S = 30.0
 """Time a fresh sandbox gets to answer its first ping (64 sandboxes starting on 2 cores)."""
@@ -262,7 +263,8 @@ class WorkerSandbox(ABC):
                 await self._respawn()
                 raise SandboxError(f"sandbox {self._id}: file operation failed: {e}") from e
         if "error" in answer:
-            raise ToolError(f"{req['op']} {req['path']!r}: {answer.get('message', answer['error'])}")
+            why = answer.get("message", answer["error"])
+            raise ToolError(f"{req['op']} {req['path']!r}: {why}")
         return answer
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:

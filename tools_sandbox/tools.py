@@ -36,18 +36,21 @@ class ToolOutput(BaseModel):
     """The sandbox's result, for calls that ran code."""
 
 
+TIMEOUT_HELP = "Seconds before the call is killed."
+
+
 class Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class PythonArgs(Args):
-    code: str = Field(description="Python source to run. The value of a final expression is shown.")
-    timeout: float | None = Field(default=None, gt=0, description="Seconds before the call is killed.")
+    code: str = Field(description="Python source to run; the value of a final expression is shown.")
+    timeout: float | None = Field(default=None, gt=0, description=TIMEOUT_HELP)
 
 
 class ShellArgs(Args):
     command: str = Field(description="A /bin/sh command line, run in the work dir /work.")
-    timeout: float | None = Field(default=None, gt=0, description="Seconds before the call is killed.")
+    timeout: float | None = Field(default=None, gt=0, description=TIMEOUT_HELP)
 
 
 class ReadFileArgs(Args):
@@ -106,7 +109,7 @@ def describe(r: ExecResult) -> str:
     if r.oom_killed:
         notes.append("ran out of memory and was killed")
     if r.restarted:
-        notes.append("the sandbox had to be restarted: files in /work are kept, other state is lost")
+        notes.append("the sandbox had to be restarted: files in /work are kept, the rest is lost")
     if r.exit_code not in (0, None) and not notes:
         notes.append(f"exit code {r.exit_code}")
     if notes:

@@ -1,4 +1,4 @@
-"""The persistent worker that runs inside every sandbox (stdlib only, any Python >= 3.8).
+"""The persistent worker that runs inside every sandbox (stdlib only, any Python >= 3.9).
 
 One worker per sandbox serves calls over a byte stream (its stdin/stdout, or a unix socket it
 connects to), so a call pays a fork, not a sandbox and interpreter start-up. Framing: a 4-byte
@@ -180,7 +180,7 @@ def run_code(code: str, ns: dict) -> str | None:
 
 def python_main(code: str, ns: dict) -> tuple[int, str | None]:
     """Run tool code as __main__ would: exit status and value, tracebacks on stderr."""
-    sys.stdin = open(0, "r", closefd=False)
+    sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     value, status = None, 0
@@ -203,7 +203,7 @@ def python_main(code: str, ns: dict) -> tuple[int, str | None]:
 
 
 def spawn(target) -> tuple[int, int, list[int], int]:
-    """Fork a call's child; returns pid, its stdin writer, [stdout, stderr] readers, status reader."""
+    """Fork a call's child: pid, its stdin writer, [stdout, stderr] readers, status reader."""
     i_r, i_w = os.pipe()
     o_r, o_w = os.pipe()
     e_r, e_w = os.pipe()
@@ -261,7 +261,7 @@ def collect(fds: list[int], deadline: float, done, wake: int) -> dict:
 
 
 class Repl:
-    """A long-lived forked child holding Python globals; receives each call's stdio over SCM_RIGHTS."""
+    """A long-lived forked child holding Python globals; gets each call's stdio by SCM_RIGHTS."""
 
     def __init__(self) -> None:
         self.sock, child = socket.socketpair()
@@ -286,7 +286,7 @@ class Repl:
                 return
             code = recv_frame(sock, first).decode()
             reap()  # children of earlier calls, killed since by the worker
-            for target, fd in zip((0, 1, 2), fds):
+            for target, fd in zip((0, 1, 2), fds):  # noqa: B905 (runs on Python 3.9)
                 os.dup2(fd, target)
                 os.close(fd)
             status, value = python_main(code, ns)

@@ -49,7 +49,8 @@ def _leftovers(backend: SandboxBackend) -> list[str]:
         left += uid_processes(uid_pool.history)
     if backend.name == "docker":
         left += backend.leftovers()  # type: ignore[attr-defined]
+    state = str(getattr(config, "state_dir", "/nonexistent"))
     with open("/proc/self/mountinfo") as f:
-        state = str(getattr(config, "state_dir", "/nonexistent"))
-        left += [f"mount {line.split()[4]}" for line in f if line.split()[4].startswith(state + "/")]
+        points = [line.split()[4] for line in f]
+    left += [f"mount {p}" for p in points if p.startswith(state + "/")]
     return left

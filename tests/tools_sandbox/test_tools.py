@@ -28,7 +28,8 @@ async def sandbox() -> AsyncIterator[Sandbox]:
 
 def test_schemas_are_openai_functions() -> None:
     schemas = tool_schemas(default_tools())
-    assert [s["function"]["name"] for s in schemas] == ["python", "shell", "read_file", "write_file"]
+    names = [s["function"]["name"] for s in schemas]
+    assert names == ["python", "shell", "read_file", "write_file"]
     for s in schemas:
         assert s["type"] == "function"
         params = s["function"]["parameters"]
