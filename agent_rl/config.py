@@ -311,6 +311,9 @@ class SandboxLimits(Section):
     nofile: int = Field(default=256, ge=16)
     """Open file descriptors per process."""
 
+    cpus: float = Field(default=1.0, gt=0)
+    """CPU cores the whole sandbox may use at once (a cgroup CPU quota; not enforced by rlimit)."""
+
 
 class SandboxConfig(Section):
     backend: Literal["bwrap", "docker", "rlimit"] = "bwrap"

@@ -54,7 +54,7 @@ class BwrapSandbox(WorkerSandbox):
         self.dir.mkdir()
         self.dir.chmod(0o711)
         (self.dir / "owner").write_text(owner_tag())  # lets reapers tell ours from orphans
-        self.cgroup.create(lim.memory_mb << 20, lim.pids)
+        self.cgroup.create(lim.memory_mb << 20, lim.pids, lim.cpus)
         hostfs.mount_tmpfs(self.work, lim.disk_mb, self.uid, self.uid)
 
     def bwrap_argv(self, seccomp_fd: int) -> list[str]:

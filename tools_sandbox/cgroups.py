@@ -1,9 +1,9 @@
 """Per-sandbox cgroups: a memory and pids limit, OOM accounting, and killing a whole sandbox.
 
 Two layouts are supported. cgroup v1 (what this project's machines have): one directory per
-sandbox under the `memory` and `pids` hierarchies, plus one in the v2 `unified` hierarchy when
+sandbox under the `memory`, `pids` and (when mounted) `cpu` hierarchies, plus one in the v2 `unified` hierarchy when
 it is mounted, only for its atomic `cgroup.kill`. cgroup v2: one directory with `memory.max`,
-`memory.swap.max`, `pids.max` and `cgroup.kill`. All sandbox cgroups live under one parent
+`memory.swap.max`, `pids.max`, `cpu.max` and `cgroup.kill`. All sandbox cgroups live under one parent
 named by the config (`agent-rl` by default) at the top of each hierarchy, so a restarted server
 finds what a crashed one left (see `reap_orphans`). Needs root.
 """
@@ -19,6 +19,8 @@ from pathlib import Path
 from agent_rl.errors import SandboxError
 
 ROOT = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+"""CFS period of the CPU quota: the sandbox gets `cpus` times this much CPU time per period."""
 
 
 def _write(path: Path, value: str) -> None:
@@ -47,18 +49,20 @@ class CgroupLayout:
         if self.v2:
             return [ROOT / self.parent]
         dirs = [ROOT / "memory" / self.parent, ROOT / "pids" / self.parent]
+        if (ROOT / "cpu" / "cpu.cfs_quota_us").exists():
+            dirs.append(ROOT / "cpu" / self.parent)
         if (ROOT / "unified" / "cgroup.procs").exists():
             dirs.append(ROOT / "unified" / self.parent)
         return dirs
 
     def prepare(self) -> None:
-        """Create the parents (and, on v2, delegate the memory and pids controllers to them)."""
+        """Create the parents (and, on v2, delegate the memory, pids and cpu controllers)."""
         try:
             for d in self.parents():
                 d.mkdir(exist_ok=True)
             if self.v2:
                 for d in (ROOT, ROOT / self.parent):
-                    _write(d / "cgroup.subtree_control", "+memory +pids")
+                    _write(d / "cgroup.subtree_control", "+memory +pids +cpu")
         except OSError as e:
             raise SandboxError(
                 f"cannot set up sandbox cgroups under {self.parents()[0]}: {e}; the bwrap backend "
@@ -80,7 +84,8 @@ class SandboxCgroup:
         self.layout = layout
         self.dirs = [p / sandbox_id for p in layout.parents()]
 
-    def create(self, memory_bytes: int, pids: int) -> None:
+    def create(self, memory_bytes: int, pids: int, cpus: float) -> None:
+        quota = max(1000, int(cpus * PERIOD_US))
         try:
             for d in self.dirs:
                 d.mkdir(exist_ok=True)
@@ -88,6 +93,7 @@ class SandboxCgroup:
                 _write(self.dirs[0] / "memory.max", str(memory_bytes))
                 _write(self.dirs[0] / "memory.swap.max", "0")
                 _write(self.dirs[0] / "pids.max", str(pids))
+                _write(self.dirs[0] / "cpu.max", f"{quota} {PERIOD_US}")
             else:
                 mem, pid = self.dirs[0], self.dirs[1]
                 _write(mem / "memory.limit_in_bytes", str(memory_bytes))
@@ -96,6 +102,10 @@ class SandboxCgroup:
                 except OSError:
                     pass
                 _write(pid / "pids.max", str(pids))
+                for d in self.dirs:
+                    if d.parent.parent == ROOT / "cpu":
+                        _write(d / "cpu.cfs_period_us", str(PERIOD_US))
+                        _write(d / "cpu.cfs_quota_us", str(quota))
         except OSError as e:
             self.remove()
             raise SandboxError(f"cannot create sandbox cgroup {self.dirs[0]}: {e}") from e

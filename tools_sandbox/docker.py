@@ -2,8 +2,8 @@
 
 Each container runs worker.py as its main process (under docker-init) with no network
 (`network_mode="none"`), a read-only root, a sized private /tmp, memory limit = memory+swap
-limit, a pids limit, a CPU quota of one core, every capability dropped, no-new-privileges, and a
-non-root uid of its own. /work is a sized tmpfs mounted on the host and bound in, so it survives
+limit, a pids limit, a CPU quota (`limits.cpus`), every capability dropped, no-new-privileges,
+and a non-root uid of its own. /work is a sized tmpfs mounted on the host and bound in, so it survives
 the container being replaced. The worker talks to the server over a unix socket the server
 listens on, in a small per-sandbox dir mounted read-only at /sbx (so the engine must run on this
 host); output is capped by the worker and every answer is bounded by the server, never read
@@ -79,7 +79,7 @@ class DockerSandbox(WorkerSandbox):
             name=f"{self.id}-{self.generation}", detach=True, init=True,
             network_mode="bridge" if spec.network else "none",
             mem_limit=lim.memory_mb << 20, memswap_limit=lim.memory_mb << 20,
-            pids_limit=lim.pids, nano_cpus=1_000_000_000, read_only=True,
+            pids_limit=lim.pids, nano_cpus=int(lim.cpus * 1e9), read_only=True,
             user=f"{self.uid}:{self.uid}", cap_drop=["ALL"], security_opt=["no-new-privileges"],
             tmpfs={"/tmp": f"size={lim.tmp_mb}m,mode=1777"}, mounts=mounts,
             working_dir=WORK_DIR, environment=conf["env"], ulimits=ulimits,

@@ -36,6 +36,11 @@ async def test_host_uid_cgroups_and_limits(bwrap: BwrapBackend) -> None:
         mem = Path(sb.cgroup.dirs[0])  # type: ignore[attr-defined]
         limit_file = "memory.max" if bwrap.layout.v2 else "memory.limit_in_bytes"
         assert int((mem / limit_file).read_text()) == SPEC.limits.memory_mb << 20
+        cpu = [Path(d) for d in sb.cgroup.dirs if "cpu" in Path(d).parts]  # type: ignore[attr-defined]
+        if bwrap.layout.v2:
+            assert (mem / "cpu.max").read_text().split() == ["100000", "100000"]
+        elif cpu:
+            assert int((cpu[0] / "cpu.cfs_quota_us").read_text()) == 100_000  # limits.cpus = 1
         r = await sb.run_python(
             "import os, socket\n"
             "print(os.getuid(), os.path.exists('/sys/class/net'))\n"
