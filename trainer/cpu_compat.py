@@ -125,20 +125,15 @@ def _moe() -> None:
     APPLIED.append("torch norm with sequence_parallel")
 
 
-# megatron modules that create tensors with a literal device="cuda" on paths we use.
+# megatron modules that create tensors with a literal device="cuda" on paths the trainer uses
+# (optimizer step, grad clipping and norms, DDP grad buffers). Pipeline schedules would need
+# "megatron.core.pipeline_parallel.schedules" too.
 _CUDA_LITERAL_MODULES = (
     "megatron.core.optimizer.optimizer",
     "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.optimizer.clip_grads",
-    "megatron.core.optimizer.grad_scaler",
     "megatron.core.distributed.param_and_grad_buffer",
-    "megatron.core.pipeline_parallel.schedules",
-    "megatron.core.models.common.language_module.language_module",
-    "megatron.core.dist_checkpointing.exchange_utils",
-    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
-    "megatron.core.tensor_parallel.data",
     "megatron.core.utils",
-    "megatron.core.rerun_state_machine",
 )
 _FACTORIES = frozenset({
     "tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",

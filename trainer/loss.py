@@ -173,8 +173,3 @@ def clip_fraction(unclipped: torch.Tensor, clipped: torch.Tensor, mask: torch.Te
     taken = (clipped > unclipped).to(mask.dtype)
     return float((taken * mask).sum() / mask.sum().clamp(min=1))
 
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean of `values` over mask=1 positions, as a float (0 when the mask is empty)."""
-    mask = mask.to(values.dtype)
-    return float((values * mask).sum() / mask.sum().clamp(min=1))
