@@ -23,7 +23,7 @@ from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from agent_rl.config import SandboxLimits
 from agent_rl.errors import ToolError
@@ -51,6 +51,20 @@ class Mount(BaseModel):
     read_only: bool = True
     """Mount read-only (the default; a writable mount lets the sandbox change the host)."""
 
+    @field_validator("source", "target")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"mount path {path!r} must be absolute")
+        return path
+
+    @field_validator("target")
+    @classmethod
+    def _not_in_work(cls, target: str) -> str:
+        if target == WORK_DIR or target.startswith(WORK_DIR + "/"):
+            raise ValueError(f"mount target {target!r} would hide or share the work dir")
+        return target
+
 
 class SandboxSpec(BaseModel):
     """What a sandbox looks like; sandboxes with equal specs are interchangeable (pooling key)."""
@@ -74,7 +88,13 @@ class SandboxSpec(BaseModel):
     """Allow network access. Off by default; backends refuse to turn it on unless they can."""
 
     env: tuple[tuple[str, str], ...] = ()
-    """Extra environment variables (name, value) for every call; nothing leaks from the host."""
+    """Extra environment variables (name, value) for every call; nothing leaks from the host.
+    A dict is accepted too (stored sorted, so equal specs hash alike)."""
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_from_dict(cls, env: object) -> object:
+        return tuple(sorted(env.items())) if isinstance(env, dict) else env
 
 
 class ExecResult(BaseModel):
