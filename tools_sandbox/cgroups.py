@@ -1,13 +1,13 @@
-"""Per-sandbox cgroups: a memory and pids limit, OOM accounting, and killing a whole sandbox.
+"""Per-sandbox cgroups: memory, pids and CPU limits, OOM accounting, killing a whole sandbox.
 
 Two layouts are supported. cgroup v1 (what this project's machines have): one directory per
-sandbox under the `memory`, `pids` and (when mounted) `cpu` hierarchies, plus one in the v2 `unified` hierarchy when
-it is mounted, only for its atomic `cgroup.kill`. cgroup v2: one directory with `memory.max`,
-`memory.swap.max`, `pids.max`, `cpu.max` and `cgroup.kill`. All sandbox cgroups live under one parent
-named by the config (`agent-rl` by default) at the top of each hierarchy, so a restarted server
-finds what a crashed one left (see `reap_orphans`). Needs root.
+sandbox under the `memory`, `pids` and (when mounted) `cpu` hierarchies, plus one in the v2
+`unified` hierarchy when it is mounted, only for its atomic `cgroup.kill`. cgroup v2: one
+directory with `memory.max`, `memory.swap.max`, `pids.max`, `cpu.max` and `cgroup.kill`. All
+sandbox cgroups live under one parent named by the config (`agent-rl` by default) at the top of
+each hierarchy, so a restarted server finds what a crashed one left (`BwrapBackend.reap`).
+Needs root.
 """
-
 from __future__ import annotations
 
 import os

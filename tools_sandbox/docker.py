@@ -3,8 +3,8 @@
 Each container runs worker.py as its main process (under docker-init) with no network
 (`network_mode="none"`), a read-only root, a sized private /tmp, memory limit = memory+swap
 limit, a pids limit, a CPU quota (`limits.cpus`), every capability dropped, no-new-privileges,
-and a non-root uid of its own. /work is a sized tmpfs mounted on the host and bound in, so it survives
-the container being replaced. The worker talks to the server over a unix socket the server
+and a non-root uid of its own. /work is a sized tmpfs mounted on the host and bound in, so it
+survives the container being replaced. The worker talks to the server over a unix socket the server
 listens on, in a small per-sandbox dir mounted read-only at /sbx (so the engine must run on this
 host); output is capped by the worker and every answer is bounded by the server, never read
 whole with `exec_run`. No image is pulled: the default image is imported from this host's
