@@ -143,7 +143,9 @@ class Engine:
         self._dp_sum(counts)
         denominator = float(counts[0] if self.cfg.aggregation == "token-mean" else counts[1])
         sums: dict[str, float] = {}
-        for mb in self._micro_batches(batch):
+        # Reference logprobs first: swapping weights after a forward would break its backward.
+        refs = self._reference_logprobs(batch) if self._ref is not None and not sft else None
+        for index, mb in enumerate(self._micro_batches(batch)):
             logits, routing = self._forward(mb, self.cfg.routing_replay)
             entropy = token_entropy(logits)
             lp = token_logprobs(logits, mb.tokens)
@@ -151,9 +153,9 @@ class Engine:
             if sft:
                 out = sft_loss(lp, mb_mask, self.cfg.aggregation, denominator)
             else:
-                ref = self._reference_logprobs(mb) if self._ref is not None else None
                 out = policy_loss(lp, lp.detach(), mb.advantages, mb_mask, self.loss_cfg,
-                                  rollout_logprobs=mb.rollout_logprobs[:, 1:], ref_logprobs=ref,
+                                  rollout_logprobs=mb.rollout_logprobs[:, 1:],
+                                  ref_logprobs=refs[index] if refs is not None else None,
                                   denominator=denominator)
             out.loss.backward()
             out.metrics["entropy"] = float((entropy * mb_mask).sum() / max(out.tokens, 1))
@@ -203,14 +205,15 @@ class Engine:
         return metrics
 
     @torch.no_grad()
-    def _reference_logprobs(self, mb: Batch) -> torch.Tensor:
+    def _reference_logprobs(self, batch: Batch) -> list[torch.Tensor]:
+        """Per micro-batch logprobs [b, T-1] under the starting weights (swapped in, then back)."""
         params = list(self.module.parameters())
         current = [p.detach().clone() for p in params]
         try:
             for p, ref in zip(params, self._ref or []):
                 p.copy_(ref)
-            logits, _ = self._forward(mb, self.cfg.routing_replay)
-            return token_logprobs(logits, mb.tokens)
+            return [token_logprobs(self._forward(mb, self.cfg.routing_replay)[0], mb.tokens)
+                    for mb in self._micro_batches(batch)]
         finally:
             for p, cur in zip(params, current):
                 p.copy_(cur)

@@ -99,3 +99,17 @@ def test_export_is_loaded_by_transformers_with_the_trained_weights(tiny_moe_mode
         ref = torch.log_softmax(hf(input_ids=batch.tokens).logits, -1)
     ref = ref[:, :-1].gather(-1, batch.tokens[:, 1:, None]).squeeze(-1)
     assert (ours[:, 1:] - ref).abs().max() < 1e-5
+
+
+def test_kl_to_the_starting_policy_grows_from_zero(tiny_dense_model: Path) -> None:
+    vocab = ModelArch.from_hf_dir(tiny_dense_model).vocab_size
+    batch = rl_batch(vocab, size=4)
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, kl_coef=0.1)
+    with engine(tiny_dense_model, cfg) as e:
+        start = e.logprobs(batch)["logprobs"]
+        first, second = e.rl_step(batch), e.rl_step(batch)
+        trained = e.logprobs(batch)["logprobs"]
+        reference = e._reference_logprobs(batch)[0]
+        assert torch.equal(e.logprobs(batch)["logprobs"], trained)  # weights swapped back
+    assert first["ref_kl"] == 0.0 and second["ref_kl"] > 0  # the reference is the start
+    assert torch.equal(reference, start[:, 1:]) and not torch.equal(trained, start)
