@@ -35,10 +35,11 @@ from router.workers import Worker, WorkerPool
 log = logging.getLogger("agent_rl.router")
 
 # Headers that describe one connection, not the message (RFC 9110 section 7.6.1), plus the ones
-# aiohttp computes itself for the new message.
+# recomputed for the new message. `Expect: 100-continue` was already answered to the caller (the
+# router reads the whole body first); forwarded, it would make the worker send an interim 100.
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+    "trailers", "transfer-encoding", "upgrade", "host", "content-length", "expect",
 })
 
 

@@ -90,6 +90,19 @@ async def test_upstream_connections_are_kept_alive(
     assert len(peers) == 1
 
 
+async def test_expect_continue_is_answered_by_the_router(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    # curl sends Expect: 100-continue for bodies over 1 KiB; the worker must not see it, or its
+    # interim 100 would be taken for the answer.
+    big = json.dumps({"input_ids": list(range(2000))}).encode()
+    async with http.post(router.url + "/generate", data=big, expect100=True) as r:
+        assert r.status == 200 and (await r.json())["text"] == "ok"
+    assert "Expect" not in worker.calls("/generate")[-1].headers
+
+
 async def test_batch_request_passes_through(
     make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
