@@ -3,7 +3,7 @@ for the one-process baseline).
 
 Each run trains 2 RL steps on fixed batches (each data-parallel rank takes its contiguous
 share; MoE batches carry routed experts for replay), then exports HF weights into
-OUT_DIR/NAME; rank 0 writes the step metrics to OUT_DIR/NAME/metrics.json. Several runs share
+OUT_DIR/NAME and round-trips a checkpoint; rank 0 writes the step metrics to OUT_DIR/NAME/metrics.json. Several runs share
 one launch (imports dominate the cost). Usage: _parallel_worker.py MODEL_DIR OUT_DIR tp2 ep2 ...
 """
 
@@ -50,6 +50,15 @@ def train(model_dir: Path, out_dir: Path, tp: int = 1, ep: int = 1) -> list[dict
         share = full.size // dp
         steps.append(e.rl_step(full.rows(slice(rank * share, (rank + 1) * share))))
     e.export_hf(out_dir / "export")
+    # Checkpoint round trip across ranks: save, perturb, load, same logprobs again.
+    probe = batch_for(arch, 0).rows(slice(rank * share, (rank + 1) * share))
+    before = e.logprobs(probe)["logprobs"]
+    saved = e.save_checkpoint(out_dir / "ckpt")
+    with torch.no_grad():
+        for p in e.module.parameters():
+            p.add_(0.01)
+    e.load_checkpoint(saved)
+    steps[-1]["resume_max_diff"] = float((e.logprobs(probe)["logprobs"] - before).abs().max())
     if torch.distributed.get_rank() == 0:
         (out_dir / "metrics.json").write_text(json.dumps(steps))
     return steps

@@ -53,6 +53,7 @@ def _compare(base: list[dict[str, float]], other: list[dict[str, float]], base_d
         assert a["tokens"] == b["tokens"]
         if "routing_mismatch_fraction" in a:
             assert abs(a["routing_mismatch_fraction"] - b["routing_mismatch_fraction"]) < 1e-9
+    assert other[-1]["resume_max_diff"] == 0.0
     w1, w2 = read_safetensors(base_dir / "export"), read_safetensors(other_dir / "export")
     assert set(w1) == set(w2)
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
