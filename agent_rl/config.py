@@ -391,6 +391,9 @@ class RolloutConfig(Section):
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling threshold."""
 
+    stop: list[str] = []
+    """Extra stop strings ending a turn (the chat template's end-of-turn token always does)."""
+
     episode_timeout_s: float = Field(default=600.0, gt=0)
     """Wall-clock deadline of one episode; past it the episode is truncated."""
 

@@ -116,4 +116,5 @@ async def _supervise(engine) -> None:  # type: ignore[no-untyped-def]
             await engine.watch()
         except EngineError as e:
             log.error("embedded engine died (%s); restarting it", e)
+            engine.stop()  # its process group too: a surviving child would hold the port
             await engine.astart()

@@ -181,7 +181,8 @@ class EpisodeRunner:
         with telemetry.chat(self.ctx.model_name, max_new, cfg.temperature) as span:
             gen = await self.ctx.client.generate(
                 input_ids,
-                {"max_new_tokens": max_new, "temperature": cfg.temperature, "top_p": cfg.top_p},
+                {"max_new_tokens": max_new, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                 **({"stop": cfg.stop} if cfg.stop else {})},
                 rid=f"episode-{self.episode_id}-turn-{turn}-{time.monotonic_ns()}",
                 return_logprob=True,
                 return_routed_experts=self.ctx.routed_experts,

@@ -107,9 +107,11 @@ class Scheduler:
         tasks = self._tasks(await store.count_tasks(run_id, self.env_id))
         while budget is None or budget > 0:
             size = n if budget is None else min(n, budget)
-            await self._wait_within_staleness()
             for _ in range(size):
                 await self._slots.acquire()
+            # Checked after the slots are ours, right before admitting: a check made before
+            # waiting for slots could be stale by the time the group starts.
+            await self._wait_within_staleness()
             index, task = next(tasks)
             task_id = await store.add_task(run_id, self.env_id, task.id, task.data)
             seeds = [_seed(cfg.seed, index, i) for i in range(size)]
