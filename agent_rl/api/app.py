@@ -35,9 +35,12 @@ log = logging.getLogger("agent_rl.api")
 API_PREFIX = "/api/v1"
 
 
-def create_app(config: Config, *, store: Store | None = None, sandboxes: Any = None) -> FastAPI:
-    """The API app. `store`/`sandboxes` (a tools_sandbox backend, for replay and fork of
-    sandbox environments) are borrowed when given; otherwise the app opens its own."""
+def create_app(
+    config: Config, *, store: Store | None = None, sandboxes: Any = None, runner: Any = None
+) -> FastAPI:
+    """The API app. Borrowed when given, else the app makes its own: `store`; `sandboxes`, a
+    tools_sandbox backend for replay and fork of sandbox environments; `runner`, the
+    `RunnerContext` forks run with (serve's; else one per run on `rollout.router_url`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -50,6 +53,8 @@ def create_app(config: Config, *, store: Store | None = None, sandboxes: Any = N
             if sandboxes is None:
                 # Made on first use (most API processes never replay a sandbox episode).
                 stack.push_async_callback(_close_sandboxes, app)
+            app.state.fork_contexts = {}
+            stack.push_async_callback(_close_fork_contexts, app)
             yield
 
     app = FastAPI(
@@ -63,6 +68,8 @@ def create_app(config: Config, *, store: Store | None = None, sandboxes: Any = N
     app.state.config = config
     app.state.store = store
     app.state.sandboxes = sandboxes
+    app.state.runner = runner
+    app.state.fork_contexts = {}
     app.add_middleware(BodySizeLimit, max_bytes=config.api.max_request_bytes)
     app.add_middleware(viewer.DropEmptyQueryParams)
     install_error_handlers(app)
@@ -76,6 +83,12 @@ async def _close_sandboxes(app: FastAPI) -> None:
     if getattr(app.state, "own_sandboxes", False) and app.state.sandboxes is not None:
         await app.state.sandboxes.aclose()
         app.state.sandboxes = None
+
+
+async def _close_fork_contexts(app: FastAPI) -> None:
+    for ctx in app.state.fork_contexts.values():
+        await ctx.client.aclose()
+    app.state.fork_contexts = {}
 
 
 def check_exposure(api: ApiConfig) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -24,6 +24,7 @@ from tests._databases import fresh_database
 from tests.api.fill import Filled, fill
 
 TOKEN = "test-token-1234"
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -51,9 +52,14 @@ def fill_database(url: str, tokenizer_dir: Path) -> Filled:
         filled.url = url
         return filled
 
-    # In a thread of its own: Playwright's sync API keeps an event loop in the test's thread.
+    return in_thread(go)
+
+
+def in_thread(fn: Callable[[], Awaitable[T]]) -> T:
+    """`anyio.run(fn)` in a thread of its own: Playwright's sync API (and TestClient) keep an
+    event loop in the test's thread."""
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(anyio.run, go).result()
+        return pool.submit(anyio.run, fn).result()
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def test_api_conforms_to_its_schema(live_server: LiveServer) -> None:
             check()
         except BaseExceptionGroup as e:  # schemathesis's FailureGroup: one report per operation
             failures[operation.label] = f"{type(e).__name__}: {e}"[:2000]
-    assert len(tested) == 7, tested
+    assert len(tested) == 8, tested
     assert failures == {}
 
 

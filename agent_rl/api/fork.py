@@ -1,0 +1,158 @@
+"""Fork: regenerate an episode from turn k with the current policy, as a new linked episode.
+
+The fork is a real episode run by the episode runner (`agent_rl.rollout.runner`), on the
+parent's task and seed, in a fresh environment (and sandbox). Its first k generations are not
+sampled: `ForkRunner` answers them with the parent's recorded completions, the exact token ids
+with their logprobs, policy versions and routed experts, so the runner steps the environment
+through the same states and persists the same spans it persisted for the parent. From turn k
+on it generates through the engine with the policy served now.
+
+The fork is admitted as a group of one with `parent_episode_id` set, in one transaction, and
+its group is then filtered with a reason: forks are for inspection, never trained.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+from pydantic import ValidationError
+from sqlalchemy import Connection, insert
+
+from agent_rl.api.replay import env_kwargs_for
+from agent_rl.api.schemas import ForkOut
+from agent_rl.config import Config, RolloutConfig
+from agent_rl.engine.client import FinishReason, Generation, WeightSpan
+from agent_rl.errors import EngineError, EnvError
+from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
+from agent_rl.store import Store, TokenArrays
+from agent_rl.store.base import now
+from agent_rl.store.models import Episode, Group
+from agent_rl.tasks import Task
+
+
+def recorded_generation(span: TokenArrays, num_prompt: int, finish_reason: str | None,
+                        rid: str) -> tuple[Generation, np.ndarray | None]:  # fmt: skip
+    """The parent's completion of one turn as the engine returned it, and the span's experts."""
+    ids = span.token_ids[num_prompt:]
+    versions = span.versions[num_prompt:].tolist()
+    spans, start = [], 0
+    for i in range(1, len(versions) + 1):
+        if i == len(versions) or versions[i] != versions[start]:
+            spans.append(WeightSpan(version=str(versions[start]), start=start, end=i))
+            start = i
+    gen = Generation(
+        rid=rid, output_ids=ids.tolist(), text="",
+        finish_reason=FinishReason(type=finish_reason) if finish_reason else None,
+        logprobs=span.logprobs[num_prompt:].tolist(),
+        weight_version=str(versions[-1]) if versions else None, weight_spans=spans,
+        prompt_tokens=num_prompt, completion_tokens=len(ids), cached_tokens=0,
+    )  # fmt: skip
+    return gen, span.routed_experts
+
+
+class ForkRunner(EpisodeRunner):
+    """An EpisodeRunner whose first generations are the parent's recorded ones."""
+
+    def __init__(self, ctx: RunnerContext, episode_id: int, env_id: str, task: Task,
+                 seed: int | None, env_kwargs: dict[str, Any],
+                 prefix: list[tuple[TokenArrays, int, str | None]]) -> None:  # fmt: skip
+        super().__init__(ctx, episode_id, env_id, task, seed, env_kwargs)
+        self.prefix = prefix
+        """(span, number of prompt tokens, finish reason) of each copied turn."""
+
+    async def _generate(self, input_ids: list[int], max_new: int, turn: int, persisted: int) -> Generation:
+        if turn >= len(self.prefix):
+            return await super()._generate(input_ids, max_new, turn, persisted)
+        span, num_prompt, finish = self.prefix[turn]
+        gen, experts = recorded_generation(span, num_prompt, finish, f"fork-{self.episode_id}-{turn}")
+        if len(input_ids) - persisted == num_prompt and experts is not None and self.ctx.routed_experts:
+            gen.routed_experts = experts  # same prompt span: the parent's routing applies row for row
+        return gen
+
+
+async def fork_episode(store: Store, cfg: Config, ctx: RunnerContext, episode_id: int, turn: int) -> ForkOut:
+    """Run a fork of `episode_id` from `turn` (0 <= turn < its number of turns)."""
+    detail = await store.get_episode(episode_id)
+    parent = detail.episode
+    if not 0 <= turn < parent.num_turns:
+        raise EnvError(
+            f"episode {episode_id} has {parent.num_turns} turns: fork from a turn in 0..{parent.num_turns - 1}"
+        )
+    tokens = await store.episode_tokens(episode_id)
+    prefix = []
+    for t in detail.turns[:turn]:
+        span = _slice(tokens, t.span_start, t.span_start + t.num_tokens)
+        prefix.append((span, t.num_prompt_tokens, t.finish_reason))
+    task_row = await store.get_task(parent.task_id)
+    run = await store.get_run(parent.run_id)
+    group_id, fork_id = await store.run_in_transaction(lambda conn: _admit_fork(conn, parent), write=True)
+    runner = ForkRunner(
+        ctx, fork_id, parent.env_id, Task(id=task_row["key"], data=task_row["payload"]), parent.seed,
+        env_kwargs_for(cfg, run.get("config"), parent.env_id), prefix,
+    )  # fmt: skip
+    with anyio.fail_after(cfg.api.replay_timeout_s):
+        result = await runner.run()
+    await store.complete_group(
+        group_id, filter_reason=f"fork of episode {episode_id} from turn {turn}: for inspection, not training"
+    )
+    forked = (await store.get_episode(fork_id)).episode
+    return ForkOut(episode_id=fork_id, parent_episode_id=episode_id, from_turn=turn,
+                   status=forked.status, reward=result.reward if result.status == "completed" else None)  # fmt: skip
+
+
+def _admit_fork(conn: Connection, parent: Any) -> tuple[int, int]:
+    """A group of one on the parent's task, its episode linked to the parent (one transaction,
+    so no fork exists without its link)."""
+    t = now()
+    group_id = conn.scalar(
+        insert(Group).values(run_id=parent.run_id, task_id=parent.task_id, env_id=parent.env_id,
+                             size=1, created_at=t).returning(Group.id)  # fmt: skip
+    )
+    fork_id = conn.scalar(
+        insert(Episode).values(run_id=parent.run_id, group_id=group_id, task_id=parent.task_id,
+                               env_id=parent.env_id, index=0, seed=parent.seed, created_at=t,
+                               parent_episode_id=parent.id).returning(Episode.id)  # fmt: skip
+    )
+    return group_id, fork_id
+
+
+def _slice(tokens: TokenArrays, lo: int, hi: int) -> TokenArrays:
+    experts = None if tokens.routed_experts is None else tokens.routed_experts[lo:hi]
+    return TokenArrays(tokens.token_ids[lo:hi], tokens.logprobs[lo:hi], tokens.loss_mask[lo:hi],
+                       tokens.versions[lo:hi], experts)  # fmt: skip
+
+
+async def api_runner_context(store: Store, cfg: Config, run_config: dict[str, Any] | None,
+                             run_name: str) -> RunnerContext:  # fmt: skip
+    """A runner context for an API process that has none from `serve`: the engine (or router)
+    at `rollout.router_url`, the run's model for its chat template and tokenizer, and the run's
+    recorded rollout settings (turn and token limits, sampling) where they still validate."""
+    from agent_rl.engine.client import EngineClient
+    from agent_rl.rollout.render import ChatRenderer
+
+    if not cfg.rollout.router_url:
+        raise EngineError(
+            "fork needs an engine: set rollout.router_url (AGENT_RL_ROLLOUT__ROUTER_URL) for "
+            "`agent-rl api`, or use the API that `agent-rl serve` mounts"
+        )
+    engine = (run_config or {}).get("engine") or {}
+    model = engine.get("model") or cfg.engine.model
+    if not model:
+        raise EngineError("fork needs the run's model (engine.model) for its chat template")
+    renderer = await anyio.to_thread.run_sync(ChatRenderer, model)
+    rollout = cfg.rollout
+    recorded = (run_config or {}).get("rollout")
+    if recorded:
+        try:
+            rollout = RolloutConfig.model_validate({**recorded, "router_url": cfg.rollout.router_url})
+        except ValidationError:
+            pass  # recorded by another version of agent-rl: this process's settings apply
+    return RunnerContext(
+        store=store, client=EngineClient(cfg.rollout.router_url), renderer=renderer, cfg=rollout,
+        owner=f"api-{os.uname().nodename}-{os.getpid()}-{int(time.time())}", run_name=run_name,
+        routed_experts=bool(engine.get("moe_routing_replay", cfg.engine.moe_routing_replay)),
+    )  # fmt: skip
