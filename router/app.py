@@ -105,9 +105,9 @@ class Router:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
+        # For health checks and control calls; proxied requests use self.upstream.
         self._client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_UPSTREAM_KEEPALIVE_S),
-            auto_decompress=False,  # bytes pass through as the worker encoded them
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         for worker in self.pool:
