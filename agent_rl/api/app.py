@@ -75,7 +75,9 @@ def create_app(
     install_error_handlers(app)
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(viewer.router, include_in_schema=False)
-    app.mount("/static", StaticFiles(directory=str(files("agent_rl.api") / "static")), name="static")
+    app.mount(
+        "/static", StaticFiles(directory=str(files("agent_rl.api") / "static")), name="static"
+    )
     return app
 
 
@@ -106,8 +108,9 @@ async def serve_api(
     """Run `app` with uvicorn until cancelled; `task_status.started(port)` once it listens."""
     check_exposure(api)
     server = EmbeddedServer(
-        uvicorn.Config(app, host=api.host, port=api.port, log_level="warning", lifespan="on",
-                       access_log=False)  # fmt: skip
+        uvicorn.Config(
+            app, host=api.host, port=api.port, log_level="warning", lifespan="on", access_log=False
+        )
     )
     failed: list[str] = []
 

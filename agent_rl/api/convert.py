@@ -38,9 +38,12 @@ def transcript(detail: EpisodeDetail) -> tuple[list[TurnOut], list[MessageOut], 
 
 def policy_version_out(row: dict[str, Any]) -> PolicyVersionOut:
     return PolicyVersionOut(
-        version=row["version"], trainer_step=row["trainer_step"], checkpoint=row["checkpoint"],
-        metrics=json_safe(row["metrics"]), created_at=row["created_at"],
-    )  # fmt: skip
+        version=row["version"],
+        trainer_step=row["trainer_step"],
+        checkpoint=row["checkpoint"],
+        metrics=json_safe(row["metrics"]),
+        created_at=row["created_at"],
+    )
 
 
 def metric_series(versions: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
@@ -52,7 +55,11 @@ def metric_series(versions: list[dict[str, Any]]) -> dict[str, list[list[float]]
         if step is None or not isinstance(metrics, dict):
             continue
         for name, value in _flatten(metrics):
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            ):
                 series.setdefault(name, []).append([float(step), float(value)])
     return dict(sorted(series.items()))
 

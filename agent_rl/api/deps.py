@@ -13,7 +13,6 @@ import secrets
 from typing import Annotated, Any
 
 import anyio
-
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 
 from agent_rl.config import Config

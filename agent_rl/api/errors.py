@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agent_rl.api.schemas import ErrorOut
 from agent_rl.errors import (
     AgentRLError,
     EngineError,
@@ -22,8 +23,6 @@ from agent_rl.errors import (
     SandboxError,
     StoreError,
 )
-
-from agent_rl.api.schemas import ErrorOut
 
 log = logging.getLogger("agent_rl.api")
 
@@ -78,6 +77,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, e: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(
-            {"detail": f"internal error: {type(e).__name__}: {e}"}, status_code=500
-        )
+        return JSONResponse({"detail": f"internal error: {type(e).__name__}: {e}"}, status_code=500)

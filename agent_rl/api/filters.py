@@ -22,9 +22,19 @@ from agent_rl.store.models import EPISODE_STATUSES
 Status = Literal["waiting", "running", "completed", "trained", "filtered", "failed"]
 assert set(Status.__args__) == set(EPISODE_STATUSES)  # type: ignore[attr-defined]
 Sort = Literal[
-    "id", "-id", "reward", "-reward", "num_turns", "-num_turns", "num_tokens", "-num_tokens",
-    "created_at", "-created_at", "finished_at", "-finished_at",
-]  # fmt: skip
+    "id",
+    "-id",
+    "reward",
+    "-reward",
+    "num_turns",
+    "-num_turns",
+    "num_tokens",
+    "-num_tokens",
+    "created_at",
+    "-created_at",
+    "finished_at",
+    "-finished_at",
+]
 NO_NUL = r"^[^\x00]*$"
 """Text parameters never hold NUL, which PostgreSQL text cannot store."""
 PAGE_SIZE_CAP = 10_000
@@ -51,28 +61,55 @@ class EpisodeQuery:
     def params(self, **changes: object) -> dict[str, str]:
         """The query as URL parameters (unset ones left out), e.g. for the next page's link."""
         values = {**self.__dict__, **changes}
-        return {k: str(v).lower() if isinstance(v, bool) else str(v)
-                for k, v in values.items() if v is not None and v != ""}  # fmt: skip
+        return {
+            k: str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in values.items()
+            if v is not None and v != ""
+        }
 
 
 def episode_query(
-    run: Annotated[str | None, Query(max_length=200, pattern=NO_NUL, description="Run name.")] = None,
-    env: Annotated[str | None, Query(max_length=200, pattern=NO_NUL, description="Environment id.")] = None,
+    run: Annotated[
+        str | None, Query(max_length=200, pattern=NO_NUL, description="Run name.")
+    ] = None,
+    env: Annotated[
+        str | None, Query(max_length=200, pattern=NO_NUL, description="Environment id.")
+    ] = None,
     status: Annotated[Status | None, Query()] = None,
     min_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     max_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     min_version: Annotated[int | None, Query(ge=-(2**31), lt=2**31)] = None,
     max_version: Annotated[int | None, Query(ge=-(2**31), lt=2**31)] = None,
-    q: Annotated[str | None, Query(max_length=500, pattern=NO_NUL, description="Text in any message.")] = None,
+    q: Annotated[
+        str | None, Query(max_length=500, pattern=NO_NUL, description="Text in any message.")
+    ] = None,
     has_tool_error: Annotated[bool | None, Query()] = None,
     drift: Annotated[bool | None, Query(description="Has a re-tokenization drift.")] = None,
     group: Annotated[int | None, Query(ge=0, lt=2**63, description="Group id.")] = None,
     sort: Annotated[Sort, Query(description="Sort key; `-` for descending.")] = "-id",
-    cursor: Annotated[str | None, Query(max_length=200, pattern=NO_NUL, description="next_cursor of a page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=PAGE_SIZE_CAP, description="Page size (clamped to api.max_page_size).")] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=200, pattern=NO_NUL, description="next_cursor of a page.")
+    ] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=PAGE_SIZE_CAP, description="Page size (clamped to api.max_page_size).")
+    ] = 50,
 ) -> EpisodeQuery:
-    return EpisodeQuery(run, env, status, min_reward, max_reward, min_version, max_version, q,
-                        has_tool_error, drift, group, sort, cursor, limit)  # fmt: skip
+    return EpisodeQuery(
+        run,
+        env,
+        status,
+        min_reward,
+        max_reward,
+        min_version,
+        max_version,
+        q,
+        has_tool_error,
+        drift,
+        group,
+        sort,
+        cursor,
+        limit,
+    )
 
 
 EpisodeQueryDep = Annotated[EpisodeQuery, Depends(episode_query)]
@@ -108,15 +145,27 @@ async def fetch_page(
 ) -> tuple[list[EpisodeSummary], str | None]:
     """One page of episodes for the query, and the cursor of the next page (None at the end)."""
     limit = min(query.limit, max_page_size)
-    after_key, after_id = (None, None) if query.cursor is None else decode_cursor(query.cursor, query.sort)
+    after_key, after_id = (
+        (None, None) if query.cursor is None else decode_cursor(query.cursor, query.sort)
+    )
     run_id = await store.run_id(query.run) if query.run else None
     episodes = await store.list_episodes(
-        run_id=run_id, status=query.status, env_id=query.env, min_reward=query.min_reward,
-        max_reward=query.max_reward, min_version=query.min_version, max_version=query.max_version,
-        after_id=after_id, after_key=after_key, limit=limit + 1, group_id=query.group,
-        text=query.q or None, has_tool_error=query.has_tool_error, drift=query.drift,
+        run_id=run_id,
+        status=query.status,
+        env_id=query.env,
+        min_reward=query.min_reward,
+        max_reward=query.max_reward,
+        min_version=query.min_version,
+        max_version=query.max_version,
+        after_id=after_id,
+        after_key=after_key,
+        limit=limit + 1,
+        group_id=query.group,
+        text=query.q or None,
+        has_tool_error=query.has_tool_error,
+        drift=query.drift,
         sort=query.sort,
-    )  # fmt: skip
+    )
     more = len(episodes) > limit
     episodes = episodes[:limit]
     return episodes, (encode_cursor(query.sort, episodes[-1]) if more else None)

@@ -34,8 +34,9 @@ from agent_rl.store.models import Episode, Group
 from agent_rl.tasks import Task
 
 
-def recorded_generation(span: TokenArrays, num_prompt: int, finish_reason: str | None,
-                        rid: str) -> tuple[Generation, np.ndarray | None]:  # fmt: skip
+def recorded_generation(
+    span: TokenArrays, num_prompt: int, finish_reason: str | None, rid: str
+) -> tuple[Generation, np.ndarray | None]:
     """The parent's completion of one turn as the engine returned it, and the span's experts."""
     ids = span.token_ids[num_prompt:]
     versions = span.versions[num_prompt:].tolist()
@@ -45,36 +46,60 @@ def recorded_generation(span: TokenArrays, num_prompt: int, finish_reason: str |
             spans.append(WeightSpan(version=str(versions[start]), start=start, end=i))
             start = i
     gen = Generation(
-        rid=rid, output_ids=ids.tolist(), text="",
+        rid=rid,
+        output_ids=ids.tolist(),
+        text="",
         finish_reason=FinishReason(type=finish_reason) if finish_reason else None,
         logprobs=span.logprobs[num_prompt:].tolist(),
-        weight_version=str(versions[-1]) if versions else None, weight_spans=spans,
-        prompt_tokens=num_prompt, completion_tokens=len(ids), cached_tokens=0,
-    )  # fmt: skip
+        weight_version=str(versions[-1]) if versions else None,
+        weight_spans=spans,
+        prompt_tokens=num_prompt,
+        completion_tokens=len(ids),
+        cached_tokens=0,
+    )
     return gen, span.routed_experts
 
 
 class ForkRunner(EpisodeRunner):
     """An EpisodeRunner whose first generations are the parent's recorded ones."""
 
-    def __init__(self, ctx: RunnerContext, episode_id: int, env_id: str, task: Task,
-                 seed: int | None, env_kwargs: dict[str, Any],
-                 prefix: list[tuple[TokenArrays, int, str | None]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ctx: RunnerContext,
+        episode_id: int,
+        env_id: str,
+        task: Task,
+        seed: int | None,
+        env_kwargs: dict[str, Any],
+        prefix: list[tuple[TokenArrays, int, str | None]],
+    ) -> None:
         super().__init__(ctx, episode_id, env_id, task, seed, env_kwargs)
         self.prefix = prefix
         """(span, number of prompt tokens, finish reason) of each copied turn."""
 
-    async def _generate(self, input_ids: list[int], max_new: int, turn: int, persisted: int) -> Generation:
+    async def _generate(
+        self, input_ids: list[int], max_new: int, turn: int, persisted: int
+    ) -> Generation:
         if turn >= len(self.prefix):
             return await super()._generate(input_ids, max_new, turn, persisted)
         span, num_prompt, finish = self.prefix[turn]
-        gen, experts = recorded_generation(span, num_prompt, finish, f"fork-{self.episode_id}-{turn}")
-        if len(input_ids) - persisted == num_prompt and experts is not None and self.ctx.routed_experts:
-            gen.routed_experts = experts  # same prompt span: the parent's routing applies row for row
+        gen, experts = recorded_generation(
+            span, num_prompt, finish, f"fork-{self.episode_id}-{turn}"
+        )
+        if (
+            len(input_ids) - persisted == num_prompt
+            and experts is not None
+            and self.ctx.routed_experts
+        ):
+            gen.routed_experts = (
+                experts  # same prompt span: the parent's routing applies row for row
+            )
         return gen
 
 
-async def fork_episode(store: Store, cfg: Config, ctx: RunnerContext, episode_id: int, turn: int) -> ForkOut:
+async def fork_episode(
+    store: Store, cfg: Config, ctx: RunnerContext, episode_id: int, turn: int
+) -> ForkOut:
     """Run a fork of `episode_id` from `turn` (0 <= turn < its number of turns)."""
     detail = await store.get_episode(episode_id)
     parent = detail.episode
@@ -89,19 +114,32 @@ async def fork_episode(store: Store, cfg: Config, ctx: RunnerContext, episode_id
         prefix.append((span, t.num_prompt_tokens, t.finish_reason))
     task_row = await store.get_task(parent.task_id)
     run = await store.get_run(parent.run_id)
-    group_id, fork_id = await store.run_in_transaction(lambda conn: _admit_fork(conn, parent), write=True)
+    group_id, fork_id = await store.run_in_transaction(
+        lambda conn: _admit_fork(conn, parent), write=True
+    )
     runner = ForkRunner(
-        ctx, fork_id, parent.env_id, Task(id=task_row["key"], data=task_row["payload"]), parent.seed,
-        env_kwargs_for(cfg, run.get("config"), parent.env_id), prefix,
-    )  # fmt: skip
+        ctx,
+        fork_id,
+        parent.env_id,
+        Task(id=task_row["key"], data=task_row["payload"]),
+        parent.seed,
+        env_kwargs_for(cfg, run.get("config"), parent.env_id),
+        prefix,
+    )
     with anyio.fail_after(cfg.api.replay_timeout_s):
         result = await runner.run()
     await store.complete_group(
-        group_id, filter_reason=f"fork of episode {episode_id} from turn {turn}: for inspection, not training"
+        group_id,
+        filter_reason=f"fork of episode {episode_id} from turn {turn}: for inspection, not training",
     )
     forked = (await store.get_episode(fork_id)).episode
-    return ForkOut(episode_id=fork_id, parent_episode_id=episode_id, from_turn=turn,
-                   status=forked.status, reward=result.reward if result.status == "completed" else None)  # fmt: skip
+    return ForkOut(
+        episode_id=fork_id,
+        parent_episode_id=episode_id,
+        from_turn=turn,
+        status=forked.status,
+        reward=result.reward if result.status == "completed" else None,
+    )
 
 
 def _admit_fork(conn: Connection, parent: Any) -> tuple[int, int]:
@@ -109,25 +147,43 @@ def _admit_fork(conn: Connection, parent: Any) -> tuple[int, int]:
     so no fork exists without its link)."""
     t = now()
     group_id = conn.scalar(
-        insert(Group).values(run_id=parent.run_id, task_id=parent.task_id, env_id=parent.env_id,
-                             size=1, created_at=t).returning(Group.id)  # fmt: skip
+        insert(Group)
+        .values(
+            run_id=parent.run_id, task_id=parent.task_id, env_id=parent.env_id, size=1, created_at=t
+        )
+        .returning(Group.id)
     )
     fork_id = conn.scalar(
-        insert(Episode).values(run_id=parent.run_id, group_id=group_id, task_id=parent.task_id,
-                               env_id=parent.env_id, index=0, seed=parent.seed, created_at=t,
-                               parent_episode_id=parent.id).returning(Episode.id)  # fmt: skip
+        insert(Episode)
+        .values(
+            run_id=parent.run_id,
+            group_id=group_id,
+            task_id=parent.task_id,
+            env_id=parent.env_id,
+            index=0,
+            seed=parent.seed,
+            created_at=t,
+            parent_episode_id=parent.id,
+        )
+        .returning(Episode.id)
     )
     return group_id, fork_id
 
 
 def _slice(tokens: TokenArrays, lo: int, hi: int) -> TokenArrays:
     experts = None if tokens.routed_experts is None else tokens.routed_experts[lo:hi]
-    return TokenArrays(tokens.token_ids[lo:hi], tokens.logprobs[lo:hi], tokens.loss_mask[lo:hi],
-                       tokens.versions[lo:hi], experts)  # fmt: skip
+    return TokenArrays(
+        tokens.token_ids[lo:hi],
+        tokens.logprobs[lo:hi],
+        tokens.loss_mask[lo:hi],
+        tokens.versions[lo:hi],
+        experts,
+    )
 
 
-async def api_runner_context(store: Store, cfg: Config, run_config: dict[str, Any] | None,
-                             run_name: str) -> RunnerContext:  # fmt: skip
+async def api_runner_context(
+    store: Store, cfg: Config, run_config: dict[str, Any] | None, run_name: str
+) -> RunnerContext:
     """A runner context for an API process that has none from `serve`: the engine (or router)
     at `rollout.router_url`, the run's model for its chat template and tokenizer, and the run's
     recorded rollout settings (turn and token limits, sampling) where they still validate."""
@@ -148,11 +204,17 @@ async def api_runner_context(store: Store, cfg: Config, run_config: dict[str, An
     recorded = (run_config or {}).get("rollout")
     if recorded:
         try:
-            rollout = RolloutConfig.model_validate({**recorded, "router_url": cfg.rollout.router_url})
+            rollout = RolloutConfig.model_validate(
+                {**recorded, "router_url": cfg.rollout.router_url}
+            )
         except ValidationError:
             pass  # recorded by another version of agent-rl: this process's settings apply
     return RunnerContext(
-        store=store, client=EngineClient(cfg.rollout.router_url), renderer=renderer, cfg=rollout,
-        owner=f"api-{os.uname().nodename}-{os.getpid()}-{int(time.time())}", run_name=run_name,
+        store=store,
+        client=EngineClient(cfg.rollout.router_url),
+        renderer=renderer,
+        cfg=rollout,
+        owner=f"api-{os.uname().nodename}-{os.getpid()}-{int(time.time())}",
+        run_name=run_name,
         routed_experts=bool(engine.get("moe_routing_replay", cfg.engine.moe_routing_replay)),
-    )  # fmt: skip
+    )

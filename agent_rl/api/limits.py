@@ -45,7 +45,9 @@ class BodySizeLimit:
                 return
             if not message.get("more_body", False):
                 break
-        buffered: list[Message] = [{"type": "http.request", "body": bytes(body), "more_body": False}]
+        buffered: list[Message] = [
+            {"type": "http.request", "body": bytes(body), "more_body": False}
+        ]
 
         async def replay() -> Message:
             # The body once, then whatever the server says next (e.g. a disconnect).

@@ -75,14 +75,25 @@ def _lines(messages: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def compare(turn: int, recorded: list[dict[str, Any]], replayed: list[dict[str, Any]]) -> ObservationDiff:
+def compare(
+    turn: int, recorded: list[dict[str, Any]], replayed: list[dict[str, Any]]
+) -> ObservationDiff:
     equal = [_key(m) for m in recorded] == [_key(m) for m in replayed]
-    diff = "" if equal else "\n".join(
-        difflib.unified_diff(_lines(recorded), _lines(replayed), "recorded", "replayed", lineterm="")
+    diff = (
+        ""
+        if equal
+        else "\n".join(
+            difflib.unified_diff(
+                _lines(recorded), _lines(replayed), "recorded", "replayed", lineterm=""
+            )
+        )
     )
     return ObservationDiff(
         turn=turn,
-        recorded=[{"role": m["role"], "content": m.get("content") or "", "name": m.get("name")} for m in recorded],
+        recorded=[
+            {"role": m["role"], "content": m.get("content") or "", "name": m.get("name")}
+            for m in recorded
+        ],
         replayed=[dict(m) for m in replayed],
         equal=equal,
         diff=diff,
@@ -111,8 +122,9 @@ async def replay_episode(
 
             sandbox = await (await sandboxes()).create(env.sandbox_spec or SandboxSpec())
         try:
-            return await _replay(env, ep, Task(id=task_row["key"], data=task_row["payload"]),
-                                 initial, turns, sandbox)  # fmt: skip
+            return await _replay(
+                env, ep, Task(id=task_row["key"], data=task_row["payload"]), initial, turns, sandbox
+            )
         finally:
             with anyio.CancelScope(shield=True):
                 try:
@@ -123,9 +135,13 @@ async def replay_episode(
 
 
 async def _replay(
-    env: Env, ep: Any, task: Task, initial: list[dict[str, Any]],
-    turns: list[tuple[dict[str, Any], list[dict[str, Any]]]], sandbox: Any,
-) -> ReplayOut:  # fmt: skip
+    env: Env,
+    ep: Any,
+    task: Task,
+    initial: list[dict[str, Any]],
+    turns: list[tuple[dict[str, Any], list[dict[str, Any]]]],
+    sandbox: Any,
+) -> ReplayOut:
     notes: list[str] = []
     first = await env.reset(task, ep.seed, sandbox=sandbox)
     diffs = [compare(-1, initial, list(first.messages))]
@@ -141,7 +157,9 @@ async def _replay(
             notes.append(f"turn {k} was cut at max_new_tokens by the runner and never stepped")
             break
         try:
-            result = await env.step(parse_completion(assistant.get("content") or "", id_prefix=f"call_{k}_"))
+            result = await env.step(
+                parse_completion(assistant.get("content") or "", id_prefix=f"call_{k}_")
+            )
         except EnvError as e:
             notes.append(f"turn {k}: the environment raised: {e}")
             diffs.append(compare(k, recorded, []))
@@ -161,7 +179,14 @@ async def _replay(
         notes.append(f"the episode is {ep.status} without a reward: only observations compare")
     reproduced = not broken and all(d.equal for d in diffs) and (reward_equal or ep.reward is None)
     return ReplayOut(
-        episode_id=ep.id, env_id=ep.env_id, reproduced=reproduced,
-        recorded_reward=ep.reward, replayed_reward=replayed, reward_equal=reward_equal,
-        terminated=terminated, truncated=truncated, turns=diffs, notes=notes,
-    )  # fmt: skip
+        episode_id=ep.id,
+        env_id=ep.env_id,
+        reproduced=reproduced,
+        recorded_reward=ep.reward,
+        replayed_reward=replayed,
+        reward_equal=reward_equal,
+        terminated=terminated,
+        truncated=truncated,
+        turns=diffs,
+        notes=notes,
+    )

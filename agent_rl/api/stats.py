@@ -39,8 +39,11 @@ def summarize(activity: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         name = c["name"] or "(malformed)"
         by_tool[name].append(float(c["duration_s"]))
         errors[name] += c["status"] != "ok"
-    version_of_step = {(v["run_id"], v["trainer_step"]): v["version"] for v in activity["versions"]
-                       if v["trainer_step"] is not None}  # fmt: skip
+    version_of_step = {
+        (v["run_id"], v["trainer_step"]): v["version"]
+        for v in activity["versions"]
+        if v["trainer_step"] is not None
+    }
     staleness: Counter[str] = Counter()
     for e in episodes:
         if e["trained_step"] is None or e["min_version"] is None:

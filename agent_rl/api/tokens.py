@@ -28,7 +28,9 @@ def tokenizer_dir(cfg: Config, run_config: dict[str, Any] | None) -> Path | None
     engine = (run_config or {}).get("engine") or {}
     candidates = [cfg.api.tokenizer, engine.get("model"), cfg.engine.model]
     for c in candidates:
-        if c and any((Path(c) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        if c and any(
+            (Path(c) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
+        ):
             return Path(c)
     return None
 
@@ -51,8 +53,9 @@ def decode_pieces(path: Path, token_ids: list[int]) -> list[str]:
     cache = _piece_cache(str(path))
     missing = sorted({t for t in token_ids if t not in cache})
     if missing:
-        decoded = tok.batch_decode([[t] for t in missing], skip_special_tokens=False,
-                                   clean_up_tokenization_spaces=False)  # fmt: skip
+        decoded = tok.batch_decode(
+            [[t] for t in missing], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
         cache.update(zip(missing, decoded))
     return [cache[t] for t in token_ids]
 
@@ -62,9 +65,13 @@ def _finite(values: np.ndarray) -> list[float | None]:
 
 
 async def token_view(
-    store: Store, cfg: Config, episode_id: int, run_config: dict[str, Any] | None,
-    *, experts: bool = False,
-) -> TokenView:  # fmt: skip
+    store: Store,
+    cfg: Config,
+    episode_id: int,
+    run_config: dict[str, Any] | None,
+    *,
+    experts: bool = False,
+) -> TokenView:
     tokens = await store.episode_tokens(episode_id)
     trainer = await store.trainer_logprobs(episode_id)
     ids = tokens.token_ids.tolist()
@@ -81,7 +88,10 @@ async def token_view(
         trainer_logprobs=None if trainer is None else _finite(trainer),
         loss_mask=tokens.loss_mask.astype(int).tolist(),
         versions=tokens.versions.tolist(),
-        routed_experts=(tokens.routed_experts.tolist()
-                        if experts and tokens.routed_experts is not None else None),  # fmt: skip
+        routed_experts=(
+            tokens.routed_experts.tolist()
+            if experts and tokens.routed_experts is not None
+            else None
+        ),
         tokenizer=None if path is None else str(path),
     )

@@ -40,15 +40,19 @@ def token_strip(view: TokenView, turns: list[TurnOut]) -> list[dict[str, Any]]:
         else:
             p = math.exp(lp) if lp is not None else 0.0
             style = f"background:hsl({120 * p:.0f},70%,{82 - 10 * (1 - p):.0f}%)"
-        title = (f"#{i} id={view.token_ids[i]} {'masked' if masked else 'model'} "
-                 f"logprob={_fmt(None if masked else lp)} trainer={_fmt(tlp)} v={version}")  # fmt: skip
-        items.append({
-            "i": i,
-            "text": text.replace("\n", "\u21b5\n") if text else "\u2205",
-            "cls": "tok m" if masked else "tok",
-            "style": style,
-            "title": title,
-        })  # fmt: skip
+        title = (
+            f"#{i} id={view.token_ids[i]} {'masked' if masked else 'model'} "
+            f"logprob={_fmt(None if masked else lp)} trainer={_fmt(tlp)} v={version}"
+        )
+        items.append(
+            {
+                "i": i,
+                "text": text.replace("\n", "\u21b5\n") if text else "\u2205",
+                "cls": "tok m" if masked else "tok",
+                "style": style,
+                "title": title,
+            }
+        )
     return items
 
 
@@ -63,5 +67,14 @@ def plot(points: list[list[float]], width: int = 360, height: int = 120) -> dict
         f"{pad + (x - x0) / dx * (width - 2 * pad):.1f},{height - pad - (y - y0) / dy * (height - 2 * pad):.1f}"
         for x, y in points
     )
-    return {"points": coords, "width": width, "height": height, "ymin": y0, "ymax": y1,
-            "xmin": x0, "xmax": x1, "last": ys[-1], "n": len(points)}  # fmt: skip
+    return {
+        "points": coords,
+        "width": width,
+        "height": height,
+        "ymin": y0,
+        "ymax": y1,
+        "xmin": x0,
+        "xmax": x1,
+        "last": ys[-1],
+        "n": len(points),
+    }

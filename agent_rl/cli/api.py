@@ -9,7 +9,7 @@ without a token. Runs until SIGINT or SIGTERM.
 from __future__ import annotations
 
 import signal
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
@@ -21,8 +21,10 @@ from agent_rl.errors import ConfigError
 
 def api(
     ctx: typer.Context,
-    host: Annotated[Optional[str], typer.Option(help="Bind address (config default: 127.0.0.1).")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port to listen on (0: any free port).")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (config default: 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (0: any free port).")] = None,
 ) -> None:
     """Serve the web API (/api/v1, /openapi.json) and the episode viewer (/)."""
     import anyio
@@ -49,8 +51,11 @@ async def run(config: Config) -> None:
     async with anyio.create_task_group() as tg:
         port = await tg.start(serve_api, create_app(config), config.api)
         host = config.api.host if ":" not in config.api.host else f"[{config.api.host}]"
-        err_console.print(f"agent-rl api on http://{host}:{port}/ (store {_safe(config.store.url)})",
-                          highlight=False, soft_wrap=True)  # fmt: skip
+        err_console.print(
+            f"agent-rl api on http://{host}:{port}/ (store {_safe(config.store.url)})",
+            highlight=False,
+            soft_wrap=True,
+        )
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
                 break

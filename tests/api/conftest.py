@@ -4,9 +4,9 @@ an in-process client, and a live server on loopback (for the browser and schemat
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -81,7 +81,9 @@ class LiveServer:
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Iterator[LiveServer]:
+def live_server(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
+) -> Iterator[LiveServer]:
     """The API over real HTTP on 127.0.0.1 (a free port), on a filled SQLite store."""
     import uvicorn
 

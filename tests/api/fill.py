@@ -60,11 +60,14 @@ def _tool_records(transcript: Transcript, step: int) -> list[ToolCallRecord]:
     info = transcript.steps[step]
     records = [
         ToolCallRecord(
-            name=r.name, arguments=json.dumps(r.arguments),
-            status="ok" if r.error is None else "error", output=r.output, duration_s=r.duration_s,
+            name=r.name,
+            arguments=json.dumps(r.arguments),
+            status="ok" if r.error is None else "error",
+            output=r.output,
+            duration_s=r.duration_s,
         )
         for r in info.tool_results
-    ]  # fmt: skip
+    ]
     records += [
         ToolCallRecord(name="", arguments=m.raw, status="malformed", output=m.reason)
         for m in info.malformed
@@ -73,9 +76,15 @@ def _tool_records(transcript: Transcript, step: int) -> list[ToolCallRecord]:
 
 
 async def write_transcript(
-    store: Store, episode_id: int, transcript: Transcript, tokenizer: Any, *, version: int = 0,
-    finish: bool = True, seed: int = 0,
-) -> None:  # fmt: skip
+    store: Store,
+    episode_id: int,
+    transcript: Transcript,
+    tokenizer: Any,
+    *,
+    version: int = 0,
+    finish: bool = True,
+    seed: int = 0,
+) -> None:
     """Start the (admitted) episode and append its turns as the runner would."""
     rng = np.random.default_rng(seed)
     await store.start_episode(episode_id, "test-runner")
@@ -83,11 +92,17 @@ async def write_transcript(
     observations: list[dict[str, Any]] = []  # the previous turn's, rendered in this turn's span
     for k, (messages, step) in enumerate(turns):
         assistant = messages.index(next(m for m in messages if m["role"] == "assistant"))
-        before, completion, after = messages[:assistant], messages[assistant], messages[assistant + 1 :]
+        before, completion, after = (
+            messages[:assistant],
+            messages[assistant],
+            messages[assistant + 1 :],
+        )
         prompt_text = ("\n" if k else "") + render_chatml([*observations, *before]) + GEN_PROMPT
         observations = after
         prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
-        completion_ids = tokenizer.encode(completion["content"] + "<|im_end|>", add_special_tokens=False)
+        completion_ids = tokenizer.encode(
+            completion["content"] + "<|im_end|>", add_special_tokens=False
+        )
         n_p, n_c = len(prompt_ids), len(completion_ids)
         tokens = TokenArrays.build(
             token_ids=[*prompt_ids, *completion_ids],
@@ -97,24 +112,32 @@ async def write_transcript(
         )
         t = time.time()
         record = TurnRecord(
-            tokens=tokens, num_prompt_tokens=n_p, started_at=t - 0.05, finished_at=t,
-            messages=[MessageRecord(m["role"], m.get("content", ""), m.get("tool_calls"), m.get("name"))
-                      for m in [*before, completion, *after]],
-            tool_calls=_tool_records(transcript, step), finish_reason="stop",
-        )  # fmt: skip
+            tokens=tokens,
+            num_prompt_tokens=n_p,
+            started_at=t - 0.05,
+            finished_at=t,
+            messages=[
+                MessageRecord(m["role"], m.get("content", ""), m.get("tool_calls"), m.get("name"))
+                for m in [*before, completion, *after]
+            ],
+            tool_calls=_tool_records(transcript, step),
+            finish_reason="stop",
+        )
         last = k == len(turns) - 1
         if last and finish:
             details = {"terminated": transcript.terminated, "truncated": transcript.truncated}
             if transcript.steps and transcript.steps[-1].reward is not None:
                 details["reward"] = transcript.steps[-1].reward.model_dump(mode="json")
-            await store.append_turn(episode_id, record, final_reward=transcript.reward,
-                                    reward_details=details)  # fmt: skip
+            await store.append_turn(
+                episode_id, record, final_reward=transcript.reward, reward_details=details
+            )
         else:
             await store.append_turn(episode_id, record)
 
 
-async def play(env_id: str, task_index: int, *, policy: Any = None, sandbox: Any = None,
-               seed: int = 0) -> tuple[Any, Transcript]:  # fmt: skip
+async def play(
+    env_id: str, task_index: int, *, policy: Any = None, sandbox: Any = None, seed: int = 0
+) -> tuple[Any, Transcript]:
     """A text-level episode of `env_id` on its task `task_index`: (task, transcript)."""
     env = make(env_id)
     task = env.task_source().take(task_index + 1, 0)[task_index]
@@ -123,8 +146,15 @@ async def play(env_id: str, task_index: int, *, policy: Any = None, sandbox: Any
     return task, await run_text_episode(env, task, policy, seed=seed, sandbox=sandbox)
 
 
-async def add_episode(store: Store, run_id: int, env_id: str, task: Any, transcript: Transcript,
-                      tokenizer: Any, **kwargs: Any) -> tuple[int, int]:  # fmt: skip
+async def add_episode(
+    store: Store,
+    run_id: int,
+    env_id: str,
+    task: Any,
+    transcript: Transcript,
+    tokenizer: Any,
+    **kwargs: Any,
+) -> tuple[int, int]:
     """A one-episode group on its own task; returns (group id, episode id)."""
     task_id = await store.add_task(run_id, env_id, task.id, task.data)
     group, (episode,) = await store.admit_group(run_id, task_id, env_id, 1, seeds=[transcript.seed])
@@ -135,20 +165,30 @@ async def add_episode(store: Store, run_id: int, env_id: str, task: Any, transcr
 async def fill(store: Store, tokenizer: Any, tokenizer_dir: str) -> Filled:
     """Two calculator groups of two demonstrated episodes (the first trained by two steps with
     metrics, advantages and trainer logprobs), a bad episode, a running and a failed one."""
-    run_id = await store.ensure_run("demo", {"engine": {"model": tokenizer_dir},
-                                             "rollout": {"env": "calculator", "env_kwargs": {}}})
+    run_id = await store.ensure_run(
+        "demo",
+        {"engine": {"model": tokenizer_dir}, "rollout": {"env": "calculator", "env_kwargs": {}}},
+    )
     filled = Filled(url="", run_id=run_id)
     for g in range(2):
         task, _ = await play("calculator", g)
         task_id = await store.add_task(run_id, "calculator", task.id, task.data)
-        group, episodes = await store.admit_group(run_id, task_id, "calculator", 2, seeds=[10 * g, 10 * g + 1])
+        group, episodes = await store.admit_group(
+            run_id, task_id, "calculator", 2, seeds=[10 * g, 10 * g + 1]
+        )
         for i, episode in enumerate(episodes):
             _, transcript = await play("calculator", g, seed=10 * g + i)
             await write_transcript(store, episode, transcript, tokenizer, version=0, seed=episode)
         assert await store.complete_group(group, filter_reason=None) == "ready"
         filled.groups.append(group)
         filled.calculator += episodes
-    script = iter(['<tool_call>{"name": "calc"', '<tool_call>{"name":"calc","arguments":{"expression":"2**9"}}</tool_call>', "I think 7"])
+    script = iter(
+        [
+            '<tool_call>{"name": "calc"',
+            '<tool_call>{"name":"calc","arguments":{"expression":"2**9"}}</tool_call>',
+            "I think 7",
+        ]
+    )
 
     async def bad_policy(messages: list) -> str:
         return next(script)
@@ -156,21 +196,35 @@ async def fill(store: Store, tokenizer: Any, tokenizer_dir: str) -> Filled:
     task, transcript = await play("calculator", 5, policy=bad_policy)
     _, filled.bad = await add_episode(store, run_id, "calculator", task, transcript, tokenizer)
     task, transcript = await play("calculator", 6)
-    _, filled.running = await add_episode(store, run_id, "calculator", task, transcript, tokenizer,
-                                          finish=False)  # fmt: skip
+    _, filled.running = await add_episode(
+        store, run_id, "calculator", task, transcript, tokenizer, finish=False
+    )
     task_id = await store.add_task(run_id, "calculator", "broken", {"question": "?"})
     _, (filled.failed,) = await store.admit_group(run_id, task_id, "calculator", 1)
     await store.start_episode(filled.failed, "test-runner")
-    await store.fail_episode(filled.failed, "EngineError", "the engine at 127.0.0.1:1 refused the connection")
+    await store.fail_episode(
+        filled.failed, "EngineError", "the engine at 127.0.0.1:1 refused the connection"
+    )
     # Two trainer steps: the first trains the first group (advantages, trainer logprobs).
     claim = await store.claim(run_id, "trainer", 1)
     assert claim.group_ids == [filled.groups[0]]
     for e in claim.episode_ids:
         stream = await store.episode_tokens(e)
         await store.record_trainer_logprobs(e, stream.logprobs - 0.01 * stream.loss_mask)
-    await store.commit(claim, run_id, step=1, version=1, metrics={"loss": 0.5, "reward": {"mean": 1.0}},
-                       advantages={e: 0.0 for e in claim.episode_ids})  # fmt: skip
+    await store.commit(
+        claim,
+        run_id,
+        step=1,
+        version=1,
+        metrics={"loss": 0.5, "reward": {"mean": 1.0}},
+        advantages={e: 0.0 for e in claim.episode_ids},
+    )
     empty = await store.claim(run_id, "trainer", 0)
-    await store.commit(empty, run_id, step=2, version=2,
-                       metrics={"loss": 0.25, "reward": {"mean": 0.5}, "phase": "warmup"})
+    await store.commit(
+        empty,
+        run_id,
+        step=2,
+        version=2,
+        metrics={"loss": 0.25, "reward": {"mean": 0.5}, "phase": "warmup"},
+    )
     return filled

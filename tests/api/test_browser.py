@@ -16,8 +16,15 @@ import pytest
 from tests.api.conftest import LiveServer
 
 CHROMIUM = os.environ.get("AGENT_RL_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def _missing(what: str) -> None:
@@ -50,7 +57,9 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-def test_list_filter_episode_tool_call_and_token_strip(browser: Any, live_server: LiveServer, screenshots: Path) -> None:
+def test_list_filter_episode_tool_call_and_token_strip(
+    browser: Any, live_server: LiveServer, screenshots: Path
+) -> None:
     filled = live_server.filled
     page = browser.new_page(viewport={"width": 1360, "height": 900})
     errors: list[str] = []
@@ -64,7 +73,9 @@ def test_list_filter_episode_tool_call_and_token_strip(browser: Any, live_server
     page.fill("input[name=env]", "calculator")
     page.click("form.filters button[type=submit]")
     page.wait_for_url("**has_tool_error=true**")
-    assert rows.count() == 1 and rows.first.locator("td").first.inner_text().strip() == str(filled.bad)
+    assert rows.count() == 1 and rows.first.locator("td").first.inner_text().strip() == str(
+        filled.bad
+    )
     page.screenshot(path=str(screenshots / "02-filtered.png"), full_page=True)
 
     page.select_option("select[name=has_tool_error]", "")
@@ -95,7 +106,7 @@ def test_list_filter_episode_tool_call_and_token_strip(browser: Any, live_server
     assert "logprob=" in page.locator("#token-detail").inner_text()
     strip.screenshot(path=str(screenshots / "05-token-strip.png"))
 
-    page.click("a[href$='/groups/%d']" % filled.groups[0])
+    page.click(f"a[href$='/groups/{filled.groups[0]}']")
     page.wait_for_url("**/groups/*")
     assert page.locator(".card").count() == 2
     page.screenshot(path=str(screenshots / "06-group.png"), full_page=True)
@@ -108,7 +119,9 @@ def test_list_filter_episode_tool_call_and_token_strip(browser: Any, live_server
     assert errors == []
 
 
-def test_replay_button_uses_the_token(browser: Any, live_server: LiveServer, screenshots: Path) -> None:
+def test_replay_button_uses_the_token(
+    browser: Any, live_server: LiveServer, screenshots: Path
+) -> None:
     from tests.api.conftest import TOKEN
 
     page = browser.new_page(viewport={"width": 1360, "height": 900})
@@ -121,3 +134,7 @@ def test_replay_button_uses_the_token(browser: Any, live_server: LiveServer, scr
     page.wait_for_selector("#replay-status .diff-ok", timeout=30_000)
     assert "replayed 1" in page.locator("#replay-result").inner_text()
     page.locator("#actions").screenshot(path=str(screenshots / "09-replay.png"))
+    # This server has no engine (rollout.router_url unset): the fork button says so.
+    page.click("#fork-button")
+    page.wait_for_function("document.getElementById('replay-status').textContent.includes('503')")
+    assert "rollout.router_url" in page.locator("#replay-status").inner_text()

@@ -29,7 +29,9 @@ def read_events(lines: object) -> list[tuple[str, str | None, dict]]:
     return events
 
 
-def test_events_stream_turns_of_a_running_episode_until_it_ends(filled: Filled, tokenizer_dir: Path) -> None:
+def test_events_stream_turns_of_a_running_episode_until_it_ends(
+    filled: Filled, tokenizer_dir: Path
+) -> None:
     cfg = api_config(filled.url, events_poll_s=0.05)
 
     async def admit() -> int:
@@ -47,7 +49,9 @@ def test_events_stream_turns_of_a_running_episode_until_it_ends(filled: Filled, 
             connected.wait(30)
             await anyio.sleep(0.3)
             async with await Store.open(cfg.store) as store:
-                await write_transcript(store, episode, transcript, load_tokenizer(str(tokenizer_dir)))
+                await write_transcript(
+                    store, episode, transcript, load_tokenizer(str(tokenizer_dir))
+                )
 
         anyio.run(go)
 
@@ -68,7 +72,9 @@ def test_events_stream_turns_of_a_running_episode_until_it_ends(filled: Filled, 
         assert turns[0][2]["tool_calls"][0]["name"] == "calc"
         assert [m["role"] for m in turns[1][2]["messages"]] == ["assistant"]
         # A client reconnecting after turn 0 gets only what followed.
-        with c.stream("GET", f"/api/v1/episodes/{episode}/events", headers={"Last-Event-ID": "0"}) as r:
+        with c.stream(
+            "GET", f"/api/v1/episodes/{episode}/events", headers={"Last-Event-ID": "0"}
+        ) as r:
             again = read_events(r.iter_lines())
         assert [e[0] for e in again] == ["episode", "turn", "end"] and again[1][1] == "1"
         assert c.get("/api/v1/episodes/999999/events").status_code == 404

@@ -28,11 +28,14 @@ def test_list_filters_sort_and_cursor_pages(client: TestClient, filled: Filled) 
         if cursor is None:
             break
     assert sorted(seen) == sorted(all_ids) and len(seen) == len(set(seen))
-    rewards = [client.get(f"{V1}/episodes/{i}", params={"tokens": False}).json()["episode"]["reward"] for i in seen]
+    rewards = [
+        client.get(f"{V1}/episodes/{i}", params={"tokens": False}).json()["episode"]["reward"]
+        for i in seen
+    ]
     known = [r for r in rewards if r is not None]
     assert known == sorted(known, reverse=True) and rewards[-1] is None
 
-    q = lambda **p: ids(client.get(f"{V1}/episodes", params=p).json())  # noqa: E731
+    q = lambda **p: ids(client.get(f"{V1}/episodes", params=p).json())
     assert q(has_tool_error=True) == [filled.bad]
     assert q(status="running") == [filled.running]
     assert q(status="failed") == [filled.failed]
@@ -40,7 +43,11 @@ def test_list_filters_sort_and_cursor_pages(client: TestClient, filled: Filled) 
     assert q(min_reward=0.5, sort="id") == filled.calculator
     assert q(max_reward=0.5) == [filled.bad]
     assert q(q="never closed") == [filled.bad]  # the malformed call's observation
-    assert q(min_version=0, max_version=1, sort="id") == [*filled.calculator, filled.bad, filled.running]
+    assert q(min_version=0, max_version=1, sort="id") == [
+        *filled.calculator,
+        filled.bad,
+        filled.running,
+    ]
     assert q(run="demo", env="calculator", drift=False, limit=1) == [filled.failed]
     assert q(group=filled.groups[1], sort="id") == filled.calculator[2:]
     assert client.get(f"{V1}/episodes", params={"run": "nope"}).json() == {
@@ -82,7 +89,9 @@ def test_episode_transcript_tool_calls_and_token_view(client: TestClient, filled
     assert tokens["routed_experts"] is None
     untrained = client.get(f"{V1}/episodes/{filled.calculator[2]}").json()["tokens"]
     assert untrained["trainer_logprobs"] is None
-    assert client.get(f"{V1}/episodes/{filled.bad}", params={"tokens": False}).json()["tokens"] is None
+    assert (
+        client.get(f"{V1}/episodes/{filled.bad}", params={"tokens": False}).json()["tokens"] is None
+    )
     bad = client.get(f"{V1}/episodes/{filled.bad}").json()
     assert [c["status"] for c in bad["tool_calls"]] == ["malformed", "error"]
 
@@ -100,12 +109,23 @@ def test_group_runs_and_stats(client: TestClient, filled: Filled) -> None:
     assert detail["config"]["rollout"]["env"] == "calculator"
     stats = client.get(f"{V1}/stats", params={"run": "demo"}).json()
     ledger = stats["ledger"]
-    assert ledger == {"admitted": 7, "trained": 2, "filtered": 0, "failed": 1, "in_flight": 4,
-                      "waiting": 0, "running": 1, "awaiting_training": 3}
+    assert ledger == {
+        "admitted": 7,
+        "trained": 2,
+        "filtered": 0,
+        "failed": 1,
+        "in_flight": 4,
+        "waiting": 0,
+        "running": 1,
+        "awaiting_training": 3,
+    }
     # Trained at version 1; their oldest tokens came from version 0.
     assert stats["staleness"] == {"1": 2}
     assert stats["episode_latency_s"]["calculator"]["count"] == 6
-    assert stats["tool_latency_s"]["calc"]["count"] == 6 and stats["tool_latency_s"]["calc"]["errors"] == 1
+    assert (
+        stats["tool_latency_s"]["calc"]["count"] == 6
+        and stats["tool_latency_s"]["calc"]["errors"] == 1
+    )
     assert stats["tool_latency_s"]["(malformed)"]["errors"] == 1
     assert stats["throughput"]["window_episodes"] == 6
     assert client.get(f"{V1}/stats").json()["ledger"] == ledger
@@ -113,7 +133,9 @@ def test_group_runs_and_stats(client: TestClient, filled: Filled) -> None:
 
 def test_errors_are_json_messages(client: TestClient, filled: Filled) -> None:
     missing = client.get(f"{V1}/episodes/999999")
-    assert missing.status_code == 404 and "episode 999999 does not exist" in missing.json()["detail"]
+    assert (
+        missing.status_code == 404 and "episode 999999 does not exist" in missing.json()["detail"]
+    )
     assert client.get(f"{V1}/groups/999999").status_code == 404
     assert client.get(f"{V1}/runs/999999").json() == {"detail": "run 999999 does not exist"}
     bad = client.get(f"{V1}/episodes", params={"limit": 0, "status": "odd"})

@@ -44,7 +44,9 @@ def tamper(url: str, episode_id: int, position: int, content: str) -> None:
     engine.dispose()
 
 
-def test_calculator_episodes_replay_exactly_and_tampering_shows(client: TestClient, filled: Filled) -> None:
+def test_calculator_episodes_replay_exactly_and_tampering_shows(
+    client: TestClient, filled: Filled
+) -> None:
     for episode in [*filled.calculator, filled.bad]:
         out = replay(client, episode)
         assert out["reproduced"], out
@@ -60,7 +62,11 @@ def test_calculator_episodes_replay_exactly_and_tampering_shows(client: TestClie
     out = replay(client, e)
     assert not out["reproduced"] and out["reward_equal"]
     (changed,) = [t for t in out["turns"] if not t["equal"]]
-    assert changed["turn"] == 0 and "-999" in changed["diff"] and f"+{tool['content']}" in changed["diff"]
+    assert (
+        changed["turn"] == 0
+        and "-999" in changed["diff"]
+        and f"+{tool['content']}" in changed["diff"]
+    )
 
     # The final answer edited: observations match, the replayed reward does not.
     e = filled.calculator[3]
@@ -96,14 +102,18 @@ def test_mutating_endpoints_need_the_token(filled: Filled) -> None:
 
 
 def test_request_bodies_are_bounded(client: TestClient, filled: Filled) -> None:
-    r = client.post(f"/api/v1/episodes/{filled.calculator[0]}/replay", headers=AUTH, content=b"x" * 70_000)
+    r = client.post(
+        f"/api/v1/episodes/{filled.calculator[0]}/replay", headers=AUTH, content=b"x" * 70_000
+    )
     assert r.status_code == 413 and "api.max_request_bytes" in r.json()["detail"]
 
     def chunks() -> Iterator[bytes]:
         for _ in range(40):
             yield b"y" * 4096
 
-    r = client.post(f"/api/v1/episodes/{filled.calculator[0]}/replay", headers=AUTH, content=chunks())
+    r = client.post(
+        f"/api/v1/episodes/{filled.calculator[0]}/replay", headers=AUTH, content=chunks()
+    )
     assert r.status_code == 413
 
 
@@ -115,7 +125,9 @@ def sandbox_state() -> Iterator[Path]:
     shutil.rmtree(state, ignore_errors=True)
 
 
-def test_python_math_replays_in_a_fresh_sandbox(filled: Filled, tokenizer_dir: Path, sandbox_state: Path) -> None:
+def test_python_math_replays_in_a_fresh_sandbox(
+    filled: Filled, tokenizer_dir: Path, sandbox_state: Path
+) -> None:
     from tools_sandbox.factory import open_backend
 
     sandbox_cfg = SandboxConfig(state_dir=sandbox_state)
@@ -126,15 +138,21 @@ def test_python_math_replays_in_a_fresh_sandbox(filled: Filled, tokenizer_dir: P
         try:
             async with await Store.open(api_config(filled.url).store) as store:
                 for i in range(2):
-                    env_spec = (await _spec())
+                    env_spec = await _spec()
                     sandbox = await backend.create(env_spec)
                     try:
                         task, transcript = await play("python-math", i, sandbox=sandbox)
                     finally:
                         await sandbox.close()
                     assert transcript.reward == 1.0
-                    _, e = await add_episode(store, filled.run_id, "python-math", task, transcript,
-                                             load_tokenizer(str(tokenizer_dir)))
+                    _, e = await add_episode(
+                        store,
+                        filled.run_id,
+                        "python-math",
+                        task,
+                        transcript,
+                        load_tokenizer(str(tokenizer_dir)),
+                    )
                     ids.append(e)
         finally:
             await backend.aclose()
@@ -149,10 +167,16 @@ def test_python_math_replays_in_a_fresh_sandbox(filled: Filled, tokenizer_dir: P
             assert out["reproduced"] and out["replayed_reward"] == 1.0, out
             python_turn = out["turns"][1]
             assert python_turn["replayed"][0]["name"] == "python"
-        messages = c.get(f"/api/v1/episodes/{episodes[0]}", params={"tokens": False}).json()["messages"]
+        messages = c.get(f"/api/v1/episodes/{episodes[0]}", params={"tokens": False}).json()[
+            "messages"
+        ]
         code = next(m for m in messages if m["role"] == "assistant")
-        tamper(filled.url, episodes[0], code["position"],
-               code["content"].replace("print(", "print(1 + "))  # the program now prints another number
+        tamper(
+            filled.url,
+            episodes[0],
+            code["position"],
+            code["content"].replace("print(", "print(1 + "),
+        )  # the program now prints another number
         out = replay(c, episodes[0])
         assert not out["reproduced"] and not out["turns"][1]["equal"] and out["reward_equal"]
 

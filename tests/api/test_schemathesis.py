@@ -27,13 +27,19 @@ def test_api_conforms_to_its_schema(live_server: LiveServer) -> None:
         tested.append(operation.label)
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         def check(case) -> None:  # type: ignore[no-untyped-def]
             # A cursor is opaque: only one from a previous page is valid, which no schema can
             # say, so a made-up one is rightly refused with 400 (the test below checks that).
             made_up_cursor = bool(case.query and case.query.get("cursor") is not None)
-            case.call_and_validate(excluded_checks=[positive_data_acceptance] if made_up_cursor else [])
+            case.call_and_validate(
+                excluded_checks=[positive_data_acceptance] if made_up_cursor else []
+            )
 
         try:
             check()

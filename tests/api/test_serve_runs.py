@@ -27,10 +27,17 @@ def served_config(url: str, server_url: str, model: Path) -> Config:
     return Config(
         store={"url": url},
         engine={"model": model, "moe_routing_replay": True},
-        rollout={"router_url": server_url, "env": "calculator", "group_size": 2,
-                 "max_new_tokens": 32, "max_tokens": 1024, "max_turns": 3, "heartbeat_s": 1.0},
+        rollout={
+            "router_url": server_url,
+            "env": "calculator",
+            "group_size": 2,
+            "max_new_tokens": 32,
+            "max_tokens": 1024,
+            "max_turns": 3,
+            "heartbeat_s": 1.0,
+        },
         api={"token": TOKEN},
-    )  # fmt: skip
+    )
 
 
 def test_api_over_a_served_run(db_url: str, sglang_moe_server: Any, tiny_moe_model: Path) -> None:
@@ -68,8 +75,13 @@ def test_api_over_a_served_run(db_url: str, sglang_moe_server: Any, tiny_moe_mod
         assert fork["parent_episode_id"] == first["id"] and fork["status"] == "filtered"
         child = c.get(f"/api/v1/episodes/{fork['episode_id']}", params={"experts": True}).json()
         assert child["episode"]["parent_episode_id"] == first["id"]
-        assert child["episode"]["filter_reason"].startswith(f"fork of episode {first['id']} from turn 0")
-        assert child["episode"]["task_id"] == first["task_id"] and child["episode"]["seed"] == first["seed"]
+        assert child["episode"]["filter_reason"].startswith(
+            f"fork of episode {first['id']} from turn 0"
+        )
+        assert (
+            child["episode"]["task_id"] == first["task_id"]
+            and child["episode"]["seed"] == first["seed"]
+        )
         assert child["tokens"]["routed_experts"] is not None
         assert c.get("/api/v1/stats", params={"run": "default"}).json()["ledger"]["admitted"] == 5
         past = c.post(f"/api/v1/episodes/{first['id']}/fork", params={"turn": 99}, headers=AUTH)
@@ -83,8 +95,11 @@ def test_fork_copies_the_turns_before_k_and_generates_the_rest(
 
     with fresh_database("sqlite", tmp_path) as url:
         filled = fill_database(url, tokenizer_dir)
-        cfg = Config(store={"url": url}, rollout={"router_url": sglang_moe_server.url,
-                                                  "max_new_tokens": 16}, api={"token": TOKEN})  # fmt: skip
+        cfg = Config(
+            store={"url": url},
+            rollout={"router_url": sglang_moe_server.url, "max_new_tokens": 16},
+            api={"token": TOKEN},
+        )
         parent_id = filled.calculator[2]
         with TestClient(create_app(cfg)) as c:
             r = c.post(f"/api/v1/episodes/{parent_id}/fork", params={"turn": 1}, headers=AUTH)

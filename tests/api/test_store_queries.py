@@ -28,13 +28,15 @@ async def test_filters_sorts_and_keyset_pages(db_url: str) -> None:
                 turn,
                 drift=i == 1,
                 messages=[MessageRecord("user", f"100% of x_{i}"), MessageRecord("assistant", "A")],
-                tool_calls=[dataclasses.replace(turn.tool_calls[0], status="error" if i == 2 else "ok")],
+                tool_calls=[
+                    dataclasses.replace(turn.tool_calls[0], status="error" if i == 2 else "ok")
+                ],
             )
             if rewards[i] is None:
                 await store.append_turn(e, turn)
             else:
                 await store.append_turn(e, turn, final_reward=rewards[i])
-        ids = lambda rows: [r.id for r in rows]  # noqa: E731
+        ids = lambda rows: [r.id for r in rows]
         assert ids(await store.list_episodes(text="100% OF X_3")) == [eps[3]]
         assert ids(await store.list_episodes(text="x_")) == eps  # `_` is literal, not a wildcard
         assert await store.list_episodes(text="1000%") == []

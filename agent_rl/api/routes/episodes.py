@@ -47,5 +47,8 @@ async def get_episode(
     return EpisodeDetailOut(
         episode=episode_out(detail.episode),
         task=json_safe({k: task[k] for k in ("id", "key", "env_id", "payload")}),
-        turns=turns, messages=messages, tool_calls=calls, tokens=view,
-    )  # fmt: skip
+        turns=turns,
+        messages=messages,
+        tool_calls=calls,
+        tokens=view,
+    )

@@ -43,7 +43,9 @@ async def episode_events(
         turns, messages, calls = transcript(detail)
         if sent_position < 0 and sent_turn >= 0:
             # Resuming: the messages of turns already sent count as sent.
-            sent_position = max((m.position for m in messages if m.turn_index <= sent_turn), default=-1)
+            sent_position = max(
+                (m.position for m in messages if m.turn_index <= sent_turn), default=-1
+            )
         if detail.episode.status != status:
             status = detail.episode.status
             yield sse("episode", episode_out(detail.episode).model_dump(mode="json"))
@@ -51,11 +53,17 @@ async def episode_events(
             if t.index <= sent_turn:
                 continue
             new = [m for m in messages if m.position > sent_position and m.turn_index <= t.index]
-            yield sse("turn", {
-                "turn": t.model_dump(mode="json"),
-                "messages": [m.model_dump(mode="json") for m in new],
-                "tool_calls": [c.model_dump(mode="json") for c in calls if c.turn_index == t.index],
-            }, event_id=t.index)  # fmt: skip
+            yield sse(
+                "turn",
+                {
+                    "turn": t.model_dump(mode="json"),
+                    "messages": [m.model_dump(mode="json") for m in new],
+                    "tool_calls": [
+                        c.model_dump(mode="json") for c in calls if c.turn_index == t.index
+                    ],
+                },
+                event_id=t.index,
+            )
             sent_turn = t.index
             sent_position = max([sent_position, *(m.position for m in new)])
         terminal = status in TERMINAL_EPISODE_STATUSES
@@ -72,8 +80,12 @@ async def episode_events(
 @router.get(
     "/episodes/{episode_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-                     "description": "A stream of server-sent events."}},  # fmt: skip
+    responses={
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "A stream of server-sent events.",
+        }
+    },
 )
 async def stream_events(
     episode_id: EpisodeId,
@@ -84,8 +96,9 @@ async def stream_events(
     """Server-sent events for the episode, until it is terminal."""
     await store.get_episode(episode_id)  # 404 before the stream starts, not inside it
     return StreamingResponse(
-        episode_events(store, episode_id, cfg.api.events_poll_s,
-                       -1 if last_event_id is None else last_event_id),  # fmt: skip
+        episode_events(
+            store, episode_id, cfg.api.events_poll_s, -1 if last_event_id is None else last_event_id
+        ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -26,8 +26,11 @@ async def get_run(run_id: Annotated[int, Path(ge=0, le=2**31 - 1)], store: Store
     versions = await store.policy_versions(run_id)
     ledger = await store.ledger(run_id)
     return RunOut(
-        id=run["id"], name=run["name"], created_at=run["created_at"],
+        id=run["id"],
+        name=run["name"],
+        created_at=run["created_at"],
         config=json_safe(run["config"] or {}),
         policy_versions=[policy_version_out(v) for v in versions],
-        metrics=metric_series(versions), ledger=ledger.as_dict(),
-    )  # fmt: skip
+        metrics=metric_series(versions),
+        ledger=ledger.as_dict(),
+    )

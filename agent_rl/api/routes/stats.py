@@ -16,8 +16,10 @@ router = APIRouter(tags=["stats"])
 @router.get("/stats", response_model=StatsOut)
 async def get_stats(
     store: StoreDep,
-    run: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$",
-                                     description="Run name (default: all runs).")] = None,
+    run: Annotated[
+        str | None,
+        Query(max_length=200, pattern=r"^[^\x00]*$", description="Run name (default: all runs)."),
+    ] = None,
 ) -> StatsOut:
     """Where every admitted episode is, and how fast, stale and slow the recent ones were."""
     run_id = await store.run_id(run) if run else None

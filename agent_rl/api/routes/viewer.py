@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from importlib.resources import files
-from urllib.parse import parse_qsl, urlencode
 from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlencode
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import HTMLResponse
@@ -36,15 +36,25 @@ def page(request: Request, name: str, **context: Any) -> HTMLResponse:
 
 
 @router.get("/")
-async def episodes_page(request: Request, store: StoreDep, cfg: ConfigDep, query: EpisodeQueryDep) -> HTMLResponse:
+async def episodes_page(
+    request: Request, store: StoreDep, cfg: ConfigDep, query: EpisodeQueryDep
+) -> HTMLResponse:
     episodes, next_cursor = await fetch_page(store, query, cfg.api.max_page_size)
     next_params = query.params(cursor=next_cursor) if next_cursor else None
-    return page(request, "episodes.html", query=query, episodes=[episode_out(e) for e in episodes],
-                next_params=next_params, runs=await store.list_runs())  # fmt: skip
+    return page(
+        request,
+        "episodes.html",
+        query=query,
+        episodes=[episode_out(e) for e in episodes],
+        next_params=next_params,
+        runs=await store.list_runs(),
+    )
 
 
 @router.get("/episodes/{episode_id}")
-async def episode_page(request: Request, episode_id: Id, store: StoreDep, cfg: ConfigDep) -> HTMLResponse:
+async def episode_page(
+    request: Request, episode_id: Id, store: StoreDep, cfg: ConfigDep
+) -> HTMLResponse:
     detail = await store.get_episode(episode_id)
     turns, messages, calls = transcript(detail)
     run = await store.get_run(detail.episode.run_id)
@@ -53,12 +63,19 @@ async def episode_page(request: Request, episode_id: Id, store: StoreDep, cfg: C
     for c in calls:
         calls_by_turn.setdefault(c.turn_index, []).append(c)
     return page(
-        request, "episode.html", e=episode_out(detail.episode), run=run, turns=turns,
-        messages=messages, calls_by_turn=calls_by_turn, strip=token_strip(view, turns),
-        view=view, truncated_strip=len(view.token_ids) > MAX_STRIP_TOKENS,
+        request,
+        "episode.html",
+        e=episode_out(detail.episode),
+        run=run,
+        turns=turns,
+        messages=messages,
+        calls_by_turn=calls_by_turn,
+        strip=token_strip(view, turns),
+        view=view,
+        truncated_strip=len(view.token_ids) > MAX_STRIP_TOKENS,
         task=json_safe((await store.get_task(detail.episode.task_id))["payload"]),
         mutations=cfg.api.token is not None,
-    )  # fmt: skip
+    )
 
 
 @router.get("/groups/{group_id}")
@@ -83,18 +100,31 @@ async def run_page(request: Request, run_id: Id, store: StoreDep) -> HTMLRespons
     run = await store.get_run(run_id)
     versions = await store.policy_versions(run_id)
     plots = {name: plot(points) for name, points in metric_series(versions).items()}
-    return page(request, "run.html", run=run, config=json_safe(run["config"] or {}),
-                versions=versions, plots=plots, ledger=(await store.ledger(run_id)).as_dict())  # fmt: skip
+    return page(
+        request,
+        "run.html",
+        run=run,
+        config=json_safe(run["config"] or {}),
+        versions=versions,
+        plots=plots,
+        ledger=(await store.ledger(run_id)).as_dict(),
+    )
 
 
 @router.get("/stats")
 async def stats_page(
-    request: Request, store: StoreDep,
+    request: Request,
+    store: StoreDep,
     run: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
-) -> HTMLResponse:  # fmt: skip
+) -> HTMLResponse:
     run_id = await store.run_id(run) if run else None
-    return page(request, "stats.html", stats=await run_stats(store, run_id), run=run,
-                runs=await store.list_runs())  # fmt: skip
+    return page(
+        request,
+        "stats.html",
+        stats=await run_stats(store, run_id),
+        run=run,
+        runs=await store.list_runs(),
+    )
 
 
 class DropEmptyQueryParams:
@@ -105,7 +135,14 @@ class DropEmptyQueryParams:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith("/api/") and scope["query_string"]:
+        if (
+            scope["type"] == "http"
+            and not scope["path"].startswith("/api/")
+            and scope["query_string"]
+        ):
             pairs = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
-            scope = {**scope, "query_string": urlencode([(k, v) for k, v in pairs if v]).encode("latin-1")}
+            scope = {
+                **scope,
+                "query_string": urlencode([(k, v) for k, v in pairs if v]).encode("latin-1"),
+            }
         await self.app(scope, receive, send)

@@ -50,4 +50,24 @@
       })
       .catch(function (e) { statusEl.textContent = "error: " + e; });
   });
+  var forkButton = document.getElementById("fork-button");
+  if (forkButton) forkButton.addEventListener("click", function () {
+    try { sessionStorage.setItem("agent-rl-token", tokenInput.value); } catch (e) {}
+    var turn = document.getElementById("fork-turn").value;
+    statusEl.textContent = "forking from turn " + turn + "…";
+    out.textContent = "";
+    fetch("/api/v1/episodes/" + section.dataset.episode + "/fork?turn=" + encodeURIComponent(turn), {
+      method: "POST", headers: { "Authorization": "Bearer " + tokenInput.value }
+    }).then(function (r) { return r.json().then(function (body) { return [r.status, body]; }); })
+      .then(function (res) {
+        var code = res[0], body = res[1];
+        if (code !== 200) { statusEl.textContent = "error " + code + ": " + body.detail; return; }
+        statusEl.textContent = "";
+        var a = document.createElement("a");
+        a.href = "/episodes/" + body.episode_id;
+        a.textContent = "episode " + body.episode_id + " (" + body.status + ", reward " + body.reward + ")";
+        out.appendChild(a);
+      })
+      .catch(function (e) { statusEl.textContent = "error: " + e; });
+  });
 })();
