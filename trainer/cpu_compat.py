@@ -159,10 +159,6 @@ def _cuda_literals() -> None:
         importlib.import_module(name).torch = proxy  # type: ignore[attr-defined]
     APPLIED.append("device='cuda' literals->cpu in megatron optimizer/ddp/ckpt modules")
 
-    # Reason: megatron moves a few tensors with .cuda(); on a CPU-only build that can only raise.
-    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[assignment]
-    APPLIED.append("Tensor.cuda()->self")
-
     # Reason: the (distributed) optimizer and grad clipping accept only params whose
     # .type() is 'torch.cuda.FloatTensor' (or Half/BFloat16). Answer so only to megatron callers.
     original_type = torch.Tensor.type

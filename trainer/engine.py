@@ -12,8 +12,9 @@ told not to average again (`calculate_per_token_loss`), so any DP/micro-batch sp
 gives the same gradient. Returned metrics are global (reduced over data-parallel ranks).
 
 One optimizer step per batch: the PPO ratio is taken against the trainer's own logprobs at the
-start of the step (so it is 1 and `clip_fraction` 0 unless a caller re-uses old logprobs), and
-TIS weights each token by min(pi_train / pi_rollout, cap). Checkpoints are dist_checkpointing
+start of the step (so it is 1 and `clip_fraction` 0; clipping matters for losses shared with
+multi-step callers), and TIS weights each token by min(pi_train / pi_rollout, cap), which is
+what corrects for stale or mismatched rollout logprobs. Checkpoints are dist_checkpointing
 directories (model + optimizer + step); exports are HF safetensors directories that SGLang and
 transformers load. dist_checkpointing.save starts a helper process with multiprocessing
 "spawn", so a script that saves must guard its entry point with `if __name__ == "__main__"`.
