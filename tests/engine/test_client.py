@@ -70,7 +70,12 @@ def test_abort_returns_partial_tokens(sglang_moe_server: EngineServer) -> None:
     async def go() -> None:
         async with EngineClient(sglang_moe_server.url) as c:
             long = asyncio.create_task(
-                c.generate([5, 6], {"max_new_tokens": 3000, "ignore_eos": True}, rid="t-abort")
+                c.generate(
+                    [5, 6],
+                    {"max_new_tokens": 3000, "ignore_eos": True},
+                    rid="t-abort",
+                    return_routed_experts=True,
+                )
             )
             while not (await c.loads())[0]["num_running_reqs"]:
                 await asyncio.sleep(0.05)
@@ -80,6 +85,9 @@ def test_abort_returns_partial_tokens(sglang_moe_server: EngineServer) -> None:
         assert g.aborted and g.finish_reason is not None and g.finish_reason.type == "abort"
         assert 0 < len(g.output_ids) < 3000
         assert g.logprobs is not None and len(g.logprobs) == len(g.output_ids)
+        # A partial episode keeps its routing for replay: one row per position but the last.
+        assert g.routed_experts is not None
+        assert g.routed_experts.shape == (2 + len(g.output_ids) - 1, 2, 2)
 
     run(go())
 

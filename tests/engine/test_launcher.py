@@ -62,6 +62,7 @@ def test_cpu_and_gpu_commands(tiny_moe_model: Path, tmp_path: Path) -> None:
     assert str(compat_dir()) not in genv.get("PYTHONPATH", "")
 
 
+@pytest.mark.slow
 def test_dense_model_serves_then_a_crash_is_detected(
     engine_venv: Path, tiny_dense_model: Path, tmp_path: Path
 ) -> None:
