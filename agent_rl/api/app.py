@@ -102,35 +102,50 @@ def check_exposure(api: ApiConfig) -> None:
         )
 
 
+SHUTDOWN_GRACE_S = 5.0
+"""How long a stopping API waits for open requests (an event stream never ends by itself)."""
+
+
 async def serve_api(
     app: FastAPI, api: ApiConfig, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    """Run `app` with uvicorn until cancelled; `task_status.started(port)` once it listens."""
+    """Run `app` with uvicorn until cancelled; `task_status.started(port)` once it listens.
+
+    Cancellation is turned into uvicorn's own graceful shutdown (the server task is shielded
+    and told to exit), so the socket is closed and the app's lifespan ends before this returns.
+    """
     check_exposure(api)
     server = EmbeddedServer(
         uvicorn.Config(
-            app, host=api.host, port=api.port, log_level="warning", lifespan="on", access_log=False
+            app,
+            host=api.host,
+            port=api.port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
     )
     failed: list[str] = []
 
     async def run() -> None:
-        try:
-            await server.serve()
-        except SystemExit:  # uvicorn exits when it cannot bind or its lifespan failed
-            failed.append("exit")
+        with anyio.CancelScope(shield=True):
+            try:
+                await server.serve()
+            except SystemExit:  # uvicorn exits when it cannot bind or its lifespan failed
+                failed.append("exit")
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
-        while not server.started:
-            if failed:
-                raise ConfigError(
-                    f"the API could not start on {api.host}:{api.port} (port in use, or the "
-                    "store could not be opened: see the log above)"
-                )
-            await anyio.sleep(0.05)
-        task_status.started(server.port)
         try:
+            while not server.started:
+                if failed:
+                    raise ConfigError(
+                        f"the API could not start on {api.host}:{api.port} (port in use, or "
+                        "the store could not be opened: see the log above)"
+                    )
+                await anyio.sleep(0.05)
+            task_status.started(server.port)
             await anyio.sleep_forever()
         finally:
             server.should_exit = True

@@ -27,6 +27,11 @@ TOKEN = "test-token-1234"
 T = TypeVar("T")
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny models' tokenizer, saved alone (the token view decodes with it)."""

@@ -1,0 +1,46 @@
+"""Mounting the API in another process's event loop, as `serve` does: a borrowed store, uvicorn
+started in a task group on a free loopback port, stopped by cancelling the group; the store
+stays open for its owner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from agent_rl.api import create_app, serve_api
+from agent_rl.api.app import check_exposure
+from agent_rl.config import ApiConfig
+from agent_rl.errors import ConfigError
+from agent_rl.store import Store
+from tests.api.conftest import api_config
+from tests.api.fill import Filled
+
+
+@pytest.mark.anyio
+async def test_serve_api_in_a_task_group_with_a_borrowed_store(filled: Filled) -> None:
+    cfg = api_config(filled.url, port=0)
+    async with await Store.open(cfg.store) as store:
+        app = create_app(cfg, store=store)
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(serve_api, app, cfg.api)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                runs = (await client.get("/api/v1/runs")).json()
+                assert [r["name"] for r in runs] == ["demo"]
+                assert (await client.get("/")).status_code == 200
+            tg.cancel_scope.cancel()
+        # The API is gone and the borrowed store still works.
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient() as client:
+                await client.get(f"http://127.0.0.1:{port}/api/v1/runs")
+        assert (await store.ledger()).admitted == 7
+
+
+def test_a_public_address_needs_a_token(tmp_path: Path) -> None:
+    check_exposure(ApiConfig())
+    check_exposure(ApiConfig(host="::1"))
+    check_exposure(ApiConfig(host="0.0.0.0", token="t"))
+    with pytest.raises(ConfigError, match="not loopback"):
+        check_exposure(ApiConfig(host="0.0.0.0"))
