@@ -15,7 +15,7 @@ test fixtures use. Contract:
 - `check()` raises `EngineError` if the process has exited (a crash); `watch()` is the same as
   an async loop for a supervisor's task group.
 - `stop()` terminates the whole process group (SGLang's scheduler and detokenizer children
-  included), escalating to SIGKILL.
+  included), escalating to SIGKILL, and returns once it is gone; `astop()` awaits the same.
 """
 
 from __future__ import annotations
@@ -325,6 +325,12 @@ class EngineServer:
         while self._group_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         return proc.returncode
+
+    async def astop(self, timeout_s: float = 30.0) -> int | None:
+        """`stop()` for an event loop: SGLang takes ~7 s to shut down, so wait in a thread."""
+        import anyio
+
+        return await anyio.to_thread.run_sync(self.stop, timeout_s)
 
     def _group_alive(self) -> bool:
         assert self._proc is not None

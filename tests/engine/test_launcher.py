@@ -75,7 +75,7 @@ def test_dense_model_serves_then_a_crash_is_detected(
         asyncio.run(server.astart())
         _serve_then_crash(server)
     finally:
-        server.stop()
+        asyncio.run(server.astop())
     assert server.pid is not None
     with pytest.raises(ProcessLookupError):
         os.killpg(server.pid, 0)  # nothing of the engine's process group is left
