@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from importlib.resources import files
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import uvicorn
@@ -31,12 +31,19 @@ from agent_rl.config import ApiConfig, Config
 from agent_rl.errors import ConfigError
 from agent_rl.store import Store
 
+if TYPE_CHECKING:
+    from agent_rl.rollout.runner import RunnerContext
+
 log = logging.getLogger("agent_rl.api")
 API_PREFIX = "/api/v1"
 
 
 def create_app(
-    config: Config, *, store: Store | None = None, sandboxes: Any = None, runner: Any = None
+    config: Config,
+    *,
+    store: Store | None = None,
+    sandboxes: Any = None,
+    runner: RunnerContext | None = None,
 ) -> FastAPI:
     """The API app. Borrowed when given, else the app makes its own: `store`; `sandboxes`, a
     tools_sandbox backend for replay and fork of sandbox environments; `runner`, the
@@ -62,7 +69,8 @@ def create_app(
         summary="Inspect, replay and fork the episodes of agent-rl runs.",
         version="1",
         lifespan=lifespan,
-        docs_url="/docs",
+        # FastAPI's docs pages load their JavaScript from a CDN; the viewer links the spec instead.
+        docs_url=None,
         redoc_url=None,
     )
     app.state.config = config

@@ -99,6 +99,10 @@ def test_mutating_endpoints_need_the_token(filled: Filled) -> None:
     with TestClient(create_app(api_config(filled.url, token=None))) as c:
         r = c.post(path, headers=AUTH)
         assert r.status_code == 403 and "set api.token" in r.json()["detail"]
+    # Off loopback, reads need the token too.
+    with TestClient(create_app(api_config(filled.url, host="0.0.0.0"))) as c:
+        assert c.get("/api/v1/runs").status_code == 401 and c.get("/").status_code == 401
+        assert c.get("/api/v1/runs", headers=AUTH).status_code == 200
 
 
 def test_request_bodies_are_bounded(client: TestClient, filled: Filled) -> None:
