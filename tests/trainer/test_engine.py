@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -66,10 +67,15 @@ def test_sft_steps_lower_the_nll(tiny_dense_model: Path) -> None:
     assert nll[-1] < nll[0] - 0.1, nll
 
 
-def test_checkpoint_resume_gives_identical_steps(tiny_moe_model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [
+    {},
+    {"distributed_optimizer": False, "loss_type": "gspo", "aggregation": "seq-mean-token-mean"},
+])
+def test_checkpoint_resume_gives_identical_steps(options: dict[str, object], tiny_moe_model: Path,
+                                                 tmp_path: Path) -> None:
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     batches = [rl_batch(vocab, size=4, seed=s) for s in range(3)]
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=4)
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, **options)
     with engine(tiny_moe_model, cfg) as e:
         e.rl_step(batches[0])
         saved = e.save_checkpoint(tmp_path / "ckpt")
