@@ -96,8 +96,14 @@ async def test_routed_stream_equals_direct(sglang_moe_server: EngineServer) -> N
     async with Router(_config(), [sglang_moe_server.url]) as router, aiohttp.ClientSession() as http:
         direct = await events(http, sglang_moe_server.url)
         routed = await events(http, router.url)
-    assert len(routed) > 2 and routed[-1] == b"data: [DONE]"
-    assert routed == direct
+    assert len(routed) > 2 and routed[-1] == direct[-1] == b"data: [DONE]"
+    # SGLang cuts the stream by timing (several tokens may share a chunk on a busy machine), so
+    # the events are compared as what they are: cumulative states ending in the same answer.
+    assert routed[-2] == direct[-2]
+    assert routed[-2]["meta_info"]["routed_experts"] and routed[-2]["meta_info"]["output_token_logprobs"]
+    final_ids = routed[-2]["output_ids"]
+    for event in routed[:-1]:
+        assert final_ids[: len(event["output_ids"])] == event["output_ids"]
 
 
 def _check_labels(answer: dict[str, Any], versions: set[str]) -> list[str]:
@@ -133,10 +139,25 @@ async def test_weight_update_fans_out_while_requests_run(
                 assert r.status == 200, reply
                 return reply
 
+        async def generate_streaming(session: str, started: asyncio.Event) -> dict[str, Any]:
+            """Stream a long generation; set `started` once tokens arrive; return the last event."""
+            last: dict[str, Any] = {}
+            async with http.post(router.url + "/generate", json=dict(long, stream=True),
+                                 headers={"X-SMG-Routing-Key": session}) as r:
+                assert r.status == 200, await r.text()
+                async for line in r.content:
+                    if line.startswith(b"data: {"):
+                        last = json.loads(line[len(b"data: "):])
+                        if last.get("output_ids"):
+                            started.set()
+            return last
+
         try:
-            before = [asyncio.create_task(generate(long, f"long-{i}")) for i in range(4)]
-            while sum(w.outstanding for w in router.pool) < 4:
-                await asyncio.sleep(0.01)
+            started = [asyncio.Event() for _ in range(4)]
+            before = [asyncio.create_task(generate_streaming(f"long-{i}", started[i]))
+                      for i in range(4)]
+            # Update only once every long request is producing tokens on the old weights.
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
             updating = asyncio.create_task(update("v-router"))
             await asyncio.sleep(0.05)
             during = [asyncio.create_task(generate(short, f"during-{i}")) for i in range(4)]
@@ -146,9 +167,12 @@ async def test_weight_update_fans_out_while_requests_run(
             assert all(w["success"] for w in reply["workers"])
 
             finished = await asyncio.gather(*before, *during)
+            spans = [_check_labels(answer, {"default", "v-router"}) for answer in finished]
             for answer in finished:
-                _check_labels(answer, {"default", "v-router"})
                 assert len(answer["output_ids"]) == answer["meta_info"]["completion_tokens"]
+            # Requests that were generating when the update began were paused in place and
+            # finished on the new weights: their tokens carry both versions, in order.
+            assert any(versions == ["default", "v-router"] for versions in spans[:4]), spans
             after = [await generate(short, f"after-{i}") for i in range(4)]
             assert all(_check_labels(a, {"v-router"}) == ["v-router"] for a in after)
             for url in servers:
