@@ -138,3 +138,32 @@ def test_replay_button_uses_the_token(
     page.click("#fork-button")
     page.wait_for_function("document.getElementById('replay-status').textContent.includes('503')")
     assert "rollout.router_url" in page.locator("#replay-status").inner_text()
+
+
+def test_a_running_episode_page_follows_its_events(
+    browser: Any, live_server: LiveServer, screenshots: Path
+) -> None:
+    """Last in this module: it finishes the store's running episode."""
+    from agent_rl.store import Store
+    from tests.api.conftest import api_config, in_thread
+    from tests.store.helpers import make_turn
+
+    episode = live_server.filled.running
+    page = browser.new_page(viewport={"width": 1360, "height": 900})
+    page.goto(f"{live_server.url}/episodes/{episode}")
+    assert page.locator("#live").is_visible()
+    page.wait_for_timeout(1500)  # the stream's replay of turns 0 and 1 must not reload the page
+    assert (
+        page.locator("#live").is_visible() and page.locator("h1 .status").inner_text() == "running"
+    )
+
+    async def finish() -> None:
+        async with await Store.open(api_config(live_server.filled.url).store) as store:
+            await store.append_turn(episode, make_turn(7), final_reward=1.0)
+
+    in_thread(finish)
+    page.wait_for_function(
+        "document.querySelector('h1 .status').textContent === 'completed'", timeout=30_000
+    )
+    assert page.locator("#token-strip .mark.turn").count() == 3
+    page.screenshot(path=str(screenshots / "10-live-episode.png"))

@@ -17,9 +17,19 @@
       if (pinned) { pinned.classList.add("pinned"); show(pinned); }
     });
   }
+  // A running episode: follow its server-sent events and reload when a new turn or the end
+  // arrives (events for turns already on the page are replayed by the stream and ignored).
+  var section = document.getElementById("actions");
+  if (section && window.EventSource && /^(waiting|running)$/.test(section.dataset.status)) {
+    var shown = parseInt(section.dataset.turns, 10) - 1;
+    var events = new EventSource("/api/v1/episodes/" + section.dataset.episode + "/events");
+    events.addEventListener("turn", function (ev) {
+      if (parseInt(ev.lastEventId, 10) > shown) { events.close(); location.reload(); }
+    });
+    events.addEventListener("end", function () { events.close(); location.reload(); });
+  }
   var form = document.getElementById("replay-form");
   if (!form) return;
-  var section = document.getElementById("actions");
   var out = document.getElementById("replay-result");
   var statusEl = document.getElementById("replay-status");
   var tokenInput = document.getElementById("api-token");
