@@ -59,7 +59,9 @@ class Batch:
         lps = torch.zeros(n, length)
         for i, seq in enumerate(tokens):
             if len(loss_masks[i]) != len(seq):
-                raise ValueError(f"sequence {i}: {len(loss_masks[i])} mask entries for {len(seq)} tokens")
+                raise ValueError(
+                    f"sequence {i}: {len(loss_masks[i])} mask entries for {len(seq)} tokens"
+                )
             ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[i, : len(seq)] = torch.tensor(loss_masks[i], dtype=torch.float32)
             if rollout_logprobs is not None:
@@ -87,9 +89,14 @@ class Batch:
             k = self.routed_experts.shape[-1]
             tail = torch.arange(k).expand(self.size, extra, self.routed_experts.shape[2], k)
             experts = torch.cat([self.routed_experts, tail], dim=1)
-        return replace(self, tokens=pad(self.tokens), loss_mask=pad(self.loss_mask),
-                       rollout_logprobs=pad(self.rollout_logprobs), routed_experts=experts,
-                       routed_valid=pad(self.routed_valid, False))
+        return replace(
+            self,
+            tokens=pad(self.tokens),
+            loss_mask=pad(self.loss_mask),
+            rollout_logprobs=pad(self.rollout_logprobs),
+            routed_experts=experts,
+            routed_valid=pad(self.routed_valid, False),
+        )
 
     def rows(self, index: slice | torch.Tensor) -> Batch:
         """The sub-batch of the given rows."""
@@ -97,5 +104,11 @@ class Batch:
         def take(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[index]
 
-        return Batch(self.tokens[index], self.loss_mask[index], self.rollout_logprobs[index],
-                     self.advantages[index], take(self.routed_experts), take(self.routed_valid))
+        return Batch(
+            self.tokens[index],
+            self.loss_mask[index],
+            self.rollout_logprobs[index],
+            self.advantages[index],
+            take(self.routed_experts),
+            take(self.routed_valid),
+        )

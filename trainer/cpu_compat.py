@@ -49,8 +49,8 @@ def _device_and_rng() -> None:
     mrandom._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: (
         torch.get_rng_state().clone() if clone else torch.get_rng_state()
     )
-    mrandom._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(
-        new_state
+    mrandom._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: (
+        torch.set_rng_state(new_state)
     )
     APPLIED.append("cuda_rng->cpu_generator")
 
@@ -68,8 +68,8 @@ def _device_and_rng() -> None:
 
 
 def _causal_mask() -> None:
-    import megatron.core.fusions.fused_softmax as fused_softmax
     import megatron.core.transformer.utils as tutils
+    from megatron.core.fusions import fused_softmax
 
     # Reason: attention_mask=None (right-padded causal batches) builds the mask on device="cuda".
     @functools.lru_cache(maxsize=32)
@@ -82,9 +82,9 @@ def _causal_mask() -> None:
 
 
 def _moe() -> None:
-    import megatron.core.transformer.moe.moe_utils as moe_utils
     import megatron.core.transformer.moe.token_dispatcher as dispatcher
-    import megatron.core.transformer.torch_norm as torch_norm
+    from megatron.core.transformer import torch_norm
+    from megatron.core.transformer.moe import moe_utils
 
     # Reason: 0.16.x references te_general_gemm, defined only when TransformerEngine imports.
     if not hasattr(moe_utils, "te_general_gemm"):
@@ -93,7 +93,9 @@ def _moe() -> None:
 
     # Reason: EP>1 alltoall turns split sizes into lists only for CUDA tensors; CPU ones reach
     # all_to_all_single(split_sizes=<Tensor>) and fail.
-    def maybe_move_tensor_to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    def maybe_move_tensor_to_cpu(
+        tensor: Any, as_numpy: bool = False, record_stream: bool = False
+    ) -> Any:
         if torch.is_tensor(tensor):
             tensor = tensor.cpu()
             if as_numpy:
@@ -135,10 +137,21 @@ _CUDA_LITERAL_MODULES = (
     "megatron.core.distributed.param_and_grad_buffer",
     "megatron.core.utils",
 )
-_FACTORIES = frozenset({
-    "tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",
-    "empty_like", "full_like", "as_tensor",
-})
+_FACTORIES = frozenset(
+    {
+        "tensor",
+        "zeros",
+        "ones",
+        "empty",
+        "full",
+        "arange",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+        "as_tensor",
+    }
+)
 
 
 class _TorchOnCpu:
@@ -169,7 +182,7 @@ def _cuda_literals() -> None:
             return result
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller.startswith("megatron.") and result.startswith("torch."):
-            return "torch.cuda." + result[len("torch."):]
+            return "torch.cuda." + result[len("torch.") :]
         return result
 
     torch.Tensor.type = type_  # type: ignore[assignment]

@@ -40,12 +40,15 @@ def init(par: Parallel, seed: int = 0) -> None:
         else:
             # Not under torchrun: a world of one on a fresh loopback port; the environment is
             # left alone so child processes (torchrun) do not inherit a fake RANK.
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                    rank=0, world_size=1)
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+            )
     world = dist.get_world_size()
     if world % (par.tp * par.pp) or world % (par.ep * par.pp):
-        raise ConfigError(f"world size {world} is not divisible by tp*pp={par.tp * par.pp} "
-                          f"and ep*pp={par.ep * par.pp}")
+        raise ConfigError(
+            f"world size {world} is not divisible by tp*pp={par.tp * par.pp} "
+            f"and ep*pp={par.ep * par.pp}"
+        )
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(

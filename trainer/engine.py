@@ -58,20 +58,35 @@ class Engine:
         self.lr = lr if lr is not None else cfg.lr
         self.model = DistributedDataParallel(
             module.config,
-            DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                          use_distributed_optimizer=cfg.distributed_optimizer),
+            DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=cfg.distributed_optimizer,
+            ),
             module,
         )
         self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=self.lr, adam_beta1=cfg.adam_beta1,
-                            adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
-                            weight_decay=cfg.weight_decay, clip_grad=cfg.grad_clip,
-                            use_distributed_optimizer=cfg.distributed_optimizer,
-                            params_dtype=torch.float32),
+            OptimizerConfig(
+                optimizer="adam",
+                lr=self.lr,
+                adam_beta1=cfg.adam_beta1,
+                adam_beta2=cfg.adam_beta2,
+                adam_eps=cfg.adam_eps,
+                weight_decay=cfg.weight_decay,
+                clip_grad=cfg.grad_clip,
+                use_distributed_optimizer=cfg.distributed_optimizer,
+                params_dtype=torch.float32,
+            ),
             [self.model],
         )
-        self.loss_cfg = PolicyLossConfig(cfg.loss_type, cfg.clip_eps_low, cfg.clip_eps_high,
-                                         cfg.tis_cap, cfg.kl_coef, cfg.aggregation)
+        self.loss_cfg = PolicyLossConfig(
+            cfg.loss_type,
+            cfg.clip_eps_low,
+            cfg.clip_eps_high,
+            cfg.tis_cap,
+            cfg.kl_coef,
+            cfg.aggregation,
+        )
         self.replay = None
         if self.arch.is_moe:
             from trainer.replay import RoutingReplay
@@ -101,8 +116,10 @@ class Engine:
             return self.model(mb.tokens, positions, None), {}
         with self.replay.forward_context(mb.routed_experts, mb.routed_valid, replay) as mismatch:
             logits = self.model(mb.tokens, positions, None)
-        return logits, {"routing_mismatch_tokens": mismatch.differing_tokens,
-                        "routing_tokens": mismatch.tokens}
+        return logits, {
+            "routing_mismatch_tokens": mismatch.differing_tokens,
+            "routing_tokens": mismatch.tokens,
+        }
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, entropy: bool = False) -> dict[str, torch.Tensor]:
@@ -154,10 +171,16 @@ class Engine:
             if sft:
                 out = sft_loss(lp, mb_mask, self.cfg.aggregation, denominator)
             else:
-                out = policy_loss(lp, lp.detach(), mb.advantages, mb_mask, self.loss_cfg,
-                                  rollout_logprobs=mb.rollout_logprobs[:, 1:],
-                                  ref_logprobs=refs[index] if refs is not None else None,
-                                  denominator=denominator)
+                out = policy_loss(
+                    lp,
+                    lp.detach(),
+                    mb.advantages,
+                    mb_mask,
+                    self.loss_cfg,
+                    rollout_logprobs=mb.rollout_logprobs[:, 1:],
+                    ref_logprobs=refs[index] if refs is not None else None,
+                    denominator=denominator,
+                )
             out.loss.backward()
             out.metrics["entropy"] = float((entropy * mb_mask).sum() / max(out.tokens, 1))
             for key, value in out.metrics.items():
@@ -188,8 +211,9 @@ class Engine:
             dist.all_reduce(t, group=ps.get_data_parallel_group())
         return t
 
-    def _global_metrics(self, sums: dict[str, float], counts: torch.Tensor, grad_norm: Any,
-                        ok: bool) -> dict[str, float]:
+    def _global_metrics(
+        self, sums: dict[str, float], counts: torch.Tensor, grad_norm: Any, ok: bool
+    ) -> dict[str, float]:
         keys = sorted(sums)
         totals = self._dp_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
         metrics: dict[str, float] = {}
@@ -199,10 +223,15 @@ class Engine:
             else:
                 metrics[key] = total / max(float(counts[0]), 1.0)
         if "routing_tokens" in metrics:
-            metrics["routing_mismatch_fraction"] = (
-                metrics.pop("routing_mismatch_tokens") / max(metrics.pop("routing_tokens"), 1.0))
-        metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
-                       update_ok=float(ok), tokens=float(counts[0]), step=float(self.step))
+            metrics["routing_mismatch_fraction"] = metrics.pop("routing_mismatch_tokens") / max(
+                metrics.pop("routing_tokens"), 1.0
+            )
+        metrics.update(
+            grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
+            update_ok=float(ok),
+            tokens=float(counts[0]),
+            step=float(self.step),
+        )
         return metrics
 
     @torch.no_grad()
@@ -213,8 +242,10 @@ class Engine:
         try:
             for p, ref in zip(params, self._ref or []):
                 p.copy_(ref)
-            return [token_logprobs(self._forward(mb, self.cfg.routing_replay)[0], mb.tokens)
-                    for mb in self._micro_batches(batch)]
+            return [
+                token_logprobs(self._forward(mb, self.cfg.routing_replay)[0], mb.tokens)
+                for mb in self._micro_batches(batch)
+            ]
         finally:
             for p, cur in zip(params, current):
                 p.copy_(cur)
@@ -268,11 +299,15 @@ class Engine:
             # Without Apex/TE, megatron reads Adam's `step` from existing state, so a fresh
             # optimizer needs placeholder state (megatron's own helper) before it can load.
             for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                if hasattr(opt, "_init_optimizer_states_with_dummy_values") and not opt.optimizer.state:
+                if (
+                    hasattr(opt, "_init_optimizer_states_with_dummy_values")
+                    and not opt.optimizer.state
+                ):
                     opt._init_optimizer_states_with_dummy_values()
         model_state = self.module.sharded_state_dict(metadata=metadata)
-        optimizer_state = self.optimizer.sharded_state_dict(model_state, is_loading=loading,
-                                                            metadata=metadata)
+        optimizer_state = self.optimizer.sharded_state_dict(
+            model_state, is_loading=loading, metadata=metadata
+        )
         return {"model": model_state, "optimizer": optimizer_state, "step": self.step}
 
     def export_hf(self, directory: str | Path) -> Path:
@@ -287,7 +322,9 @@ class Engine:
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
     """The newest complete `step_N` directory under `directory`, if any."""
-    steps = sorted(p for p in Path(directory).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    steps = sorted(
+        p for p in Path(directory).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+    )
     return steps[-1] if steps else None
 
 

@@ -34,7 +34,7 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for f in files:
         with safe_open(str(f), "pt") as handle:
-            for key in handle.keys():
+            for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
                 out[key] = handle.get_tensor(key)
     return out
 
@@ -43,15 +43,19 @@ def _take(sd: dict[str, torch.Tensor], key: str) -> torch.Tensor:
     try:
         return sd.pop(key)
     except KeyError:
-        raise ConfigError(f"weight {key!r} is missing: the weights do not match config.json") from None
+        raise ConfigError(
+            f"weight {key!r} is missing: the weights do not match config.json"
+        ) from None
 
 
 def hf_to_mcore(hf: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
     """Full megatron state dict from an HF one. Every HF tensor must be used exactly once."""
     hf = dict(hf)
     h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
-    out = {"embedding.word_embeddings.weight": _take(hf, "model.embed_tokens.weight"),
-           "decoder.final_layernorm.weight": _take(hf, "model.norm.weight")}
+    out = {
+        "embedding.word_embeddings.weight": _take(hf, "model.embed_tokens.weight"),
+        "decoder.final_layernorm.weight": _take(hf, "model.norm.weight"),
+    }
     if arch.tied_embeddings:
         hf.pop("lm_head.weight", None)  # some writers store the tied copy anyway
     else:
@@ -65,7 +69,9 @@ def hf_to_mcore(hf: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
             k = _take(hf, f"{attn}k_proj.{kind}").reshape(g, d, -1)
             v = _take(hf, f"{attn}v_proj.{kind}").reshape(g, d, -1)
             qkv = torch.cat([q, k, v], dim=1).reshape(g * (h // g + 2) * d, -1)
-            out[f"{dst}self_attention.linear_qkv.{kind}"] = qkv.squeeze(-1) if kind == "bias" else qkv
+            out[f"{dst}self_attention.linear_qkv.{kind}"] = (
+                qkv.squeeze(-1) if kind == "bias" else qkv
+            )
         out[dst + "self_attention.linear_proj.weight"] = _take(hf, attn + "o_proj.weight")
         if arch.qk_norm:
             out[dst + "self_attention.q_layernorm.weight"] = _take(hf, attn + "q_norm.weight")
@@ -79,7 +85,9 @@ def hf_to_mcore(hf: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
         else:
             _mlp_in(hf, out, src + "mlp.", dst + "mlp.")
     if hf:
-        raise ConfigError(f"unexpected weights {sorted(hf)[:5]}: the weights do not match config.json")
+        raise ConfigError(
+            f"unexpected weights {sorted(hf)[:5]}: the weights do not match config.json"
+        )
     return out
 
 
@@ -92,8 +100,10 @@ def _mlp_in(hf: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str,
 def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
     """HF state dict (on-disk names) from a full megatron one; the inverse of `hf_to_mcore`."""
     h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
-    out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
-           "model.norm.weight": sd["decoder.final_layernorm.weight"]}
+    out = {
+        "model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
+        "model.norm.weight": sd["decoder.final_layernorm.weight"],
+    }
     if not arch.tied_embeddings:
         out["lm_head.weight"] = sd["output_layer.weight"]
     for i in range(arch.num_layers):
@@ -128,16 +138,25 @@ def _mlp_out(sd: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str
 
 
 def write_hf_dir(
-    hf: dict[str, torch.Tensor], out_dir: str | Path, source_dir: str | Path, dtype: torch.dtype | None = None
+    hf: dict[str, torch.Tensor],
+    out_dir: str | Path,
+    source_dir: str | Path,
+    dtype: torch.dtype | None = None,
 ) -> None:
     """Write `model.safetensors` plus the non-weight files (config, tokenizer, generation config)
     copied from the model directory training started from, so engines load `out_dir` as is."""
     out_dir, source_dir = Path(out_dir), Path(source_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: (v.to(dtype) if dtype else v).detach().contiguous().clone() for k, v in hf.items()}
+    tensors = {
+        k: (v.to(dtype) if dtype else v).detach().contiguous().clone() for k, v in hf.items()
+    }
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     for f in source_dir.iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+        if (
+            f.is_file()
+            and not f.name.endswith(".safetensors")
+            and f.name != "model.safetensors.index.json"
+        ):
             (out_dir / f.name).write_bytes(f.read_bytes())
     if dtype is not None:
         config = json.loads((out_dir / "config.json").read_text())

@@ -47,7 +47,9 @@ def grpo_advantages(
     rewards = rewards.double()
     _, inverse = torch.unique(group_ids, return_inverse=True)
     groups = int(inverse.max()) + 1
-    count = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, torch.ones_like(rewards))
+    count = torch.zeros(groups, dtype=torch.float64).index_add_(
+        0, inverse, torch.ones_like(rewards)
+    )
     mean = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, rewards) / count
     centered = rewards - mean[inverse]
     if std_normalize:
@@ -127,14 +129,18 @@ def policy_loss(
     metrics: dict[str, float] = {}
     if rollout_logprobs is not None:
         behaviour_gap = old - rollout_logprobs.detach()
-        metrics["train_rollout_logprob_abs_diff"] = float((behaviour_gap.abs() * mask).sum() / tokens)
+        metrics["train_rollout_logprob_abs_diff"] = float(
+            (behaviour_gap.abs() * mask).sum() / tokens
+        )
         if cfg.tis_cap:
             if cfg.loss_type == "gspo":
                 seq_gap = (behaviour_gap * mask).sum(-1) / mask.sum(-1).clamp(min=1)
                 weight = torch.exp(seq_gap)[:, None].expand_as(per_token)
             else:
                 weight = torch.exp(behaviour_gap)
-            metrics["tis_capped_fraction"] = float(((weight > cfg.tis_cap).to(mask.dtype) * mask).sum() / tokens)
+            metrics["tis_capped_fraction"] = float(
+                ((weight > cfg.tis_cap).to(mask.dtype) * mask).sum() / tokens
+            )
             weight = weight.clamp(max=cfg.tis_cap)
             metrics["tis_weight_mean"] = float((weight * mask).sum() / tokens)
             per_token = per_token * weight
@@ -152,7 +158,9 @@ def policy_loss(
 
 
 def sft_loss(
-    logprobs: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation = "token-mean",
+    logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    aggregation: Aggregation = "token-mean",
     denominator: float | None = None,
 ) -> LossOutput:
     """Cross-entropy on the loss-mask tokens (negative logprob, aggregated)."""
@@ -172,4 +180,3 @@ def clip_fraction(unclipped: torch.Tensor, clipped: torch.Tensor, mask: torch.Te
     """Fraction of loss tokens whose objective took the clipped branch (no gradient through it)."""
     taken = (clipped > unclipped).to(mask.dtype)
     return float((taken * mask).sum() / mask.sum().clamp(min=1))
-

@@ -66,13 +66,17 @@ class ModelArch:
             raise ConfigError(f"{path}/config.json is not a valid model config: {reason}") from e
         kind = hf.model_type
         if kind not in SUPPORTED:
-            raise ConfigError(f"{path}: model_type {kind!r} is not supported; use one of {SUPPORTED}")
+            raise ConfigError(
+                f"{path}: model_type {kind!r} is not supported; use one of {SUPPORTED}"
+            )
         heads = hf.num_attention_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
         rope = getattr(hf, "rope_parameters", None) or {}
         rope_theta = rope.get("rope_theta", getattr(hf, "rope_theta", None))
         if rope.get("rope_type", "default") != "default" or rope_theta is None:
-            raise ConfigError(f"{path}: only default rotary embeddings with rope_theta are supported")
+            raise ConfigError(
+                f"{path}: only default rotary embeddings with rope_theta are supported"
+            )
         if getattr(hf, "use_sliding_window", False):
             raise ConfigError(f"{path}: sliding-window attention is not supported")
         if hf.hidden_act != "silu":
@@ -83,12 +87,12 @@ class ModelArch:
         if kind == "qwen3_moe":
             if hf.mlp_only_layers or hf.decoder_sparse_step != 1:
                 raise ConfigError(f"{path}: mixed dense/MoE layers are not supported")
-            moe = dict(
-                num_experts=hf.num_experts,
-                moe_topk=hf.num_experts_per_tok,
-                moe_ffn_hidden_size=hf.moe_intermediate_size,
-                norm_topk_prob=bool(hf.norm_topk_prob),
-            )
+            moe = {
+                "num_experts": hf.num_experts,
+                "moe_topk": hf.num_experts_per_tok,
+                "moe_ffn_hidden_size": hf.moe_intermediate_size,
+                "norm_topk_prob": bool(hf.norm_topk_prob),
+            }
         return cls(
             model_type=kind,
             vocab_size=hf.vocab_size,
@@ -120,9 +124,15 @@ class Parallel:
 def check_parallel(arch: ModelArch, par: Parallel) -> None:
     """Raise ConfigError when the model cannot be split as asked."""
     if par.pp != 1:
-        raise ConfigError("pipeline parallel size > 1 is not supported by the trainer yet: set pp=1")
-    for what, n in (("attention heads", arch.num_heads), ("kv heads", arch.num_kv_heads),
-                    ("vocab size", arch.vocab_size), ("ffn size", arch.ffn_hidden_size)):
+        raise ConfigError(
+            "pipeline parallel size > 1 is not supported by the trainer yet: set pp=1"
+        )
+    for what, n in (
+        ("attention heads", arch.num_heads),
+        ("kv heads", arch.num_kv_heads),
+        ("vocab size", arch.vocab_size),
+        ("ffn size", arch.ffn_hidden_size),
+    ):
         if n % par.tp:
             raise ConfigError(f"tp={par.tp} does not divide the model's {what} ({n})")
     if par.ep > 1 and (not arch.is_moe or arch.num_experts % par.ep):
@@ -136,22 +146,22 @@ def transformer_config(arch: ModelArch, par: Parallel, dtype: torch.dtype = torc
     check_parallel(arch, par)
     moe: dict[str, object] = {}
     if arch.is_moe:
-        moe = dict(
-            num_moe_experts=arch.num_experts,
-            moe_router_topk=arch.moe_topk,
-            moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
+        moe = {
+            "num_moe_experts": arch.num_experts,
+            "moe_router_topk": arch.moe_topk,
+            "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
             # HF: softmax over all experts, top-k, renormalise iff norm_topk_prob. Megatron without
             # pre-softmax takes top-k logits then softmax: the same as renormalised probabilities.
-            moe_router_pre_softmax=not arch.norm_topk_prob,
-            moe_router_score_function="softmax",
-            moe_router_dtype="fp32",
-            moe_router_load_balancing_type="none",
-            moe_aux_loss_coeff=0.0,
-            moe_token_dispatcher_type="alltoall",
-            moe_grouped_gemm=False,
+            "moe_router_pre_softmax": not arch.norm_topk_prob,
+            "moe_router_score_function": "softmax",
+            "moe_router_dtype": "fp32",
+            "moe_router_load_balancing_type": "none",
+            "moe_aux_loss_coeff": 0.0,
+            "moe_token_dispatcher_type": "alltoall",
+            "moe_grouped_gemm": False,
             # The replay hook is inert until a replay action is set (trainer.replay).
-            moe_enable_routing_replay=True,
-        )
+            "moe_enable_routing_replay": True,
+        }
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,

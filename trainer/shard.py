@@ -34,10 +34,16 @@ def _groups(is_expert: bool) -> tuple[object, int, int]:
     from megatron.core import parallel_state as ps
 
     if is_expert:
-        return (ps.get_expert_tensor_parallel_group(), ps.get_expert_tensor_parallel_rank(),
-                ps.get_expert_tensor_parallel_world_size())
-    return (ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank(),
-            ps.get_tensor_model_parallel_world_size())
+        return (
+            ps.get_expert_tensor_parallel_group(),
+            ps.get_expert_tensor_parallel_rank(),
+            ps.get_expert_tensor_parallel_world_size(),
+        )
+    return (
+        ps.get_tensor_model_parallel_group(),
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_tensor_model_parallel_world_size(),
+    )
 
 
 def _global_name(name: str, arch: ModelArch) -> str:
@@ -57,7 +63,9 @@ def _cut(full: torch.Tensor, dim: int, rank: int, size: int, gated: bool) -> tor
     return full.chunk(size, dim)[rank]
 
 
-def load_full_state_dict(model: torch.nn.Module, full: dict[str, torch.Tensor], arch: ModelArch) -> None:
+def load_full_state_dict(
+    model: torch.nn.Module, full: dict[str, torch.Tensor], arch: ModelArch
+) -> None:
     """Copy this rank's shard of `full` into `model`'s parameters; every parameter must be covered."""
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -67,9 +75,13 @@ def load_full_state_dict(model: torch.nn.Module, full: dict[str, torch.Tensor], 
             tensor = full[key]
             if getattr(param, "tensor_model_parallel", False):
                 _, rank, size = _groups(_expert_index(name) is not None)
-                tensor = _cut(tensor, param.partition_dim, rank, size, name.endswith("linear_fc1.weight"))
+                tensor = _cut(
+                    tensor, param.partition_dim, rank, size, name.endswith("linear_fc1.weight")
+                )
             if tuple(tensor.shape) != tuple(param.shape):
-                raise ConfigError(f"{key}: shape {tuple(tensor.shape)} does not fit {tuple(param.shape)}")
+                raise ConfigError(
+                    f"{key}: shape {tuple(tensor.shape)} does not fit {tuple(param.shape)}"
+                )
             param.copy_(tensor)
 
 
@@ -85,8 +97,9 @@ def gather_full_state_dict(model: torch.nn.Module, arch: ModelArch) -> dict[str,
             if getattr(param, "tensor_model_parallel", False):
                 group, _, size = _groups(is_expert)
                 if size > 1:
-                    tensor = _gather_tp(tensor, param.partition_dim, size, group,
-                                        name.endswith("linear_fc1.weight"))
+                    tensor = _gather_tp(
+                        tensor, param.partition_dim, size, group, name.endswith("linear_fc1.weight")
+                    )
             if is_expert and ps.get_expert_model_parallel_world_size() > 1:
                 group = ps.get_expert_model_parallel_group()
                 parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
@@ -94,7 +107,11 @@ def gather_full_state_dict(model: torch.nn.Module, arch: ModelArch) -> dict[str,
                 per_rank = arch.num_experts // len(parts)
                 local = _expert_index(name)
                 for r, part in enumerate(parts):
-                    out[_LOCAL_EXPERT.sub(f"local_experts.{r * per_rank + local}.", _strip(name), count=1)] = part
+                    out[
+                        _LOCAL_EXPERT.sub(
+                            f"local_experts.{r * per_rank + local}.", _strip(name), count=1
+                        )
+                    ] = part
             else:
                 out[_strip(name)] = tensor
     return out
@@ -113,5 +130,5 @@ def _gather_tp(t: torch.Tensor, dim: int, size: int, group: object, gated: bool)
 def _strip(name: str) -> str:
     """Parameter name without DDP/Float16Module wrappers' `module.` prefixes."""
     while name.startswith("module."):
-        name = name[len("module."):]
+        name = name[len("module.") :]
     return name

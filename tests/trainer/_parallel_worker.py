@@ -17,8 +17,8 @@ import torch
 
 from agent_rl.config import TrainerConfig
 from tests.trainer._batches import rl_batch
-from trainer.batch import Batch
 from trainer import dist_env
+from trainer.batch import Batch
 from trainer.engine import Engine
 from trainer.model import ModelArch
 
@@ -31,8 +31,9 @@ def batch_for(arch: ModelArch, seed: int) -> Batch:
     scores = torch.rand(8, 40, arch.num_layers, arch.num_experts, generator=g)
     experts = scores.topk(arch.moe_topk, dim=-1).indices  # distinct experts per token
     valid = batch.loss_mask.bool() | (torch.arange(40) < 10)
-    return Batch(batch.tokens, batch.loss_mask, batch.rollout_logprobs, batch.advantages,
-                 experts, valid)
+    return Batch(
+        batch.tokens, batch.loss_mask, batch.rollout_logprobs, batch.advantages, experts, valid
+    )
 
 
 def train(model_dir: Path, out_dir: Path, tp: int = 1, ep: int = 1) -> list[dict[str, float]]:
@@ -72,8 +73,12 @@ def main() -> None:
     args = parser.parse_args()
     for run in args.runs:
         size = int(run[2:])
-        train(args.model_dir, args.out_dir / run, tp=size if run.startswith("tp") else 1,
-              ep=size if run.startswith("ep") else 1)
+        train(
+            args.model_dir,
+            args.out_dir / run,
+            tp=size if run.startswith("tp") else 1,
+            ep=size if run.startswith("ep") else 1,
+        )
     dist_env.teardown()
 
 

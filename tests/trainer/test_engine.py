@@ -49,8 +49,15 @@ def test_rl_steps_report_metrics_and_move_the_policy(tiny_dense_model: Path) -> 
         before = e.logprobs(batch)["logprobs"]
         metrics = e.rl_step(batch)
         after = e.logprobs(batch)["logprobs"]
-    for key in ("loss", "grad_norm", "entropy", "clip_fraction", "policy_kl",
-                "train_rollout_logprob_abs_diff", "tis_weight_mean"):
+    for key in (
+        "loss",
+        "grad_norm",
+        "entropy",
+        "clip_fraction",
+        "policy_kl",
+        "train_rollout_logprob_abs_diff",
+        "tis_weight_mean",
+    ):
         assert key in metrics, key
     assert metrics["tokens"] == batch.loss_mask[:, 1:].sum().item() and metrics["step"] == 1
     assert metrics["grad_norm"] > 0 and (after - before).abs().max() > 1e-4
@@ -67,12 +74,16 @@ def test_sft_steps_lower_the_nll(tiny_dense_model: Path) -> None:
     assert nll[-1] < nll[0] - 0.1, nll
 
 
-@pytest.mark.parametrize("options", [
-    {},
-    {"distributed_optimizer": False, "loss_type": "gspo", "aggregation": "seq-mean-token-mean"},
-])
-def test_checkpoint_resume_gives_identical_steps(options: dict[str, object], tiny_moe_model: Path,
-                                                 tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"distributed_optimizer": False, "loss_type": "gspo", "aggregation": "seq-mean-token-mean"},
+    ],
+)
+def test_checkpoint_resume_gives_identical_steps(
+    options: dict[str, object], tiny_moe_model: Path, tmp_path: Path
+) -> None:
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     batches = [rl_batch(vocab, size=4, seed=s) for s in range(3)]
     cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, **options)
@@ -91,8 +102,9 @@ def test_checkpoint_resume_gives_identical_steps(options: dict[str, object], tin
     assert torch.equal(expected_lp, resumed_lp)
 
 
-def test_export_is_loaded_by_transformers_with_the_trained_weights(tiny_moe_model: Path,
-                                                                   tmp_path: Path) -> None:
+def test_export_is_loaded_by_transformers_with_the_trained_weights(
+    tiny_moe_model: Path, tmp_path: Path
+) -> None:
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     batch = rl_batch(vocab, size=4)
     with engine(tiny_moe_model, TrainerConfig(lr=1e-3, micro_batch_size=4)) as e:

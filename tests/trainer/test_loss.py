@@ -45,8 +45,14 @@ def test_aggregations() -> None:
 
 
 def _cfg(**kw: object) -> PolicyLossConfig:
-    base = dict(loss_type="ppo", clip_eps_low=0.2, clip_eps_high=0.3, tis_cap=None, kl_coef=0.0,
-                aggregation="token-mean")
+    base = {
+        "loss_type": "ppo",
+        "clip_eps_low": 0.2,
+        "clip_eps_high": 0.3,
+        "tis_cap": None,
+        "kl_coef": 0.0,
+        "aggregation": "token-mean",
+    }
     base.update(kw)
     return PolicyLossConfig(**base)  # type: ignore[arg-type]
 
@@ -80,8 +86,9 @@ def test_gspo_sequence_ratio_and_clip() -> None:
     # seq 1: token log-ratios 0.0002, -0.0002 -> s = 1 -> unclipped; loss = -A * 1
     lp = torch.tensor([[0.1, 0.3], [0.0002, -0.0002]], requires_grad=True)
     old = torch.zeros(2, 2)
-    cfg = _cfg(loss_type="gspo", clip_eps_low=0.001, clip_eps_high=0.001,
-               aggregation="seq-mean-token-mean")
+    cfg = _cfg(
+        loss_type="gspo", clip_eps_low=0.001, clip_eps_high=0.001, aggregation="seq-mean-token-mean"
+    )
     out = policy_loss(lp, old, torch.tensor([1.0, 2.0]), torch.ones(2, 2), cfg)
     assert out.loss.item() == pytest.approx((-1.001 + -2.0) / 2, rel=1e-6)
     out.loss.backward()
@@ -94,8 +101,14 @@ def test_tis_truncates_train_over_rollout_ratio() -> None:
     # pi_old/mu = e^1 = 2.718 (capped at 2) and e^-1 = 0.368; on-policy ratio 1, A = 1
     lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     rollout = torch.tensor([[-2.0, -1.0]])
-    out = policy_loss(lp, lp.detach(), torch.tensor([1.0]), torch.ones(1, 2), _cfg(tis_cap=2.0),
-                      rollout_logprobs=rollout)
+    out = policy_loss(
+        lp,
+        lp.detach(),
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        _cfg(tis_cap=2.0),
+        rollout_logprobs=rollout,
+    )
     assert out.loss.item() == pytest.approx(-(2.0 + math.exp(-1)) / 2)
     assert out.metrics["tis_capped_fraction"] == 0.5
     assert out.metrics["train_rollout_logprob_abs_diff"] == pytest.approx(1.0)
@@ -108,8 +121,9 @@ def test_k3_kl_penalty() -> None:
     ref = torch.tensor([[-1.5]])
     # k3 = e^-0.5 - (-0.5) - 1 = 0.10653
     assert k3_kl(lp, ref).item() == pytest.approx(math.exp(-0.5) + 0.5 - 1)
-    out = policy_loss(lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), _cfg(kl_coef=0.5),
-                      ref_logprobs=ref)
+    out = policy_loss(
+        lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), _cfg(kl_coef=0.5), ref_logprobs=ref
+    )
     assert out.loss.item() == pytest.approx(0.5 * (math.exp(-0.5) - 0.5))
     assert out.metrics["ref_kl"] == pytest.approx(math.exp(-0.5) - 0.5)
 

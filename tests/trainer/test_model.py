@@ -24,8 +24,9 @@ def _megatron(model_dir: Path) -> tuple[ModelArch, torch.nn.Module]:
 
 
 @pytest.mark.parametrize("preset", ["tiny_dense_model", "tiny_moe_model"])
-def test_logits_and_logprobs_match_transformers(preset: str, request: pytest.FixtureRequest,
-                                                solo: None) -> None:
+def test_logits_and_logprobs_match_transformers(
+    preset: str, request: pytest.FixtureRequest, solo: None
+) -> None:
     model_dir = request.getfixturevalue(preset)
     arch, model = _megatron(model_dir)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -42,8 +43,9 @@ def test_logits_and_logprobs_match_transformers(preset: str, request: pytest.Fix
 
 
 @pytest.mark.parametrize("preset", ["tiny_dense_model", "tiny_moe_model"])
-def test_hf_mcore_hf_round_trip_is_exact(preset: str, request: pytest.FixtureRequest,
-                                         solo: None) -> None:
+def test_hf_mcore_hf_round_trip_is_exact(
+    preset: str, request: pytest.FixtureRequest, solo: None
+) -> None:
     model_dir = request.getfixturevalue(preset)
     arch, model = _megatron(model_dir)
     original = hf_convert.read_safetensors(model_dir)
@@ -63,11 +65,17 @@ def test_qwen3_moe_specifics_are_read(tiny_moe_model: Path) -> None:
     assert arch.qk_norm and not arch.qkv_bias and arch.num_experts == 8 and arch.moe_topk == 2
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"num_hidden_layers": 5, "layer_types": ["full_attention"] * 5}, "missing: the weights do not match"),
-    ({"intermediate_size": 256}, "does not fit"),
-    ({"num_hidden_layers": 5}, "not a valid model config"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (
+            {"num_hidden_layers": 5, "layer_types": ["full_attention"] * 5},
+            "missing: the weights do not match",
+        ),
+        ({"intermediate_size": 256}, "does not fit"),
+        ({"num_hidden_layers": 5}, "not a valid model config"),
+    ],
+)
 def test_weights_that_do_not_match_the_config_fail_with_one_line(
     change: dict[str, object], message: str, tiny_dense_model: Path, tmp_path: Path, solo: None
 ) -> None:

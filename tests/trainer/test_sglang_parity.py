@@ -31,14 +31,19 @@ def _sample(url: str) -> list[Generation]:
     return asyncio.run(go())
 
 
-def test_trainer_logprobs_match_sglang_rollouts(sglang_moe_server: EngineServer,
-                                                tiny_moe_model: Path) -> None:
+def test_trainer_logprobs_match_sglang_rollouts(
+    sglang_moe_server: EngineServer, tiny_moe_model: Path
+) -> None:
     generations = _sample(sglang_moe_server.url)
     tokens = [p + g.output_ids for p, g in zip(PROMPTS, generations)]
     batch = Batch.from_sequences(
         tokens,
-        loss_masks=[[0.0] * len(p) + [1.0] * len(g.output_ids) for p, g in zip(PROMPTS, generations)],
-        rollout_logprobs=[[0.0] * len(p) + list(g.logprobs or []) for p, g in zip(PROMPTS, generations)],
+        loss_masks=[
+            [0.0] * len(p) + [1.0] * len(g.output_ids) for p, g in zip(PROMPTS, generations)
+        ],
+        rollout_logprobs=[
+            [0.0] * len(p) + list(g.logprobs or []) for p, g in zip(PROMPTS, generations)
+        ],
         advantages=[1.0, -1.0, 0.5],
         routed_experts=[torch.from_numpy(g.routed_experts.copy()) for g in generations],
         topk=2,
@@ -50,9 +55,11 @@ def test_trainer_logprobs_match_sglang_rollouts(sglang_moe_server: EngineServer,
         mask = batch.loss_mask
         diff = float(((ours - batch.rollout_logprobs).abs() * mask).sum() / mask.sum())
         metrics = e.rl_step(batch)
-    print(f"trainer vs SGLang logprobs: mean abs diff {diff:.2e} over {int(mask.sum())} tokens; "
-          f"free routing differs from SGLang's on {metrics['routing_mismatch_fraction']:.4f} "
-          "of tokens")
+    print(
+        f"trainer vs SGLang logprobs: mean abs diff {diff:.2e} over {int(mask.sum())} tokens; "
+        f"free routing differs from SGLang's on {metrics['routing_mismatch_fraction']:.4f} "
+        "of tokens"
+    )
     assert diff <= 1e-4
     assert abs(metrics["train_rollout_logprob_abs_diff"] - diff) < 1e-6
     # Same weights, same numbers: the trainer's own routing agrees with the engine's.
