@@ -9,11 +9,14 @@ Layouts:
 - megatron's RouterReplay takes, per MoE layer in build order, [s*b, topk] in sequence-major
   order ([T, B] flattened); with sequence parallelism each TP rank's routers see only its
   contiguous chunk of T, so each rank is given its chunk.
-Padding rows get experts 0..topk-1 (any distinct set works: their outputs are never scored).
+Rows without engine routing (`routed_valid` False: padding, or a turn's last token, which the
+engine never fed back in that turn) hold placeholders (`from_sglang` writes 0..topk-1; a store
+may hold -1); they are routed freely, never replayed.
 
 `RoutingReplay.forward_context(experts, valid, replay=...)` wraps one forward: with replay on,
-the routers use the given experts and we also note what free routing (top-k of the same
-router scores) would have picked; with replay off, the routers route freely and we record it.
+the routers use the given experts on valid rows and free routing (top-k of the same router
+scores) elsewhere, and we note what free routing would have picked everywhere; with replay
+off, the routers route freely and we record it.
 Either way `mismatch` counts tokens whose free routing differs from the recorded experts.
 """
 
@@ -90,16 +93,21 @@ class RoutingReplay:
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
         if experts.shape[2] != len(self.routers):
-            raise ValueError(f"routed experts have {experts.shape[2]} layers, the model has "
-                             f"{len(self.routers)} MoE layers")
-        per_layer = [self._megatron_layout(experts[:, :, layer]) for layer in range(experts.shape[2])]
+            raise ValueError(
+                f"routed experts have {experts.shape[2]} layers, the model has "
+                f"{len(self.routers)} MoE layers"
+            )
+        per_layer = [
+            self._megatron_layout(experts[:, :, layer]) for layer in range(experts.shape[2])
+        ]
         valid_rows = self._megatron_layout(valid)
         free: list[torch.Tensor] = []
         result = Mismatch()
         if replay:
             RouterReplay.set_replay_data(per_layer)
             for router in self.routers:
-                router.get_replay_topk = _noting_free(router, free)  # instance attribute only
+                # instance attribute only: megatron's class is untouched
+                router.get_replay_topk = _noting_free(router, free, valid_rows)
             RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
         else:
             RouterReplay.set_global_router_replay_action(RouterReplayAction.RECORD)
@@ -135,13 +143,21 @@ class RoutingReplay:
         return seq_major.reshape(-1, *t.shape[2:])
 
 
-def _noting_free(router: Any, sink: list[torch.Tensor]) -> Any:
-    """The router's get_replay_topk that also notes the free top-k of the same scores."""
+def _noting_free(router: Any, sink: list[torch.Tensor], valid: torch.Tensor) -> Any:
+    """The router's get_replay_topk that notes the free top-k of the same scores and replays
+    only the valid rows (the others keep their free routing)."""
     original = type(router).get_replay_topk.__get__(router)
 
-    def get_replay_topk(scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):  # type: ignore[no-untyped-def]
+    def get_replay_topk(  # type: ignore[no-untyped-def]
+        scores, topk, num_groups=None, group_topk=None, default_compute_topk=None
+    ):
         with torch.no_grad():
-            sink.append(default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)[1])
+            _, free = default_compute_topk(
+                scores, topk, num_groups=num_groups, group_topk=group_topk
+            )
+        sink.append(free)
+        target = router.target_topk_idx.to(free.device)
+        router.target_topk_idx = torch.where(valid[:, None].to(free.device), target, free)
         return original(scores, topk, num_groups, group_topk, default_compute_topk)
 
     return get_replay_topk

@@ -36,9 +36,11 @@ def _used_experts(module: torch.nn.Module, sink: list[torch.Tensor]) -> list:
     handles = []
     for name, sub in module.named_modules():
         if name.endswith("mlp.router"):
+
             def hook(mod, inputs, output):  # type: ignore[no-untyped-def]
                 routing_map = output[1]
                 sink.append(routing_map.nonzero()[:, 1].reshape(routing_map.shape[0], -1))
+
             handles.append(sub.register_forward_hook(hook))
     return handles
 
@@ -50,7 +52,9 @@ def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path
     with engine(tiny_moe_model, cfg) as e:
         assert e.replay is not None
         # What free routing picks for these tokens, as SGLang would report it ([n-1, L, k]).
-        filler, valid = from_sglang([torch.zeros(31, arch.num_layers, 2, dtype=torch.long)] * 4, 32, 2)
+        filler, valid = from_sglang(
+            [torch.zeros(31, arch.num_layers, 2, dtype=torch.long)] * 4, 32, 2
+        )
         with e.replay.forward_context(filler, valid, replay=False) as seen:
             e.model(base.tokens, torch.arange(32).expand(4, -1), None)
         free = seen.free_experts(4)  # [B, T, L, k]
@@ -60,8 +64,9 @@ def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path
 
         def with_experts(routed: list[torch.Tensor]) -> Batch:
             experts, ok = from_sglang(routed, 32, arch.moe_topk)
-            return Batch(base.tokens, base.loss_mask, base.rollout_logprobs, base.advantages,
-                         experts, ok)
+            return Batch(
+                base.tokens, base.loss_mask, base.rollout_logprobs, base.advantages, experts, ok
+            )
 
         # Replay on: the routers dispatch exactly to the given experts, for every token.
         used: list[torch.Tensor] = []
@@ -74,6 +79,21 @@ def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path
             chosen = chosen.reshape(32, 4, 2)[:-1].reshape(-1, 2)
             agree = (chosen.sort(-1).values == given.sort(-1).values).all(-1).float().mean()
             assert agree.item() == 1.0
+        # Rows without engine routing (a store writes -1) are routed freely, the rest replayed.
+        experts, ok = from_sglang(rotated, 32, arch.moe_topk)
+        ok[:, ::3] = False
+        experts[~ok] = -1
+        used.clear()
+        handles = _used_experts(e.module, used)
+        with e.replay.forward_context(experts, ok, replay=True) as seen:
+            e.model(base.tokens, torch.arange(32).expand(4, -1), None)
+        for h in handles:
+            h.remove()
+        for layer, chosen in enumerate(used):
+            given = experts[:, :, layer].transpose(0, 1).reshape(-1, 2)  # sequence-major
+            rows = ok.transpose(0, 1).reshape(-1)
+            expect = torch.where(rows[:, None], given, seen.free[layer])
+            assert torch.equal(chosen.sort(-1).values, expect.sort(-1).values)
         # Free routing (what the same forward would have picked) differs on every rotated token.
         on = e.rl_step(with_experts(rotated))
         assert on["routing_mismatch_fraction"] == 1.0
