@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 
 from agent_rl.config import Config, StoreConfig
-from agent_rl.errors import EngineError
+from agent_rl.errors import EngineError, SchemaBehindError
 from agent_rl.rollout.scheduler import Scheduler, SchedulerStats
 from agent_rl.store import Store
 from agent_rl.store.db import engine_url
@@ -31,11 +31,14 @@ DEFAULT_MODEL_DIR = Path("runs/model")
 
 
 async def open_store(cfg: StoreConfig) -> Store:
-    """Open the store; a SQLite file that does not exist yet is created at the head schema (an
-    existing database behind its migrations is still refused)."""
-    url = engine_url(cfg.url)
-    if url.drivername == "sqlite" and url.database and not Path(url.database).exists():
-        await upgrade(cfg)
+    """Open the store; a SQLite database with no agent-rl schema yet (e.g. a new file) is
+    created at the head schema. A database behind its migrations is still refused."""
+    try:
+        return await Store.open(cfg)
+    except SchemaBehindError as e:
+        if engine_url(cfg.url).drivername != "sqlite" or "no agent-rl schema" not in str(e):
+            raise
+    await upgrade(cfg)
     return await Store.open(cfg)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from agent_rl.errors import EnvError, StoreError
+from agent_rl.errors import EngineError, EnvError, StoreError
 from agent_rl.registry import make
 from agent_rl.rewards import EpisodeOutcome, apply_group_reward
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
@@ -130,19 +130,34 @@ class Scheduler:
                 yield index, task
 
     async def _wait_within_staleness(self) -> None:
-        """Block while the served policy is more than eta versions behind the newest one."""
+        """Block while the served policy is more than eta versions behind the newest one, or
+        while no engine answers (a crashed engine being restarted): new episodes wait for it
+        instead of failing one after another."""
+        unavailable = False
         while True:
             latest = await self.ctx.store.latest_version(self.run_id)  # type: ignore[arg-type]
             served = await self._served_version()
-            if served >= latest - self.max_staleness:
+            if served is None:
+                if not unavailable:
+                    log.warning("no engine answers; admission waits for one")
+                    unavailable = True
+            elif served >= latest - self.max_staleness:
+                if unavailable:
+                    log.info("an engine answers again; admission resumes")
                 return
-            self.stats.waits_for_staleness += 1
+            else:
+                self.stats.waits_for_staleness += 1
             await anyio.sleep(self.version_poll_s)
 
-    async def _served_version(self) -> int:
+    async def _served_version(self) -> int | None:
+        """The policy version the engines serve, or None if none answers."""
         from agent_rl.rollout.runner import policy_version
 
-        info = await self.ctx.client.model_info()
+        try:
+            info = await self.ctx.client.model_info()
+        except (EngineError, OSError) as e:
+            log.debug("model_info failed: %s", e)
+            return None
         return policy_version(info.get("weight_version"))
 
     async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None) -> None:

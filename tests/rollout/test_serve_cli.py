@@ -33,7 +33,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _terminal(db: Path) -> int:
     try:
-        with sqlite3.connect(db, timeout=30) as conn:
+        # Read-only: opening must not create the file before serve does.
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
             return conn.execute(
                 "SELECT count(*) FROM episodes WHERE status NOT IN ('waiting', 'running')"
             ).fetchone()[0]
@@ -74,7 +75,7 @@ def test_fresh_directory_serve_survives_engine_crash(tmp_path: Path, engine_venv
         if serve.poll() is None:
             serve.kill()
     assert serve.returncode == 0, out[-3000:]
-    assert "restarting it" in out
+    assert "restarting it" in out, out[-3000:]
 
     listed = subprocess.run([AGENT_RL, "episodes", "list"], cwd=tmp_path, env=_env(),
                             capture_output=True, text=True, timeout=120)
