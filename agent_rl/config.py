@@ -266,6 +266,19 @@ class TrainerConfig(Section):
     max_staleness: int = Field(default=4, ge=0)
     """eta: train only on episodes sampled by a policy at most this many versions old."""
 
+    router_url: str | None = None
+    """Router (or single SGLang server) that loads each export via /update_weights_from_disk;
+    unset: `rollout.router_url`; neither: weights are exported but not synced."""
+
+    claim_lease_s: float = Field(default=300.0, gt=0)
+    """Lease of a claim on ready groups; a trainer that dies holding one gives them back after it."""
+
+    data_poll_s: float = Field(default=1.0, gt=0)
+    """How often a trainer waiting for ready groups asks the store again."""
+
+    tensorboard_dir: Path | None = Path("runs/tensorboard")
+    """Where per-step TensorBoard scalars go (offline event files); unset: none."""
+
     sft_lr: float = Field(default=1e-3, gt=0)
     """Learning rate of `agent-rl train --sft` (cross-entropy on demonstration tokens)."""
 

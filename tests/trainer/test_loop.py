@@ -1,0 +1,193 @@
+"""The asynchronous loop end to end: real SGLang (tiny-moe, routed experts) serves episodes into a
+real SQLite store; the real Megatron trainer consumes them, commits policy versions, exports and
+syncs weights to the engine; parity of its logprobs with the rollout's; routing replay (R3)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from agent_rl.config import Config, TrainerConfig
+from agent_rl.engine.client import EngineClient
+from agent_rl.serve import serve
+from agent_rl.store import Store
+from tests.rollout.conftest import serve_config
+from tests.trainer.loop_envs import ENV_ID, register_loop_envs
+from trainer.data import fill_unknown_experts, load_batch
+from trainer.engine import engine
+from trainer.loop import TrainLoop
+
+EPISODES = 8  # 4 groups of 2
+# A random model almost never ends a turn by itself; common letters end its turns early, so
+# episodes finish (not truncated) and rewards vary with the answer's length.
+STOP = ["e", "a"]
+
+
+@pytest.fixture(scope="module")
+def served_db(tmp_path_factory: pytest.TempPathFactory, sglang_moe_server: Any,
+              tiny_moe_model: Path) -> Path:
+    """A SQLite store filled once by `serve` (calculator, multi-turn, experts recorded)."""
+    register_loop_envs()
+    path = tmp_path_factory.mktemp("served") / "store.db"
+    cfg = serve_config(f"sqlite:///{path}", sglang_moe_server.url, tiny_moe_model,
+                       filter_zero_variance=False, env=ENV_ID, stop=STOP)
+    stats = anyio.run(lambda: serve(cfg, max_episodes=EPISODES))
+    assert stats.completed == EPISODES, stats
+    return path
+
+
+def trainer_config(db: Path, tmp: Path, server_url: str, model: Path, **trainer: Any) -> Config:
+    cfg = serve_config(f"sqlite:///{db}", server_url, model, filter_zero_variance=False, env=ENV_ID, stop=STOP)
+    values: dict[str, Any] = dict(
+        groups_per_step=2, micro_batch_size=4, lr=3e-5, router_url=server_url,
+        checkpoint_dir=tmp / "ckpt", export_dir=tmp / "exports", tensorboard_dir=tmp / "tb",
+        data_poll_s=0.2,
+    )
+    values.update(trainer)
+    return cfg.model_copy(update={"trainer": TrainerConfig(**values)})
+
+
+@pytest.fixture
+def store_copy(served_db: Path, tmp_path: Path) -> Path:
+    """A private copy of the served store (tests mark episodes trained)."""
+    target = tmp_path / "store.db"
+    shutil.copy(served_db, target)
+    return target
+
+
+@pytest.fixture
+def restore_engine(sglang_moe_server: Any, tiny_moe_model: Path) -> Iterator[None]:
+    yield
+
+    async def back() -> None:
+        async with EngineClient(sglang_moe_server.url) as c:
+            await c.update_weights_from_disk(tiny_moe_model, weight_version="default")
+
+    asyncio.run(back())
+
+
+def _ask(cfg: Config, fn: Any) -> Any:
+    async def go() -> Any:
+        async with await Store.open(cfg.store) as store:
+            return await fn(store, await store.run_id(cfg.run.name))
+
+    return asyncio.run(go())
+
+
+def test_train_consumes_served_episodes_and_syncs(
+    store_copy: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path,
+    restore_engine: None,
+) -> None:
+    cfg = trainer_config(store_copy, tmp_path, sglang_moe_server.url, tiny_moe_model,
+                         checkpoint_every=2)
+    lines: list[str] = []
+    with engine(tiny_moe_model, cfg.trainer) as e:
+        stats = TrainLoop(cfg, e, log=lines.append).run(max_steps=2)
+    print("\n".join(lines))
+    assert stats.steps == 2 and stats.version == 2 and stats.lost_leases == 0
+    versions = [v for v in _ask(cfg, lambda s, r: s.policy_versions(r)) if v["version"] > 0]
+    assert [v["version"] for v in versions] == [1, 2]  # version 0: the starting weights
+    for v in versions:
+        m = v["metrics"]
+        for key in ("loss", "grad_norm", "entropy", "policy_kl", "clip_fraction",
+                    "train_rollout_logprob_abs_diff", "idle_fraction", "tokens_per_s",
+                    "staleness_histogram", "routing_mismatch_fraction"):
+            assert key in m, key
+        assert m["episodes"] == 4
+    assert any(v["metrics"]["grad_norm"] > 0 for v in versions)  # rewards vary within groups
+    assert versions[1]["checkpoint"] and Path(versions[1]["checkpoint"]).is_dir()
+    ledger = _ask(cfg, lambda s, r: s.ledger(r))
+    assert ledger.balances()
+    episodes = _ask(cfg, lambda s, r: s.list_episodes(run_id=r))
+    assert sorted(e.trained_step for e in episodes) == [1] * 4 + [2] * 4
+    # The trainer kept its logprobs of the first micro-batch for inspection.
+    first = min(e.id for e in episodes)
+    kept = _ask(cfg, lambda s, r: s.trainer_logprobs(first))
+    assert kept is not None and kept.shape[0] > 0
+
+    async def served_version() -> str:
+        async with EngineClient(sglang_moe_server.url) as c:
+            return (await c.model_info())["weight_version"]
+
+    assert asyncio.run(served_version()) == "2"
+    assert (tmp_path / "exports" / "v000002" / "config.json").is_file()
+    assert any((tmp_path / "tb").iterdir())  # TensorBoard event file
+
+
+def _batch(cfg: Config) -> Any:
+    async def go() -> Any:
+        async with await Store.open(cfg.store) as store:
+            run = await store.run_id(cfg.run.name)
+            claim = await store.claim(run, "test", 4)
+            await store.release(claim)
+            return await load_batch(store, claim, 1)
+
+    return asyncio.run(go())
+
+
+def test_trainer_logprobs_match_rollout_logprobs(
+    served_db: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path
+) -> None:
+    cfg = trainer_config(served_db, tmp_path, sglang_moe_server.url, tiny_moe_model)
+    data = _batch(cfg)
+    with engine(tiny_moe_model, cfg.trainer) as e:
+        batch = fill_unknown_experts(e, data.batch)
+        ours = e.logprobs(batch)["logprobs"]
+    mask = batch.loss_mask
+    diff = float(((ours - batch.rollout_logprobs).abs() * mask).sum() / mask.sum())
+    print(f"trainer vs rollout logprobs over {int(mask.sum())} model tokens of "
+          f"{len(data.episode_ids)} served episodes: mean abs diff {diff:.2e}")
+    assert diff <= 1e-4
+
+
+def test_routing_replay_uses_rollout_experts(
+    served_db: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    cfg = trainer_config(served_db, tmp_path, sglang_moe_server.url, tiny_moe_model, lr=1e-2)
+    data = _batch(cfg)
+    used: list[torch.Tensor] = []
+    original = RouterReplay.get_replay_topk
+
+    def noting(self, scores, topk, *args, **kwargs):  # type: ignore[no-untyped-def]
+        probs, idx = original(self, scores, topk, *args, **kwargs)
+        used.append(idx.detach().clone())
+        return probs, idx
+
+    with engine(tiny_moe_model, cfg.trainer) as e:
+        batch = fill_unknown_experts(e, data.batch)
+        e.rl_step(batch)  # a large step: the trainer's own routing now drifts from the rollout's
+        e.rl_step(batch)
+        monkeypatch.setattr(RouterReplay, "get_replay_topk", noting)
+        e.cfg = e.cfg.model_copy(update={"routing_replay": True, "micro_batch_size": 64})
+        e.logprobs(batch)
+        replayed = [u.clone() for u in used]
+        monkeypatch.setattr(RouterReplay, "get_replay_topk", original)
+        e.cfg = e.cfg.model_copy(update={"routing_replay": False, "lr": 0.0})
+        assert e.replay is not None
+        positions = torch.arange(batch.length).unsqueeze(0).expand(batch.size, -1)
+        assert batch.routed_experts is not None and batch.routed_valid is not None
+        with torch.no_grad(), e.replay.forward_context(
+            batch.routed_experts, batch.routed_valid, False
+        ) as mismatch:
+            e.model(batch.tokens, positions, None)
+    # Replay on: every MoE layer used exactly the rollout's experts on every recorded token.
+    valid = batch.routed_valid.transpose(0, 1).reshape(-1)
+    layers = batch.routed_experts.shape[2]
+    assert len(replayed) == layers
+    for layer, idx in enumerate(replayed):
+        recorded = batch.routed_experts[:, :, layer].transpose(0, 1).reshape(-1, idx.shape[-1])
+        same = (idx.sort(-1).values == recorded.sort(-1).values).all(-1)[valid]
+        assert bool(same.all()), f"layer {layer}: {float(same.float().mean()):.4f} equal"
+    print(f"R3: replay on, 100% of {int(valid.sum())} recorded tokens used the rollout's experts; "
+          f"replay off, free routing differs on {mismatch.fraction:.4f} of them")
+    assert mismatch.fraction > 0

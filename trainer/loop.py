@@ -1,0 +1,281 @@
+"""The asynchronous training loop: claim ready groups, step, commit, export, sync, checkpoint.
+
+Each step: claim `groups_per_step` ready groups whose policy version is within the staleness
+bound (min_version = current version - max_staleness; `--sync` uses 0: only data of the current
+policy) under a lease; if fewer are ready, give them back and wait, counting the wait as idle
+time and saying so on the terminal; build the batch from the stored tokens (trainer/data.py);
+take one RL step; then ONE `store.commit` marks the groups' episodes trained and publishes the
+new policy version (with the step's metrics, read by the web API). Every `export_every` steps
+the weights are exported as HF safetensors and the router is asked to load them; every
+`checkpoint_every` steps and at shutdown a dist_checkpointing checkpoint is written. A restart
+resumes from the latest checkpoint; versions continue from the store's latest, and groups a dead
+trainer held return to the store when its lease expires (commits are by claim id, so no episode
+is trained twice). If a commit loses its lease, the step's data is discarded (logged).
+
+Multi-rank (torchrun): every rank steps; only rank 0 talks to the store and the router, and
+broadcasts each step's data to the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from agent_rl.config import Config
+from agent_rl.errors import LeaseLostError
+from agent_rl.store import Claim, Store
+from trainer.data import TrainingData, fill_unknown_experts, load_batch
+from trainer.sync import check_reachable, sync_weights
+
+T = TypeVar("T")
+WAIT_LOG_S = 30.0  # repeat the "waiting for data" line this often
+
+
+@dataclass
+class LoopStats:
+    """What a run of the loop did (returned to the CLI, tests and the benchmark)."""
+
+    steps: int = 0
+    start_step: int = 0
+    version: int = 0
+    idle_s: float = 0.0
+    wall_s: float = 0.0
+    lost_leases: int = 0
+    episodes: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def idle_fraction(self) -> float:
+        return self.idle_s / self.wall_s if self.wall_s else 0.0
+
+
+class TrainLoop:
+    """Consumes the store for run `cfg.run.name`; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        engine: Any,
+        *,
+        sync_mode: bool = False,
+        router_url: str | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg, self.tcfg, self.engine = cfg, cfg.trainer, engine
+        self.sync_mode = sync_mode
+        self.router_url = router_url or cfg.trainer.router_url or cfg.rollout.router_url
+        token = cfg.router.admin_token
+        self.token = token.get_secret_value() if token is not None else None
+        self.log = log
+        self.rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        self.trainer_id = f"trainer-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.stats = LoopStats()
+        self._aio = asyncio.Runner()
+        self._store: Store | None = None
+        self._tb: Any = None
+        self._last_checkpoint_step = -1
+
+    # ----- plumbing ----------------------------------------------------------------------------
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._aio.run(coro)
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None, "only rank 0 talks to the store"
+        return self._store
+
+    def _broadcast(self, obj: Any) -> Any:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # ----- lifecycle ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the store, resume from the latest checkpoint, check the router."""
+        from trainer.engine import latest_checkpoint
+
+        latest = latest_checkpoint(self.tcfg.checkpoint_dir)
+        if latest is not None:
+            step = self.engine.load_checkpoint(latest)
+            self.log(f"resumed from checkpoint {latest} (step {step})")
+        self._last_checkpoint_step = self.engine.step
+        self.stats.start_step = self.engine.step
+        if not self.rank0:
+            return
+        self._store = self._call(Store.open(self.cfg.store))
+        self.run_id = self._call(self.store.ensure_run(self.cfg.run.name))
+        self.stats.version = self._call(self.store.latest_version(self.run_id))
+        if self.router_url:
+            self._call(check_reachable(self.router_url))
+        else:
+            self.log("no router configured: weights are exported but not synced to engines")
+        if self.tcfg.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.tcfg.tensorboard_dir))
+
+    def close(self) -> None:
+        """Checkpoint if steps were taken since the last one; close the store."""
+        try:
+            if self.engine.step != self._last_checkpoint_step:
+                self._checkpoint()
+        finally:
+            if self._tb is not None:
+                self._tb.close()
+            if self._store is not None:
+                self._call(self._store.close())
+            self._aio.close()
+
+    def run(self, max_steps: int | None = None) -> LoopStats:
+        """Train until `max_steps` steps are taken in this process (None: until interrupted)."""
+        self.open()
+        started = time.monotonic()
+        try:
+            while max_steps is None or self.stats.steps < max_steps:
+                self.step_once()
+                self.stats.wall_s = time.monotonic() - started
+        finally:
+            self.stats.wall_s = time.monotonic() - started
+            self.close()
+        return self.stats
+
+    # ----- one step ----------------------------------------------------------------------------
+
+    def _wait_for_claim(self) -> tuple[Claim, float]:
+        """Claim a full batch of groups, waiting (idle) while fewer are ready."""
+        need = self.tcfg.groups_per_step
+        floor = self.stats.version - (0 if self.sync_mode else self.tcfg.max_staleness)
+        waited, announced = 0.0, -WAIT_LOG_S
+        t0 = time.monotonic()
+        while True:
+            claim = self._call(
+                self.store.claim(self.run_id, self.trainer_id, need, min_version=floor,
+                                 lease_s=self.tcfg.claim_lease_s)
+            )
+            if len(claim.groups) >= need:
+                return claim, waited
+            self._call(self.store.release(claim))
+            waited = time.monotonic() - t0
+            if waited - announced >= WAIT_LOG_S:
+                announced = waited
+                self.log(
+                    f"waiting for data: {len(claim.groups)}/{need} groups ready in run "
+                    f"{self.cfg.run.name!r} at policy version >= {max(floor, 0)} "
+                    f"(idle {waited:.0f}s; is `agent-rl serve` running?)"
+                )
+            time.sleep(self.tcfg.data_poll_s)
+
+    def step_once(self) -> dict[str, Any] | None:
+        """Claim, train, commit, export/sync, checkpoint; returns the step's metrics (rank 0)."""
+        claim, data, waited = None, None, 0.0
+        if self.rank0:
+            claim, waited = self._wait_for_claim()
+            data = self._call(
+                load_batch(self.store, claim, self.stats.version + 1,
+                           std_normalize=self.tcfg.advantage_std_normalize,
+                           use_experts=self.engine.replay is not None)
+            )
+        data = self._broadcast(data)
+        assert isinstance(data, TrainingData)
+        t0 = time.monotonic()
+        batch = fill_unknown_experts(self.engine, data.batch) if self.tcfg.routing_replay else data.batch
+        self._record_trainer_logprobs(data, batch)
+        metrics: dict[str, Any] = dict(self.engine.rl_step(batch))
+        step_s = time.monotonic() - t0
+        step = self.engine.step
+        self.stats.idle_s += waited
+        metrics.update(
+            idle_s=waited,
+            step_s=step_s,
+            idle_fraction=waited / max(waited + step_s, 1e-9),
+            tokens_per_s=data.model_tokens / max(step_s, 1e-9),
+            episodes=len(data.episode_ids),
+            reward_mean=sum(data.rewards) / len(data.rewards),
+            staleness_mean=sum(data.staleness) / len(data.staleness),
+            staleness_histogram={str(k): v for k, v in sorted(Counter(data.staleness).items())},
+        )
+        checkpoint = self._checkpoint() if step % self.tcfg.checkpoint_every == 0 else None
+        if self.rank0:
+            assert claim is not None
+            metrics = self._commit(claim, step, metrics, data, checkpoint)
+        self._export_and_sync(step)
+        self.stats.steps += 1
+        return metrics
+
+    def _record_trainer_logprobs(self, data: TrainingData, batch: Any) -> None:
+        """The trainer's (pre-step) logprobs of the first micro-batch, kept for inspection."""
+        mb = batch.rows(slice(0, self.tcfg.micro_batch_size))
+        lp = self.engine.logprobs(mb)["logprobs"]
+        if not self.rank0:
+            return
+        for row, eid in enumerate(data.episode_ids[: mb.size]):
+            length = data.lengths[row]
+            self._call(self.store.record_trainer_logprobs(eid, lp[row, :length].numpy()))
+
+    def _commit(
+        self, claim: Claim, step: int, metrics: dict[str, Any], data: TrainingData,
+        checkpoint: Path | None,
+    ) -> dict[str, Any]:
+        version = self.stats.version + 1
+        try:
+            self._call(
+                self.store.commit(claim, self.run_id, step=step, version=version,
+                                  checkpoint=str(checkpoint) if checkpoint else None,
+                                  metrics=metrics, advantages=data.advantages)
+            )
+        except LeaseLostError as e:
+            self.stats.lost_leases += 1
+            self.log(f"step {step}: {e}")
+            return metrics
+        self.stats.version = version
+        self.stats.episodes += len(data.episode_ids)
+        self.stats.history.append(dict(metrics, version=version))
+        self._report(step, version, metrics)
+        return metrics
+
+    def _report(self, step: int, version: int, m: dict[str, Any]) -> None:
+        self.log(
+            f"step {step} v{version} | loss {m.get('loss', 0):+.4f} kl {m.get('policy_kl', 0):.2e} "
+            f"clip {m.get('clip_fraction', 0):.3f} gnorm {m.get('grad_norm', 0):.3f} "
+            f"ent {m.get('entropy', 0):.3f} |lp-rollout| {m.get('train_rollout_logprob_abs_diff', 0):.1e} "
+            f"stale {m['staleness_histogram']} idle {m['idle_fraction']:.2f} "
+            f"{m['tokens_per_s']:.0f} tok/s reward {m['reward_mean']:.3f}"
+        )
+        if self._tb is not None:
+            for key, value in m.items():
+                if isinstance(value, (int, float)):
+                    self._tb.add_scalar(f"train/{key}", value, step)
+            self._tb.flush()
+
+    def _checkpoint(self) -> Path:
+        path = self.engine.save_checkpoint(self.tcfg.checkpoint_dir)
+        self._last_checkpoint_step = self.engine.step
+        return path
+
+    def _export_and_sync(self, step: int) -> None:
+        if step % self.tcfg.export_every:
+            return
+        version = self._broadcast(self.stats.version)
+        out = Path(self.tcfg.export_dir) / f"v{version:06d}"
+        self.engine.export_hf(out)
+        if not self.rank0:
+            return
+        # Keep the two newest exports: an engine may still be reading the previous one.
+        for old in sorted(Path(self.tcfg.export_dir).glob("v*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        if self.router_url:
+            self._call(sync_weights(self.router_url, out, version, self.token))
