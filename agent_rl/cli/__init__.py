@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "engine": "agent_rl.cli.engine:app",
     "router": "agent_rl.cli.router:router",
     "serve": "agent_rl.cli.serve:serve",
+    "train": "agent_rl.cli.train:train",
     "api": "agent_rl.cli.api:api",
 }
 

@@ -1,0 +1,50 @@
+"""`agent-rl train --sft`: demonstrations tokenized with the chat template (loss on exactly the
+completions and their end-of-turn token), loss going down, checkpoint and HF export written."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agent_rl.config import Config, TrainerConfig
+from agent_rl.demo import demonstrations
+from agent_rl.rollout.render import ChatRenderer
+from trainer.sft import encode_transcript, run_sft
+
+
+def test_transcript_mask_covers_completions_and_their_end(tiny_dense_model: Path) -> None:
+    renderer = ChatRenderer(tiny_dense_model)
+    transcript = asyncio.run(demonstrations("calculator", 1, seed=0))[0]
+    encoded = encode_transcript(renderer, transcript.messages, transcript.tools)
+    assert encoded is not None
+    ids, mask = encoded
+    assert len(ids) == len(mask) and mask[0] == 0.0
+    # The masked tokens are exactly each completion followed by <|im_end|>.
+    runs, current = [], []
+    for token, m in zip(ids, mask):
+        if m:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    if current:
+        runs.append(current)
+    expected = [renderer.encode(c) + [renderer.eos_id] for c in transcript.completions()]
+    assert runs == expected
+    # Masked and unmasked pieces together are the template's rendering of the conversation.
+    assert renderer.decode(ids) == renderer.render(
+        transcript.messages, transcript.tools, generation_prompt=False
+    )
+
+
+def test_sft_lowers_loss_and_exports(tiny_dense_model: Path, tmp_path: Path) -> None:
+    cfg = Config(trainer=TrainerConfig(sft_lr=1e-3, sft_batch_size=2, micro_batch_size=2,
+                                       checkpoint_dir=tmp_path / "unused"))
+    lines: list[str] = []
+    out = tmp_path / "sft"
+    result = run_sft(cfg, tiny_dense_model, out, env_id="calculator", steps=10, log=lines.append)
+    print("\n".join(lines))
+    losses = [float(line.split("loss ")[1].split()[0]) for line in lines if "SFT step" in line]
+    assert losses[-1] < losses[0]
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert Path(result["checkpoint"]).is_dir()
