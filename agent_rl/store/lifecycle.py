@@ -125,10 +125,10 @@ class LifecycleWrites(StoreBase):
             conn.execute(
                 _INSERT_TOOL_CALL,
                 [
-                    dict(episode_id=episode_id, turn_index=index, call_index=i, name=c.name,
-                         arguments=c.arguments, status=c.status, output=c.output,
+                    dict(episode_id=episode_id, turn_index=index, call_index=i, name=_text(c.name),
+                         arguments=_text(c.arguments), status=c.status, output=_text(c.output),
                          exit_status=c.exit_status, duration_s=c.duration_s,
-                         sandbox_error=c.sandbox_error)
+                         sandbox_error=_text(c.sandbox_error))
                     for i, c in enumerate(turn.tool_calls)
                 ],
             )
@@ -189,7 +189,7 @@ class LifecycleWrites(StoreBase):
         res = conn.execute(
             update(Episode)
             .where(Episode.id == episode_id, Episode.status.in_(("waiting", "running")))
-            .values(status="failed", error_type=error_type, error_cause=cause, finished_at=now())
+            .values(status="failed", error_type=error_type, error_cause=_text(cause), finished_at=now())
         )
         if res.rowcount != 1:
             _raise_state(conn, episode_id, "waiting or running")
@@ -346,10 +346,16 @@ def _insert_messages(
             _INSERT_MESSAGE,
             [
                 dict(episode_id=episode_id, turn_index=turn_index, position=start + i,
-                     role=m.role, content=m.content, tool_calls=m.tool_calls, name=m.name)
+                     role=m.role, content=_text(m.content), tool_calls=m.tool_calls, name=_text(m.name))
                 for i, m in enumerate(messages)
             ],
         )
+
+
+def _text(value: str | None) -> str | None:
+    """Text as stored: PostgreSQL text cannot hold NUL, which a model can generate, so NUL is
+    stored as U+FFFD on every backend (the token arrays keep the exact ids)."""
+    return value.replace("\x00", "\ufffd") if value else value
 
 
 def _raise_state(conn: Connection, episode_id: int, expected: str) -> None:

@@ -139,3 +139,21 @@ async def test_trainer_logprobs(db_url: str) -> None:
         assert np.array_equal(await store.trainer_logprobs(eps[0]), values)
         with pytest.raises(StoreError, match="12 tokens"):
             await store.record_trainer_logprobs(eps[0], values[:3])
+
+
+async def test_nul_in_generated_text_is_stored(db_url: str) -> None:
+    """A model can generate NUL; PostgreSQL text cannot hold it. The turn is stored all the
+    same (NUL as U+FFFD in text; the token ids stay exact)."""
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        task = await store.add_task(run, "calculator", "1", {})
+        _, (episode,) = await store.admit_group(run, task, "calculator", 1)
+        await store.start_episode(episode, "s")
+        turn = make_turn(1)
+        turn.messages[1].content = "a\x00b"
+        turn.tool_calls[0].output = "\x00"
+        await store.append_turn(episode, turn, final_reward=1.0)
+        detail = await store.get_episode(episode)
+        assert detail.messages[1]["content"] == "a\ufffdb"
+        assert detail.tool_calls[0]["output"] == "\ufffd"
+        assert await store.episode_tokens(episode) == turn.tokens
