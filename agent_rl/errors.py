@@ -47,3 +47,8 @@ class SandboxError(AgentRLError):
 
 class EngineError(AgentRLError):
     """The inference engine (or the router in front of it) failed or is unreachable."""
+
+
+class EngineUnavailableError(EngineError):
+    """No engine could take the request (503: all workers down, quarantined or breaker-open);
+    nothing was generated, so the request may be sent again."""

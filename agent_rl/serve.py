@@ -54,9 +54,10 @@ def default_model(model: Path | None) -> Path:
     return DEFAULT_MODEL_DIR
 
 
-async def serve(cfg: Config, *, max_episodes: int | None = None) -> SchedulerStats:
+async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool = False) -> SchedulerStats:
     """Run the rollout side until `max_episodes` are admitted and finished (None: until
-    cancelled); returns the scheduler's statistics."""
+    cancelled); returns the scheduler's statistics. `with_api` also serves the web API and
+    viewer (on `api.port` when configured, else a free port) for as long as serve runs."""
     from agent_rl.engine.client import EngineClient
     from agent_rl.registry import make
     from agent_rl.rollout.render import ChatRenderer
@@ -82,6 +83,13 @@ async def serve(cfg: Config, *, max_episodes: int | None = None) -> SchedulerSta
             run_name=cfg.run.name, model_name=model.name, sandbox_backend=backend,
             routed_experts=cfg.engine.moe_routing_replay,
         )
+        if with_api:
+            from agent_rl.api import create_app, serve_api
+
+            api_cfg = cfg.api if "port" in cfg.api.model_fields_set else cfg.api.model_copy(update={"port": 0})
+            app = create_app(cfg, store=store, sandboxes=backend, runner=ctx)
+            port = await tg.start(serve_api, app, api_cfg)
+            log.info("web API and viewer at http://%s:%d/", api_cfg.host, port)
         scheduler = Scheduler(
             ctx, env_id=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
             max_staleness=cfg.trainer.max_staleness,

@@ -23,6 +23,7 @@ def serve(
     router_url: Annotated[
         Optional[str], typer.Option(help="Generate through this router instead of an embedded one.")
     ] = None,
+    api: Annotated[bool, typer.Option("--api/--no-api", help="Serve the web API and viewer too.")] = True,
 ) -> None:
     """Run the scheduler and episode runners; by default with an embedded router and engine."""
     from agent_rl.serve import serve as run_serve
@@ -37,7 +38,7 @@ def serve(
         updates["engine"] = cfg.engine.model_copy(update={"model": model})
     cfg = cfg.model_copy(update=updates)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stats = anyio.run(lambda: run_serve(cfg, max_episodes=max_episodes))
+    stats = anyio.run(lambda: run_serve(cfg, max_episodes=max_episodes, with_api=api))
 
     async def ledger():  # type: ignore[no-untyped-def]
         async with await Store.open(cfg.store) as store:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
-from agent_rl.errors import EngineError
+from agent_rl.errors import EngineError, EngineUnavailableError
 
 PauseMode = Literal["in_place", "retract", "abort"]
 
@@ -365,4 +365,5 @@ class EngineClient:
 async def _raise_for_status(resp: aiohttp.ClientResponse, path: str) -> None:
     if resp.status != 200:
         detail = (await resp.text())[:500]
-        raise EngineError(f"engine at {resp.url.origin()}: {path} answered {resp.status}: {detail}")
+        error = EngineUnavailableError if resp.status == 503 else EngineError
+        raise error(f"engine at {resp.url.origin()}: {path} answered {resp.status}: {detail}")

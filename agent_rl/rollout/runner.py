@@ -23,12 +23,13 @@ from typing import Any
 
 import anyio
 import numpy as np
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from agent_rl import telemetry
 from agent_rl.config import RolloutConfig
 from agent_rl.engine.client import EngineClient, Generation
 from agent_rl.env import Env, EnvCodeError, StepResult
-from agent_rl.errors import EngineError, EnvError, SandboxError, StoreError
+from agent_rl.errors import EngineError, EngineUnavailableError, EnvError, SandboxError, StoreError
 from agent_rl.messages import AssistantTurn, Message
 from agent_rl.registry import make
 from agent_rl.rollout.render import ChatRenderer, Conversation
@@ -177,6 +178,21 @@ class EpisodeRunner:
         raise _Finished(0.0, {"truncated": "max_turns"})
 
     async def _generate(self, input_ids: list[int], max_new: int, turn: int, persisted: int) -> Generation:
+        cfg = self.ctx.cfg
+        # A 503 means no engine took the request (e.g. one restarting after a crash): nothing
+        # was generated, so waiting and sending it again is safe; the episode deadline bounds it.
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(EngineUnavailableError),
+            wait=wait_exponential_jitter(initial=0.5, max=5.0),
+            stop=stop_after_delay(cfg.episode_timeout_s),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._generate_once(input_ids, max_new, turn, persisted)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _generate_once(self, input_ids: list[int], max_new: int, turn: int, persisted: int) -> Generation:
         cfg = self.ctx.cfg
         with telemetry.chat(self.ctx.model_name, max_new, cfg.temperature) as span:
             gen = await self.ctx.client.generate(

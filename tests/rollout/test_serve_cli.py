@@ -55,7 +55,7 @@ def test_fresh_directory_serve_survives_engine_crash(tmp_path: Path, engine_venv
         [rollout]
         max_new_tokens = 48
         max_concurrent_episodes = 4
-        group_size = 8
+        group_size = 4
     """))
     serve = subprocess.Popen([AGENT_RL, "serve", "--env", "calculator", "--max-episodes", "16"],
                              cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
