@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import Connection, case, insert, or_, select, update
+from sqlalchemy import Connection, bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import LeaseLostError, StoreError
@@ -138,17 +138,17 @@ class Consumption(StoreBase):
                     f"claim {claim.claim_id}: {len(claim.group_ids) - res.rowcount} groups were "
                     "taken over after the lease expired; the step is discarded"
                 )
-            values: dict[str, Any] = {"status": "trained", "trained_step": step}
-            if advantages:
-                values["advantage"] = case(
-                    {e: float(a) for e, a in advantages.items()}, value=Episode.id,
-                    else_=Episode.advantage,
-                )
             conn.execute(
                 update(Episode)
                 .where(Episode.group_id.in_(claim.group_ids), Episode.status == "completed")
-                .values(**values)
+                .values(status="trained", trained_step=step)
             )
+            if advantages:
+                # executemany of one prebuilt statement: building a 256-way CASE per step cost
+                # more Python time than the database work.
+                conn.execute(
+                    _SET_ADVANTAGE, [{"eid": e, "adv": float(a)} for e, a in advantages.items()]
+                )
         try:
             with conn.begin_nested():
                 conn.execute(
@@ -162,3 +162,8 @@ class Consumption(StoreBase):
             raise StoreError(
                 f"policy version {version} is not newer than the latest (published concurrently)"
             ) from e
+
+
+_SET_ADVANTAGE = (
+    update(Episode).where(Episode.id == bindparam("eid")).values(advantage=bindparam("adv"))
+)
