@@ -68,16 +68,22 @@ def train(
         console.print(f"SFT done: {result['steps']} steps, final loss {result['loss']:.4f}; "
                       f"checkpoint {result['checkpoint']}; HF export {out}")
         return
+    import anyio
+
     from trainer.engine import engine
     from trainer.loop import TrainLoop
+    from trainer.sync import check_reachable
 
+    url = router_url or cfg.trainer.router_url or cfg.rollout.router_url
+    if url:  # before the (slow) model build: a wrong URL fails in a second
+        anyio.run(check_reachable, url)
     with engine(model_dir, cfg.trainer) as e:
         loop = TrainLoop(cfg, e, sync_mode=sync, router_url=router_url,
                          log=lambda line: console.print(line, highlight=False, soft_wrap=True))
         try:
             stats = loop.run(max_steps)
         except KeyboardInterrupt:
-            err_console.print("interrupted: checkpoint written")
+            err_console.print("interrupted")
             raise
     console.print(f"trained {stats.steps} steps (now policy version {stats.version}), "
                   f"{stats.episodes} episodes, idle {stats.idle_fraction:.1%} of {stats.wall_s:.0f}s")

@@ -10,41 +10,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 import torch
 
 from agent_rl.config import Config, TrainerConfig
 from agent_rl.engine.client import EngineClient
-from agent_rl.serve import serve
 from agent_rl.store import Store
-from tests.rollout.conftest import serve_config
-from tests.trainer.loop_envs import ENV_ID, register_loop_envs
+from tests.trainer._served import served_config, served_db  # noqa: F401 (fixture)
 from trainer.data import fill_unknown_experts, load_batch
 from trainer.engine import engine
 from trainer.loop import TrainLoop
 
-EPISODES = 8  # 4 groups of 2
-# A random model almost never ends a turn by itself; common letters end its turns early, so
-# episodes finish (not truncated) and rewards vary with the answer's length.
-STOP = ["e", "a"]
-
-
-@pytest.fixture(scope="module")
-def served_db(tmp_path_factory: pytest.TempPathFactory, sglang_moe_server: Any,
-              tiny_moe_model: Path) -> Path:
-    """A SQLite store filled once by `serve` (calculator, multi-turn, experts recorded)."""
-    register_loop_envs()
-    path = tmp_path_factory.mktemp("served") / "store.db"
-    cfg = serve_config(f"sqlite:///{path}", sglang_moe_server.url, tiny_moe_model,
-                       filter_zero_variance=False, env=ENV_ID, stop=STOP)
-    stats = anyio.run(lambda: serve(cfg, max_episodes=EPISODES))
-    assert stats.completed == EPISODES, stats
-    return path
-
 
 def trainer_config(db: Path, tmp: Path, server_url: str, model: Path, **trainer: Any) -> Config:
-    cfg = serve_config(f"sqlite:///{db}", server_url, model, filter_zero_variance=False, env=ENV_ID, stop=STOP)
+    cfg = served_config(db, server_url, model)
     values: dict[str, Any] = dict(
         groups_per_step=2, micro_batch_size=4, lr=3e-5, router_url=server_url,
         checkpoint_dir=tmp / "ckpt", export_dir=tmp / "exports", tensorboard_dir=tmp / "tb",
