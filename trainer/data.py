@@ -31,7 +31,8 @@ class TrainingData:
     episode_ids: list[int]
     advantages: dict[int, float]
     staleness: list[int]
-    """Per episode: the training version minus the oldest version that sampled one of its tokens."""
+    """Per episode: the current policy version (before this step) minus the oldest version that
+    sampled one of its tokens (0: fully on-policy)."""
     model_tokens: int
     lengths: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)

@@ -185,7 +185,7 @@ class TrainLoop:
         if self.rank0:
             claim, waited = self._wait_for_claim()
             data = self._call(
-                load_batch(self.store, claim, self.stats.version + 1,
+                load_batch(self.store, claim, self.stats.version,
                            std_normalize=self.tcfg.advantage_std_normalize,
                            use_experts=self.engine.replay is not None)
             )
