@@ -452,6 +452,11 @@ class ApiConfig(Section):
     """Wall-clock limit of one replay or fork."""
 
 
+class TelemetryConfig(Section):
+    exporter: Literal["none", "console"] = "none"
+    """Where OpenTelemetry spans go: nowhere (the API is a no-op), or the console."""
+
+
 class RunConfig(Section):
     name: str = "default"
     """Name of the run; serve and train with the same name share one run in the store."""
@@ -484,6 +489,9 @@ class Config(BaseSettings):
 
     sandbox: SandboxConfig = SandboxConfig()
     """Sandboxes that run the agents' tool calls."""
+
+    telemetry: TelemetryConfig = TelemetryConfig()
+    """OpenTelemetry tracing of episodes, generations and tool calls (off by default)."""
 
     rollout: RolloutConfig = RolloutConfig()
     """The scheduler and episode runners of `agent-rl serve` (admission uses

@@ -63,6 +63,9 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
     from agent_rl.rollout.render import ChatRenderer
     from agent_rl.rollout.runner import RunnerContext
 
+    from agent_rl import telemetry
+
+    telemetry.configure(cfg.telemetry.exporter)
     model = default_model(cfg.engine.model)
     store = await open_store(cfg.store)
     async with AsyncExitStack() as stack:
