@@ -209,10 +209,13 @@ class TrainLoop:
             staleness_histogram={str(k): v for k, v in sorted(Counter(data.staleness).items())},
         )
         checkpoint = self._checkpoint() if step % self.tcfg.checkpoint_every == 0 else None
+        committed = False
         if self.rank0:
             assert claim is not None
-            metrics = self._commit(claim, step, metrics, data, checkpoint)
-        self._export_and_sync(step)
+            committed = self._commit(claim, step, metrics, data, checkpoint)
+        # No new version after a lost lease: nothing to label an export with until the next one.
+        if self._broadcast(committed):
+            self._export_and_sync(step)
         self.stats.steps += 1
         return metrics
 
@@ -229,7 +232,7 @@ class TrainLoop:
     def _commit(
         self, claim: Claim, step: int, metrics: dict[str, Any], data: TrainingData,
         checkpoint: Path | None,
-    ) -> dict[str, Any]:
+    ) -> bool:
         version = self.stats.version + 1
         try:
             self._call(
@@ -240,12 +243,12 @@ class TrainLoop:
         except LeaseLostError as e:
             self.stats.lost_leases += 1
             self.log(f"step {step}: {e}")
-            return metrics
+            return False
         self.stats.version = version
         self.stats.episodes += len(data.episode_ids)
         self.stats.history.append(dict(metrics, version=version))
         self._report(step, version, metrics)
-        return metrics
+        return True
 
     def _report(self, step: int, version: int, m: dict[str, Any]) -> None:
         self.log(
