@@ -26,6 +26,7 @@ from agent_rl.config import Config
 from agent_rl.env import Env
 from agent_rl.errors import EnvError, StoreError
 from agent_rl.registry import make
+from agent_rl.rollout.episode_env import episode_sandbox
 from agent_rl.rollout.tool_calls import parse_completion
 from agent_rl.store import Store
 from agent_rl.tasks import Task
@@ -113,25 +114,14 @@ async def replay_episode(
     run = await store.get_run(ep.run_id)
     env = make(ep.env_id, **env_kwargs_for(cfg, run.get("config"), ep.env_id))
     initial, turns = split_transcript(detail.messages)
+    if env.needs_sandbox and sandboxes is None:
+        raise EnvError(f"{ep.env_id} needs a sandbox and this API has no sandbox backend")
     with anyio.fail_after(cfg.api.replay_timeout_s):
-        sandbox = None
-        if env.needs_sandbox:
-            if sandboxes is None:
-                raise EnvError(f"{ep.env_id} needs a sandbox and this API has no sandbox backend")
-            from tools_sandbox.base import SandboxSpec
-
-            sandbox = await (await sandboxes()).create(env.sandbox_spec or SandboxSpec())
-        try:
+        backend = await sandboxes() if env.needs_sandbox and sandboxes is not None else None
+        async with episode_sandbox(env, backend) as sandbox:
             return await _replay(
                 env, ep, Task(id=task_row["key"], data=task_row["payload"]), initial, turns, sandbox
             )
-        finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await env.close()
-                finally:
-                    if sandbox is not None:
-                        await sandbox.close()
 
 
 async def _replay(

@@ -32,6 +32,7 @@ from agent_rl.env import Env, EnvCodeError, StepResult
 from agent_rl.errors import EngineError, EngineUnavailableError, EnvError, SandboxError, StoreError
 from agent_rl.messages import AssistantTurn, Message
 from agent_rl.registry import make
+from agent_rl.rollout.episode_env import episode_sandbox
 from agent_rl.rollout.render import ChatRenderer, Conversation
 from agent_rl.rollout.tool_calls import parse_completion
 from agent_rl.store import MessageRecord, Store, TokenArrays, ToolCallRecord, TurnRecord
@@ -111,24 +112,12 @@ class EpisodeRunner:
 
     async def _run(self) -> EpisodeResult:
         env: Env = make(self.env_id, **self.env_kwargs)
-        sandbox = None
-        try:
-            if env.needs_sandbox:
-                if self.ctx.sandbox_backend is None:
-                    raise SandboxError(f"{self.env_id} needs a sandbox but serve has no backend")
-                sandbox = await self.ctx.sandbox_backend.create(env.sandbox_spec or _default_spec())
+        async with episode_sandbox(env, self.ctx.sandbox_backend) as sandbox:
             first = await env.reset(self.task, self.seed, sandbox=sandbox)
             try:
                 return await self._loop(env, list(first.messages), first.tools)
             except _Finished as done:
                 return EpisodeResult("completed", done.reward)
-        finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await env.close()
-                finally:
-                    if sandbox is not None:
-                        await sandbox.close()
 
     async def _loop(self, env: Env, messages: list[Message], tools: list[dict[str, Any]]) -> EpisodeResult:
         cfg = self.ctx.cfg
@@ -263,12 +252,6 @@ class EpisodeRunner:
             await self.ctx.store.fail_episode(self.episode_id, kind, cause)
         except StoreError as e:  # already terminal (e.g. completed just before a cancel)
             log.info("episode %d: %s", self.episode_id, e)
-
-
-def _default_spec() -> Any:
-    from tools_sandbox.base import SandboxSpec
-
-    return SandboxSpec()
 
 
 def _record(m: Message) -> MessageRecord:

@@ -1,0 +1,38 @@
+"""An environment instance and its sandbox for one episode, released together.
+
+The runner, replay and fork all hold an env and (when it needs one) a fresh sandbox for the
+length of one episode; both must be closed however the episode ends, cancellation included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from agent_rl.env import Env
+from agent_rl.errors import SandboxError
+
+
+@asynccontextmanager
+async def episode_sandbox(env: Env, backend: Any) -> AsyncIterator[Any]:
+    """Yield the episode's sandbox from `backend` (None if `env` needs none); on exit close the
+    env, then the sandbox, shielded from cancellation."""
+    sandbox = None
+    try:
+        if env.needs_sandbox:
+            if backend is None:
+                raise SandboxError(f"{env.env_id} needs a sandbox but no sandbox backend is configured")
+            from tools_sandbox.base import SandboxSpec
+
+            sandbox = await backend.create(env.sandbox_spec or SandboxSpec())
+        yield sandbox
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await env.close()
+            finally:
+                if sandbox is not None:
+                    await sandbox.close()
