@@ -1,0 +1,92 @@
+"""Config of the rollout side of `serve` (scheduler, runners) and the web API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr
+
+from agent_rl.config.base import Section
+
+
+class RolloutConfig(Section):
+    env: str = "calculator"
+    """Registry id of the environment `serve` runs (`agent-rl envs list`)."""
+
+    env_kwargs: dict[str, Any] = {}
+    """Keyword arguments for `make(env, **env_kwargs)` (e.g. `tasks = "my_tasks.jsonl"`)."""
+
+    split: str = "train"
+    """Task split to draw from."""
+
+    seed: int = 0
+    """Seed of the task order and of per-episode seeds; a restart continues the same order."""
+
+    group_size: int = Field(default=8, ge=1)
+    """Episodes per task; GRPO computes one advantage baseline over them."""
+
+    max_concurrent_episodes: int = Field(default=32, ge=1)
+    """Episodes running at once in one serve process."""
+
+    max_turns: int = Field(default=8, ge=1)
+    """Assistant turns before the runner truncates an episode (reward 0, recorded why)."""
+
+    max_tokens: int = Field(default=2048, ge=16)
+    """Token budget of a whole episode (prompt, completions, observations)."""
+
+    max_new_tokens: int = Field(default=128, ge=1)
+    """Most tokens one generation may produce."""
+
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature (1.0 keeps the behaviour logprobs on-policy)."""
+
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling threshold."""
+
+    stop: list[str] = []
+    """Extra stop strings ending a turn (the chat template's end-of-turn token always does)."""
+
+    episode_timeout_s: float = Field(default=600.0, gt=0)
+    """Wall-clock deadline of one episode; past it the episode is truncated."""
+
+    filter_zero_variance: bool = True
+    """Filter groups whose rewards are all equal (they carry no GRPO signal), with the reason."""
+
+    router_url: str | None = None
+    """An external router (or SGLang server) to generate with; unset: `serve` starts the
+    embedded router and one engine."""
+
+    heartbeat_s: float = Field(default=10.0, gt=0)
+    """How often a serve process marks its running episodes alive."""
+
+    stale_after_s: float = Field(default=60.0, gt=0)
+    """A running episode whose process has not beaten for this long is resolved as interrupted."""
+
+
+class ApiConfig(Section):
+    host: str = "127.0.0.1"
+    """Address the web API and viewer bind; loopback by default. On any other address every
+    endpoint, reads included, needs the bearer token."""
+
+    port: int = Field(default=30200, ge=0, le=65535)
+    """Port of the web API and viewer (0 picks a free one)."""
+
+    token: SecretStr | None = None
+    """Bearer token for the mutating endpoints (replay, fork); unset: they answer 403."""
+
+    max_page_size: int = Field(default=500, ge=1, le=10_000)
+    """Most episodes one list request returns; larger `limit`s are clamped to it."""
+
+    max_request_bytes: int = Field(default=65_536, ge=1024)
+    """Largest request body accepted; beyond it the answer is 413."""
+
+    tokenizer: Path | None = None
+    """HF tokenizer (or model) directory for the token view's text pieces; unset: the run's
+    `engine.model`, then this config's `engine.model`."""
+
+    events_poll_s: float = Field(default=0.5, gt=0)
+    """How often the live event stream of a running episode polls the store for new turns."""
+
+    replay_timeout_s: float = Field(default=300.0, gt=0)
+    """Wall-clock limit of one replay or fork."""

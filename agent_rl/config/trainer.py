@@ -1,0 +1,123 @@
+"""Config of the Megatron-core trainer (`agent-rl train`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from agent_rl.config.base import Section
+
+
+class TrainerConfig(Section):
+    model: Path | None = None
+    """HF model directory training starts from (exports keep its config and tokenizer)."""
+
+    lr: float = Field(default=3e-5, gt=0)
+    """Adam learning rate for RL (3e-5 suits the tiny models; 1e-3 or 3e-4 collapsed them)."""
+
+    lr_warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps over which the learning rate ramps linearly up to `lr`."""
+
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
+    """Adam beta1."""
+
+    adam_beta2: float = Field(default=0.99, ge=0, lt=1)
+    """Adam beta2."""
+
+    adam_eps: float = Field(default=1e-8, gt=0)
+    """Adam epsilon."""
+
+    weight_decay: float = Field(default=0.0, ge=0)
+    """Decoupled weight decay (AdamW style)."""
+
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+    loss_type: Literal["grpo", "gspo", "ppo"] = "grpo"
+    """grpo: token-level PPO-clip on group-normalised advantages; gspo: sequence-level ratios
+    (GSPO); ppo: token-level PPO-clip on the advantages as given."""
+
+    clip_eps_low: float = Field(default=0.2, ge=0)
+    """Lower clip range: ratios below 1 - clip_eps_low stop pushing (GSPO: ~3e-4)."""
+
+    clip_eps_high: float = Field(default=0.28, ge=0)
+    """Upper clip range: ratios above 1 + clip_eps_high stop pushing (GSPO: ~4e-4)."""
+
+    advantage_std_normalize: bool = True
+    """Divide group-centred rewards by the group's std (off: Dr. GRPO style, centring only)."""
+
+    tis_cap: float | None = Field(default=2.0, gt=0)
+    """Truncated importance sampling: weight tokens by min(pi_train / pi_rollout, cap) to
+    correct train/inference mismatch and staleness; unset disables it."""
+
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the k3 KL penalty to the reference (starting) policy; 0 skips the reference."""
+
+    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses become the step's loss."""
+
+    micro_batch_size: int = Field(default=4, ge=1)
+    """Sequences per forward/backward pass; gradients accumulate over a step's micro-batches."""
+
+    groups_per_step: int = Field(default=8, ge=1)
+    """Global batch: groups (prompts x samples) consumed by one optimizer step."""
+
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel size."""
+
+    pp: int = Field(default=1, ge=1)
+    """Pipeline-parallel size (only 1 is supported so far)."""
+
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel size (MoE models)."""
+
+    distributed_optimizer: bool = True
+    """Shard optimizer state over data-parallel ranks (Megatron's DistributedOptimizer)."""
+
+    routing_replay: bool = True
+    """MoE: train with the experts the rollout engine chose (R3) when episodes carry them."""
+
+    checkpoint_dir: Path = Path("runs/checkpoints")
+    """Where dist_checkpointing checkpoints go (one folder per step); resume reads the latest."""
+
+    checkpoint_every: int = Field(default=10, ge=1)
+    """Checkpoint every k optimizer steps (and at shutdown)."""
+
+    export_dir: Path = Path("runs/exports")
+    """Where HF safetensors exports for the engines go (one folder per policy version)."""
+
+    export_every: int = Field(default=1, ge=1)
+    """Export weights and ask the router to reload them every k optimizer steps."""
+
+    max_staleness: int = Field(default=4, ge=0)
+    """eta: train only on episodes sampled by a policy at most this many versions old."""
+
+    router_url: str | None = None
+    """Router (or single SGLang server) that loads each export via /update_weights_from_disk;
+    unset: `rollout.router_url`; neither: weights are exported but not synced."""
+
+    claim_lease_s: float = Field(default=300.0, gt=0)
+    """Lease of a claim on ready groups; a trainer that dies holding one gives them back after it."""
+
+    data_poll_s: float = Field(default=1.0, gt=0)
+    """How often a trainer waiting for ready groups asks the store again."""
+
+    tensorboard_dir: Path | None = Path("runs/tensorboard")
+    """Where per-step TensorBoard scalars go (offline event files); unset: none."""
+
+    sft_lr: float = Field(default=1e-3, gt=0)
+    """Learning rate of `agent-rl train --sft` (cross-entropy on demonstration tokens)."""
+
+    sft_steps: int = Field(default=1000, ge=1)
+    """Optimizer steps of an SFT run."""
+
+    sft_batch_size: int = Field(default=16, ge=1)
+    """Demonstration transcripts per SFT optimizer step."""
+
+    seed: int = 0
+    """Seed for initialisation-time randomness and data order."""
+
+    threads: int = Field(default=1, ge=1)
+    """torch CPU threads per rank (1 is fastest on a small shared machine)."""
