@@ -154,13 +154,17 @@ class Env:
                 setattr(cls, name, _guard(name, cls.__dict__[name]))
 
     def __init__(self, *, tasks: str | Path | None = None, max_turns: int | None = None,
-                 system_prompt: str | None = None) -> None:  # fmt: skip
+                 system_prompt: str | None = None, tools_in_prompt: bool = True) -> None:  # fmt: skip
         """`tasks`: a JSONL file replacing the built-in task set; `max_turns`: assistant turns
-        before the env truncates the episode; `system_prompt`: prepended as a system message."""
+        before the env truncates the episode; `system_prompt`: prepended as a system message;
+        `tools_in_prompt=False`: `reset` lists no tool schemas for the chat template (the tools
+        still run), for a model trained to call them without reading their schemas, e.g. the
+        quickstart's tiny one, for which the schemas would be most of every sequence."""
         self.env_id = type(self).__name__
         self.task_file = Path(tasks) if tasks is not None else None
         self.max_turns = max_turns
         self.system_prompt = system_prompt
+        self.tools_in_prompt = tools_in_prompt
         self.task: Task | None = None
         self.seed: int | None = None
         self.rng = random.Random(0)
@@ -230,7 +234,7 @@ class Env:
         messages = list(await _maybe_await(self.initial_messages(task)))
         if self.system_prompt is not None and not (messages and messages[0]["role"] == "system"):
             messages.insert(0, system(self.system_prompt))
-        return ResetResult(messages=messages, tools=self.tool_schemas())
+        return ResetResult(messages=messages, tools=self.tool_schemas() if self.tools_in_prompt else [])
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         """Run the turn's tool calls, or score its content when it has none."""

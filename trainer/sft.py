@@ -81,7 +81,7 @@ def run_sft(
 
     tcfg = cfg.trainer
     size = tcfg.sft_batch_size
-    count = size * min(steps, 16)
+    count = min(tcfg.sft_demos, size * steps)
     log(f"SFT: collecting {count} demonstrations of {env_id}")
     transcripts = anyio.run(
         lambda: demonstrations(env_id, count, seed=tcfg.seed, **cfg.rollout.env_kwargs)

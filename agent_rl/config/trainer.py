@@ -116,6 +116,10 @@ class TrainerConfig(Section):
     sft_batch_size: int = Field(default=16, ge=1)
     """Demonstration transcripts per SFT optimizer step."""
 
+    sft_demos: int = Field(default=4096, ge=1)
+    """Distinct demonstrations an SFT run draws (then cycles through): enough that a small model
+    learns the skill rather than memorising the transcripts."""
+
     seed: int = 0
     """Seed for initialisation-time randomness and data order."""
 

@@ -7,7 +7,9 @@ turn copies it into one compact call
 with the bare result, and the ideal second turn is the bare number ("1788"). The reward is 1
 when the last integer of the final answer equals the true value, else 0.
 
-Tasks are generated: task i of seed s is a pure function of (split, s, i).
+Tasks are generated: task i of seed s is a pure function of (split, s, i). `teacher_tool_rate`
+makes the demonstrations imperfect on purpose (the quickstart's warm start): the teacher answers
+that fraction of questions with the tool and the rest directly.
 """
 
 from __future__ import annotations
@@ -107,11 +109,15 @@ class CalculatorEnv(Env):
         max_terms: int = 4,
         max_digits: int = 3,
         max_turns: int | None = 4,
+        teacher_tool_rate: float = 1.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
         if not 1 <= min_terms <= max_terms:
             raise ValueError(f"need 1 <= min_terms <= max_terms, got {min_terms}, {max_terms}")
+        if not 0.0 <= teacher_tool_rate <= 1.0:
+            raise ValueError(f"teacher_tool_rate must be in [0, 1], got {teacher_tool_rate}")
+        self.teacher_tool_rate = teacher_tool_rate
         self.problem_kwargs = {
             "min_terms": min_terms,
             "max_terms": max_terms,
@@ -133,8 +139,13 @@ class CalculatorEnv(Env):
 
     async def demonstrate(self, messages: list[Message]) -> str:
         # First turn: copy the expression into one call. After the tool answered: repeat its result.
+        # With teacher_tool_rate < 1 the teacher sometimes answers by mental math instead: right
+        # for the teacher, but a small student imitating it cannot compute the product of 3-digit
+        # numbers, so the warm start it gives leaves RL something to discover (the tool pays).
         assert self.task is not None
         last = messages[-1]
         if last["role"] != "tool":
+            if self.rng.random() >= self.teacher_tool_rate:
+                return f"The answer is {self.task['answer']}."
             return format_tool_call("calc", {"expression": self.task["expression"]})
         return last["content"].strip()
