@@ -88,6 +88,7 @@ class Router:
         self.proxy = Proxy(config, self.pool, self.balancer, self.health, self.metrics,
                            RouterTracer(tracer_provider), self.upstream)
         self.control = Control(config, self.pool, self.proxy, self.client)
+        self.health.before_restore = self.control.bring_up_to_date
         self._runner: web.AppRunner | None = None
         self._background: list[asyncio.Task[None]] = []
         self.port: int = config.port

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any, Callable
 
 import aiohttp
@@ -28,6 +29,8 @@ from aiohttp import web
 from agent_rl.config import RouterConfig
 from router.proxy import Proxy, error_response
 from router.workers import Worker, WorkerPool
+
+log = logging.getLogger(__name__)
 
 Result = dict[str, Any]
 
@@ -50,6 +53,9 @@ class Control:
             total=config.control_timeout_s, sock_connect=config.connect_timeout_s
         )
         self.update_lock = asyncio.Lock()
+        self.last_update: tuple[bytes, str | None] | None = None
+        """The newest weight update every worker took (body, version): a worker that comes back
+        (a restarted engine, on its initial weights) is given it before it serves again."""
         """One weight update at a time; a second waits rather than interleaving pause/continue."""
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -145,8 +151,32 @@ class Control:
             for w in workers:
                 w.updating = True
             results = await asyncio.gather(*(self._update_one(w, body) for w in workers))
+            if results and all(r["success"] for r in results):
+                self.last_update = (body, payload.get("weight_version"))
         versions = [r.get("weight_version") for r in results]
         return self.answer(list(results), weight_version=_common(versions))
+
+    async def bring_up_to_date(self, worker: Worker) -> None:
+        """Before a quarantined worker serves again: read its weight version and, if it differs
+        from the fleet's newest update (an engine restarted on its initial weights), apply that
+        update to it. Raises RuntimeError if it cannot, so the worker stays quarantined."""
+        before = worker.weight_version
+        worker.weight_version = None  # refresh_version keeps it only if the worker can say
+        version = await self.refresh_version(worker)
+        if version is None:
+            worker.weight_version = before
+        if self.last_update is None:
+            return
+        body, wanted = self.last_update
+        if wanted is None or version == str(wanted):
+            return
+        async with self.update_lock:
+            worker.updating = True
+            result = await self._update_one(worker, body)
+        if not result["success"]:
+            raise RuntimeError(f"could not load the current weights (version {wanted}): "
+                               f"{str(result.get('response'))[:200]}")
+        log.info("worker %s: restored at weight version %s (was %s)", worker.url, wanted, version)
 
     async def _update_one(self, worker: Worker, body: bytes) -> Result:
         mode = self.config.update_pause_mode

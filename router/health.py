@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -34,6 +35,8 @@ class Health:
         self.pool = pool
         self.metrics = metrics
         self._task: asyncio.Task[None] | None = None
+        self.before_restore: Callable[[Worker], Awaitable[None]] | None = None
+        """Awaited before a quarantined worker is restored; raising keeps it quarantined."""
 
     # -- circuit breaker, fed by the proxy -------------------------------------------------
 
@@ -98,8 +101,15 @@ class Health:
             ok, detail = False, f"no answer within {self.config.health_timeout_s}s"
         except aiohttp.ClientError as e:
             ok, detail = False, f"{type(e).__name__}: {e}"
-        if self.pool.get(worker.url) is worker:  # removed while probing: forget it
-            self.probe_result(worker, ok, detail)
+        if self.pool.get(worker.url) is not worker:  # removed while probing: forget it
+            return
+        restoring = ok and worker.quarantined and worker.health_successes + 1 >= self.config.recover_after
+        if restoring and self.before_restore is not None:
+            try:
+                await self.before_restore(worker)
+            except Exception as e:  # noqa: BLE001 - any failure keeps it out of rotation
+                ok, detail = False, f"not restored: {e}"
+        self.probe_result(worker, ok, detail)
 
     async def probe_all(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self.probe(session, w) for w in self.pool))

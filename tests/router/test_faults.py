@@ -203,3 +203,58 @@ async def _until(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.02)
+
+
+async def test_restarted_worker_gets_the_current_weights_before_serving(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    # The fault worker stands in for an engine that crashed and came back on its initial
+    # weights (the chaos run, bench/chaos.py, does it to real SGLang engines).
+    a = await make_worker(name="a")
+    b = await make_worker(name="b")
+    router = await make_router([a.url, b.url], health_interval_s=0.05, quarantine_after=1,
+                               recover_after=2, policy="round-robin")
+    update = {"model_path": "/models/v7", "weight_version": "7"}
+    async with http.post(router.url + "/update_weights_from_disk", json=update,
+                         headers={"Authorization": "Bearer secret"}) as r:
+        assert r.status == 200
+    assert a.weight_version == b.weight_version == "7"
+    worker_b = router.pool.get(b.url)
+    assert worker_b is not None
+    b.health_mode = "error500"  # it dies...
+    await _until(lambda: worker_b.quarantined)
+    b.weight_version = "default"  # ...and restarts on the weights it was launched with
+    updates_before = len(b.calls("/update_weights_from_disk"))
+    b.health_mode = None
+    await _until(lambda: not worker_b.quarantined)
+    assert b.weight_version == "7"
+    assert len(b.calls("/update_weights_from_disk")) == updates_before + 1
+    assert json.loads(b.calls("/update_weights_from_disk")[-1].body)["model_path"] == "/models/v7"
+    versions = set()
+    for _ in range(4):
+        async with http.post(router.url + "/generate", data=BODY) as r:
+            versions.add((await r.json())["meta_info"]["weight_version"])
+    assert versions == {"7"}
+
+
+async def test_worker_that_cannot_take_the_weights_stays_quarantined(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a = await make_worker(name="a")
+    b = await make_worker(name="b")
+    router = await make_router([a.url, b.url], health_interval_s=0.05, quarantine_after=1,
+                               recover_after=1)
+    async with http.post(router.url + "/update_weights_from_disk",
+                         json={"model_path": "/models/v3", "weight_version": "3"},
+                         headers={"Authorization": "Bearer secret"}) as r:
+        assert r.status == 200
+    worker_b = router.pool.get(b.url)
+    assert worker_b is not None
+    b.health_mode = "error500"
+    await _until(lambda: worker_b.quarantined)
+    b.weight_version = "default"
+    b.mode = "error500"  # fails the update (and everything else)...
+    b.health_mode = "ok"  # ...but passes health checks
+    await asyncio.sleep(0.5)
+    assert worker_b.quarantined
+    assert "not restored" in (worker_b.last_error or "")
