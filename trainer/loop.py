@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from agent_rl.config import Config
-from agent_rl.errors import LeaseLostError
+from agent_rl.errors import EngineError, LeaseLostError
 from agent_rl.store import Claim, Store
 from trainer.data import TrainingData, fill_unknown_experts, load_batch
 from trainer.sync import check_reachable, sync_weights
@@ -140,12 +140,16 @@ class TrainLoop:
                 self._call(self._store.close())
             self._aio.close()
 
-    def run(self, max_steps: int | None = None) -> LoopStats:
-        """Train until `max_steps` steps are taken in this process (None: until interrupted)."""
+    def run(self, max_steps: int | None = None, until_version: int | None = None) -> LoopStats:
+        """Train until `max_steps` steps are taken in this process, or until the run's policy
+        version reaches `until_version` (a restarted trainer then finishes the same run); None:
+        until interrupted."""
         self.open()
         started = time.monotonic()
         try:
-            while max_steps is None or self.stats.steps < max_steps:
+            while (max_steps is None or self.stats.steps < max_steps) and (
+                until_version is None or self.stats.version < until_version
+            ):
                 self.step_once()
                 self.stats.wall_s = time.monotonic() - started
         finally:
@@ -162,6 +166,10 @@ class TrainLoop:
         waited, announced = 0.0, -WAIT_LOG_S
         t0 = time.monotonic()
         while True:
+            if floor > 0:
+                dropped = self._call(self.store.filter_stale(self.run_id, floor))
+                if dropped:
+                    self.log(f"filtered {dropped} groups sampled below policy version {floor} (stale)")
             claim = self._call(
                 self.store.claim(self.run_id, self.trainer_id, need, min_version=floor,
                                  lease_s=self.tcfg.claim_lease_s)
@@ -169,6 +177,7 @@ class TrainLoop:
             if len(claim.groups) >= need:
                 return claim, waited
             self._call(self.store.release(claim))
+            self._reconcile_weights()
             waited = time.monotonic() - t0
             if waited - announced >= WAIT_LOG_S:
                 announced = waited
@@ -218,6 +227,27 @@ class TrainLoop:
             self._export_and_sync(step)
         self.stats.steps += 1
         return metrics
+
+    def _reconcile_weights(self) -> None:
+        """While waiting for data: if an engine behind the router serves another version than
+        the newest published one (it restarted, or the router did and an engine with it), load
+        the newest export on every engine again. Otherwise the fleet could sit on weights too
+        stale for serve to admit anything, and this trainer would wait forever."""
+        from trainer.sync import served_versions
+
+        version = self.stats.version
+        export = Path(self.tcfg.export_dir) / f"v{version:06d}"
+        if not self.router_url or version == 0 or not (export / "config.json").is_file():
+            return
+        served = self._call(served_versions(self.router_url))
+        behind = {url: v for url, v in served.items() if v != str(version)}
+        if not behind:
+            return
+        self.log(f"engines {behind} do not serve policy version {version}: loading it again")
+        try:
+            self._call(sync_weights(self.router_url, export, version, self.token))
+        except EngineError as e:
+            self.log(f"weight re-sync failed ({e}); will retry")
 
     def _record_trainer_logprobs(self, data: TrainingData, batch: Any) -> None:
         """The trainer's (pre-step) logprobs of the first micro-batch, kept for inspection."""

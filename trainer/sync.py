@@ -63,3 +63,22 @@ async def check_reachable(url: str, timeout_s: float = 5.0) -> None:
             f"router {url} is unreachable ({type(e).__name__}); start it (`agent-rl router` or "
             "`agent-rl serve`) or pass the right --router-url"
         ) from e
+
+
+async def served_versions(url: str, timeout_s: float = 5.0) -> dict[str, str | None]:
+    """Weight version of every engine behind the router at `url` ({} if it cannot say); a bare
+    SGLang server reports its own under its URL."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+            async with s.get(url.rstrip("/") + "/model_info") as r:
+                if r.status != 200:
+                    return {}
+                info = await r.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        return {}
+    if not isinstance(info, dict):
+        return {}
+    workers = info.get("worker_weight_versions")
+    if isinstance(workers, dict):
+        return {str(k): v for k, v in workers.items()}
+    return {url: info.get("weight_version")}

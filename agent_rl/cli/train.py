@@ -47,6 +47,9 @@ def train(
         bool, typer.Option("--sync", help="Synchronous baseline: train only on the current policy's data.")
     ] = False,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Stop after N optimizer steps.")] = None,
+    until_version: Annotated[
+        Optional[int], typer.Option(min=1, help="Stop once the run's policy version reaches V (resumable).")
+    ] = None,
     model: Annotated[Optional[Path], typer.Option(help="HF model directory to train.")] = None,
     router_url: Annotated[
         Optional[str], typer.Option(help="Router (or SGLang server) that loads the exports.")
@@ -81,7 +84,7 @@ def train(
         loop = TrainLoop(cfg, e, sync_mode=sync, router_url=router_url,
                          log=lambda line: console.print(line, highlight=False, soft_wrap=True))
         try:
-            stats = loop.run(max_steps)
+            stats = loop.run(max_steps, until_version)
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise

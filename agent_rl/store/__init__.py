@@ -17,6 +17,7 @@ from agent_rl.store.consume import Consumption
 from agent_rl.store.lifecycle import LifecycleWrites
 from agent_rl.store.queries import Queries
 from agent_rl.store.records import (
+    Audit,
     Claim,
     ClaimedGroup,
     EpisodeDetail,
@@ -34,6 +35,7 @@ class Store(LifecycleWrites, Queries, Consumption):
 
 
 __all__ = [
+    "Audit",
     "Claim",
     "ClaimedGroup",
     "EpisodeDetail",

@@ -77,6 +77,28 @@ class Consumption(StoreBase):
                     for g in groups],
         )
 
+    @write()
+    def filter_stale(self, conn: Connection, run_id: int, min_version: int) -> int:
+        """Filter ready groups sampled below `min_version` (no claim can take them any more,
+        since the floor only rises) with the reason; returns how many groups."""
+        t = now()
+        stale = conn.execute(
+            select(Group.id, Group.min_version).where(
+                Group.run_id == run_id, Group.min_version < min_version,
+                or_(Group.status == "ready",
+                    (Group.status == "claimed") & (Group.lease_expires_at < t)),
+            )
+        ).all()
+        for gid, version in stale:
+            reason = (f"stale: sampled from policy version {version}, below the trainer's "
+                      f"staleness floor {min_version}")
+            conn.execute(update(Group).where(Group.id == gid)
+                         .values(status="filtered", filter_reason=reason, claim_id=None,
+                                 claimed_by=None, lease_expires_at=None))
+            conn.execute(update(Episode).where(Episode.group_id == gid, Episode.status == "completed")
+                         .values(status="filtered", filter_reason=reason))
+        return len(stale)
+
     async def renew(self, claim: Claim, lease_s: float = 300.0) -> None:
         """Extend the lease of a claim still held; LeaseLostError if it was taken over."""
         claim.lease_expires_at = await self._renew(claim, lease_s)

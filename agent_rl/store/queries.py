@@ -14,7 +14,7 @@ from agent_rl.store import arrays as codec
 from agent_rl.store.arrays import TokenArrays
 from agent_rl.store.base import StoreBase, read
 from agent_rl.store.models import Episode, Group, Message, PolicyVersion, Run, Task, ToolCall, Turn
-from agent_rl.store.records import EpisodeDetail, EpisodeSummary, Ledger, TurnView
+from agent_rl.store.records import Audit, EpisodeDetail, EpisodeSummary, Ledger, TurnView
 
 _SUMMARY_COLUMNS = [getattr(Episode, f.name) for f in fields(EpisodeSummary)]
 # Sort keys of `list_episodes` (None: the id itself). Missing values sort as the lowest, through
@@ -239,11 +239,34 @@ class Queries(StoreBase):
 
     @read
     def ledger(self, conn: Connection, run_id: int | None = None) -> Ledger:
-        cond = [] if run_id is None else [Episode.run_id == run_id]
-        rows = conn.execute(
-            select(Episode.status, func.count()).where(*cond).group_by(Episode.status)
+        return _ledger(conn, run_id)
+
+    @read
+    def audit(self, conn: Connection, run_id: int) -> Audit:
+        """Check the run's bookkeeping from the rows themselves (see `Audit`)."""
+        ledger = _ledger(conn, run_id)
+        run = Episode.run_id == run_id
+        count = lambda *cond: int(conn.scalar(select(func.count()).select_from(Episode).where(run, *cond)))  # noqa: E731
+        sizes = conn.execute(
+            select(Group.size, func.count(Episode.id)).select_from(Group)
+            .outerjoin(Episode, Episode.group_id == Group.id)
+            .where(Group.run_id == run_id, Group.status != "open").group_by(Group.id, Group.size)
         ).all()
-        return Ledger(**{status: int(n) for status, n in rows})
+        published = 0
+        for (metrics,) in conn.execute(
+            select(PolicyVersion.metrics).where(PolicyVersion.run_id == run_id)
+        ):
+            published += int((metrics or {}).get("episodes", 0))
+        return Audit(
+            ledger=ledger,
+            lost=sum(max(size - n, 0) for size, n in sizes),
+            not_terminal=ledger.waiting + ledger.running,
+            failed_without_cause=count(Episode.status == "failed",
+                                       or_(Episode.error_type.is_(None), Episode.error_cause.is_(None))),
+            filtered_without_reason=count(Episode.status == "filtered", Episode.filter_reason.is_(None)),
+            trained_without_step=count(Episode.status == "trained", Episode.trained_step.is_(None)),
+            trained_by_steps=published,
+        )
 
     @read
     def get_group(self, conn: Connection, group_id: int) -> dict[str, Any]:
@@ -303,3 +326,11 @@ class Queries(StoreBase):
             "tool_calls": [dict(r) for r in tool_calls],
             "versions": [dict(r) for r in versions],
         }
+
+
+def _ledger(conn: Connection, run_id: int | None) -> Ledger:
+    cond = [] if run_id is None else [Episode.run_id == run_id]
+    rows = conn.execute(
+        select(Episode.status, func.count()).where(*cond).group_by(Episode.status)
+    ).all()
+    return Ledger(**{status: int(n) for status, n in rows})

@@ -145,6 +145,50 @@ class Ledger:
 
 
 @dataclass
+class Audit:
+    """A run's bookkeeping checked from the rows: every admitted episode exists (none lost), is
+    in exactly one state (a row has one status), and a terminal one carries its cause; trained
+    episodes add up to what the trainer's steps say they consumed (none trained twice)."""
+
+    ledger: Ledger
+    lost: int
+    """Episodes a decided group was admitted with but has no row for."""
+    not_terminal: int
+    """Episodes still waiting or running."""
+    failed_without_cause: int
+    filtered_without_reason: int
+    trained_without_step: int
+    trained_by_steps: int
+    """Sum of the episodes each published policy version says its step trained on."""
+
+    @property
+    def trained_twice(self) -> int:
+        """Episodes consumed by steps beyond those marked trained (0 unless one trained twice)."""
+        return max(self.trained_by_steps - self.ledger.trained, 0)
+
+    def problems(self, *, finished: bool = True) -> list[str]:
+        """What is wrong, as sentences (empty: the run balances). `finished`: no episode may
+        still be waiting or running."""
+        out = []
+        if not self.ledger.balances():
+            out.append(f"ledger does not balance: {self.ledger.as_dict()}")
+        if self.lost:
+            out.append(f"{self.lost} admitted episodes lost")
+        if finished and self.not_terminal:
+            out.append(f"{self.not_terminal} episodes not in a terminal state")
+        if self.failed_without_cause:
+            out.append(f"{self.failed_without_cause} failed episodes without a cause")
+        if self.filtered_without_reason:
+            out.append(f"{self.filtered_without_reason} filtered episodes without a reason")
+        if self.trained_without_step:
+            out.append(f"{self.trained_without_step} trained episodes without their step")
+        if self.trained_by_steps != self.ledger.trained:
+            out.append(f"steps trained on {self.trained_by_steps} episodes but "
+                       f"{self.ledger.trained} are marked trained")
+        return out
+
+
+@dataclass
 class ClaimedGroup:
     id: int
     task_id: int
