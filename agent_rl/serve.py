@@ -98,9 +98,29 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
             max_staleness=cfg.trainer.max_staleness,
             run_config=cfg.model_dump(mode="json"),
         )
-        stats = await scheduler.run(max_episodes)
+        with anyio.CancelScope() as scope:
+            tg.start_soon(_drain_on_sigterm, scheduler, scope)
+            await scheduler.run(max_episodes)
         tg.cancel_scope.cancel()
-    return stats
+    return scheduler.stats
+
+
+async def _drain_on_sigterm(scheduler: Scheduler, scope: anyio.CancelScope) -> None:
+    """The first SIGTERM stops admission and lets running episodes finish (serve then returns);
+    a second one, like Ctrl-C, interrupts them (each is recorded as failed: interrupted)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers belong to the main thread (serve embedded in a test or bench)
+    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            if scheduler.stopping:
+                scope.cancel()
+                return
+            log.warning("SIGTERM: admitting no new episodes; finishing the running ones "
+                        "(send it again to interrupt them)")
+            scheduler.stop_admitting()
 
 
 async def _embedded(stack: AsyncExitStack, tg: anyio.abc.TaskGroup, cfg: Config, model: Path) -> str:

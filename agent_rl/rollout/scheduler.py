@@ -59,6 +59,18 @@ class Scheduler:
         self._slots = anyio.Semaphore(max(ctx.cfg.max_concurrent_episodes, n))
         self._pending: dict[int, int] = {}
         """Episodes of each group this process still runs."""
+        self._stopping = False
+        self._admission_wait: anyio.CancelScope | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop_admitting(self) -> None:
+        """Graceful stop: admit no new group; `run` returns once the running episodes end."""
+        self._stopping = True
+        if self._admission_wait is not None:
+            self._admission_wait.cancel()
 
     async def run(self, max_episodes: int | None = None) -> SchedulerStats:
         """Admit and run episodes until `max_episodes` have been admitted (None: forever)."""
@@ -105,13 +117,22 @@ class Scheduler:
         assert run_id is not None
         n = cfg.group_size
         tasks = self._tasks(await store.count_tasks(run_id, self.env_id))
-        while budget is None or budget > 0:
+        while (budget is None or budget > 0) and not self._stopping:
             size = n if budget is None else min(n, budget)
-            for _ in range(size):
-                await self._slots.acquire()
-            # Checked after the slots are ours, right before admitting: a check made before
-            # waiting for slots could be stale by the time the group starts.
-            await self._wait_within_staleness()
+            held = 0
+            # Only the waits are cancelled by a graceful stop, never a store write in progress.
+            with anyio.CancelScope() as self._admission_wait:
+                for _ in range(size):
+                    await self._slots.acquire()
+                    held += 1
+                # Checked after the slots are ours, right before admitting: a check made before
+                # waiting for slots could be stale by the time the group starts.
+                await self._wait_within_staleness()
+            self._admission_wait = None
+            if self._stopping:
+                for _ in range(held):
+                    self._slots.release()
+                return
             index, task = next(tasks)
             task_id = await store.add_task(run_id, self.env_id, task.id, task.data)
             seeds = [_seed(cfg.seed, index, i) for i in range(size)]
