@@ -6,11 +6,13 @@ concerns and answers with one JSON object holding every worker's status and repl
 failure is visible instead of averaged away. The answer is 200 when every worker succeeded and
 502 otherwise.
 
-Weight updates from disk run, on each worker concurrently: pause generation (`in_place` by
-default, so in-flight requests keep their place and finish on the new weights, their tokens
-labelled by `meta_info.weight_versions`), update, continue, read back `weight_version` from
-`/model_info`. In `in_place` mode the update is sent with `flush_cache: false` unless the caller
-chose otherwise: SGLang cannot flush a cache that paused requests still hold. While a worker is in that sequence it is marked `updating`, and new sessions go to
+Weight updates from disk run, on each worker concurrently: pause generation (`retract` by
+default: in-flight requests are recomputed on the new weights and SGLang flushes its prefix
+cache), update, continue, read back `weight_version` from `/model_info`. In `in_place` mode
+(requests keep their place, their tokens labelled by `meta_info.weight_versions`) the update is
+sent with `flush_cache: false` unless the caller chose otherwise: SGLang cannot flush a cache
+that paused requests still hold. The newest update every worker took is replayed to a worker
+restored from quarantine. While a worker is in that sequence it is marked `updating`, and new sessions go to
 workers that already finished. Tensor and distributed updates are driven by the trainer against
 each worker (they carry per-worker payloads and ranks); the router brackets them with
 `/begin_weight_update` and `/end_weight_update` fanned out to all.

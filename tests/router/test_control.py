@@ -124,7 +124,7 @@ async def test_update_from_disk_pauses_updates_continues_every_worker(
 ) -> None:
     a = await make_worker(name="a", update_delay_s=0.05)
     b = await make_worker(name="b", update_delay_s=0.3)
-    router = await make_router([a.url, b.url])
+    router = await make_router([a.url, b.url], update_pause_mode="in_place")
     body = {"model_path": "/ckpt/step-7", "weight_version": "v7", "unknown": True}
     update = asyncio.create_task(
         http.post(router.url + "/update_weights_from_disk", json=body, headers=ADMIN))
@@ -148,6 +148,20 @@ async def test_update_from_disk_pauses_updates_continues_every_worker(
     async with http.get(router.url + "/model_info") as r:
         info = await r.json()
     assert info["worker_weight_versions"] == {a.url: "v7", b.url: "v7"}
+
+
+async def test_default_update_retracts_and_lets_sglang_flush_the_cache(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    w = await make_worker(name="w")
+    router = await make_router([w.url])
+    body = {"model_path": "/ckpt/step-8", "weight_version": "8"}
+    async with http.post(router.url + "/update_weights_from_disk", json=body, headers=ADMIN) as r:
+        assert r.status == 200
+    assert json.loads(w.calls("/pause_generation")[0].body) == {"mode": "retract"}
+    # No flush_cache: SGLang's default flushes the prefix cache, so no later request reuses KV
+    # computed by the old weights.
+    assert json.loads(w.calls("/update_weights_from_disk")[0].body) == body
 
 
 async def test_begin_and_end_weight_update_bracket_all_workers(
