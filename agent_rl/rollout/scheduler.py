@@ -237,10 +237,24 @@ class Scheduler:
             await anyio.sleep(0.05)
 
     async def _heartbeat(self) -> None:
+        """Beat for this process's episodes, and reap other processes': episodes silent for
+        `stale_after_s` (their serve died; another serve, or this one restarted, runs on) end as
+        interrupted, and groups left with no running episode are decided."""
+        store, run_id = self.ctx.store, self.run_id
+        assert run_id is not None
         while True:
             await anyio.sleep(self.ctx.cfg.heartbeat_s)
             try:
-                await self.ctx.store.heartbeat(self.ctx.owner)
+                await store.heartbeat(self.ctx.owner)
+                resolved = await store.resolve_interrupted(
+                    stale_after_s=self.ctx.cfg.stale_after_s, run_id=run_id)
+                if not resolved:
+                    continue
+                log.warning("resolved %d episodes left running by a stopped process", len(resolved))
+                # Only after a death: a live serve decides its own groups.
+                for group_id in await store.groups_to_complete(run_id):
+                    if group_id not in self._pending:
+                        await self._complete_group(group_id)
             except StoreError as e:
                 log.warning("heartbeat failed: %s", e)
 
