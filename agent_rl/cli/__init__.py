@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "serve": "agent_rl.cli.serve:serve",
     "train": "agent_rl.cli.train:train",
     "api": "agent_rl.cli.api:api",
+    "quickstart": "agent_rl.cli.quickstart:quickstart",
 }
 
 

@@ -48,9 +48,10 @@ PRESETS: dict[str, ModelPreset] = {
     "tiny-dense": ModelPreset(architecture="qwen2"),
     "tiny-moe": ModelPreset(architecture="qwen3_moe", num_hidden_layers=2),
     # The quickstart's model: about 3x less compute per token than tiny-dense, small enough to
-    # learn the calculator task (SFT, then RL) on two CPU cores in minutes.
+    # learn the calculator task (SFT, then RL) on two CPU cores in minutes. SGLang's CPU path
+    # sizes its KV cache by hidden_size / heads, so heads x head_dim must equal hidden_size.
     "quickstart": ModelPreset(
-        architecture="qwen2", hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+        architecture="qwen2", hidden_size=128, num_attention_heads=2, num_key_value_heads=2,
         intermediate_size=384,
     ),
 }

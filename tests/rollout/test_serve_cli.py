@@ -153,3 +153,65 @@ def test_external_package_is_listed_and_served(tmp_path: Path, sglang_moe_server
     listed = subprocess.run([AGENT_RL, "episodes", "list", "--env", "echo"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120)
     assert "4 episodes" in listed.stdout
+
+
+@pytest.mark.slow
+def test_sigterm_drains_then_a_second_one_interrupts(
+    tmp_path: Path, sglang_server, tiny_moe_model: Path  # type: ignore[no-untyped-def]
+) -> None:
+    (tmp_path / "agent-rl.toml").write_text(textwrap.dedent(f"""
+        [engine]
+        model = "{tiny_moe_model}"
+        [rollout]
+        max_new_tokens = 48
+        max_concurrent_episodes = 8
+        group_size = 4
+    """))
+    db = tmp_path / "agent_rl.db"
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [AGENT_RL, "serve", "--env", "calculator", "--router-url", sglang_server.url, "--no-api"],
+            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_terminal(proc: subprocess.Popen[str], n: int) -> None:
+        deadline = time.monotonic() + 300
+        while _terminal(db) < n:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no episodes finished in time"
+            time.sleep(0.2)
+
+    async def ledger():  # type: ignore[no-untyped-def]
+        async with await Store.open(StoreConfig(url=f"sqlite:///{db}")) as store:
+            run = await store.run_id("default")
+            return await store.ledger(run), await store.list_episodes(run_id=run, limit=10_000)
+
+    serve = start()
+    try:
+        wait_terminal(serve, 4)
+        serve.send_signal(signal.SIGTERM)
+        out, _ = serve.communicate(timeout=300)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    assert serve.returncode == 0, out[-3000:]
+    assert "admitting no new episodes" in out
+    drained, episodes = anyio.run(ledger)
+    # Drained: everything admitted ran to its end; nothing was cut off.
+    assert drained.waiting == drained.running == 0
+    assert not [e for e in episodes if e.error_type == "Interrupted"]
+
+    serve = start()
+    try:
+        wait_terminal(serve, drained.admitted + 1)
+        serve.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        serve.send_signal(signal.SIGTERM)
+        out, _ = serve.communicate(timeout=120)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    assert serve.returncode == 0, out[-3000:]
+    after, episodes = anyio.run(ledger)
+    assert after.waiting == after.running == 0 and after.balances()
+    assert all(e.error_cause for e in episodes if e.status == "failed")

@@ -1,0 +1,100 @@
+"""The quickstart's recipe: options, and the config every process of the run reads.
+
+The first run writes `agent-rl.toml` into the working directory (every `agent-rl` command run
+there picks it up: `agent-rl episodes list`, `agent-rl api`...) and later runs read it back, so
+a resumed run keeps its settings, ports and admin token; edit it to change the recipe.
+
+Why these numbers (measured on 2 CPU cores; see the README's quickstart section):
+- `calculator` with a deliberately imperfect teacher (`teacher_tool_rate`): half the
+  demonstrations answer by mental math, which the small student cannot imitate, so SFT leaves a
+  policy that uses the tool about half the time; RL then discovers that the tool pays.
+- `tools_in_prompt = false`: the tool's JSON schema would be ~80% of every sequence.
+- the `quickstart` model preset (1M parameters), SFT at lr 3e-3 on 32 transcripts a step,
+  RL at lr 1e-4 (3e-4 and up made the tiny policy collapse in the shared notes' runs).
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_rl.config import Config, load_config
+
+CONFIG_FILE = "agent-rl.toml"
+STATE_FILE = "quickstart.json"
+RUN_NAME = "quickstart"
+ENV_ID = "calculator"
+ENV_KWARGS: dict[str, Any] = {
+    "teacher_tool_rate": 0.5, "tools_in_prompt": False, "min_terms": 3, "max_terms": 3,
+    "max_digits": 1, "max_turns": 3,
+}
+MODEL_PRESET = "quickstart"
+BASE_MODEL = Path("runs/model")
+SFT_MODEL = Path("runs/sft")
+
+
+class Options(BaseModel):
+    """What `agent-rl quickstart` is asked to do (its command-line options)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    sft_steps: int = Field(default=400, ge=1)
+    rl_steps: int = Field(default=40, ge=1)
+    """RL optimizer steps in total (a resumed run trains up to this many)."""
+    rl_minutes: float = Field(default=5.0, gt=0)
+    """Wall-clock bound of the RL stage in this run; it stops earlier at `rl_steps`."""
+    eval_tasks: int = Field(default=64, ge=2)
+    eval_samples: int = Field(default=4, ge=1)
+    cluster: bool = False
+    """Multi-process mode: two engines behind a standalone router, two serves, one trainer."""
+    store_url: str | None = None
+    """Store URL (cluster mode needs PostgreSQL); unset: SQLite in the working directory."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def recipe(opts: Options) -> dict[str, Any]:
+    """The config of a new quickstart run (TOML-ready)."""
+    store_url = opts.store_url or "sqlite:///agent_rl.db"
+    return {
+        "run": {"name": RUN_NAME},
+        "store": {"url": store_url},
+        "engine": {"model": str(BASE_MODEL), "log_dir": "runs/logs"},
+        "router": {"port": free_port(), "admin_token": secrets.token_urlsafe(24)},
+        "api": {"port": free_port()},
+        "rollout": {
+            "env": ENV_ID, "env_kwargs": ENV_KWARGS, "seed": opts.seed, "group_size": 8,
+            "max_concurrent_episodes": 64, "max_turns": 3, "max_tokens": 512,
+            "max_new_tokens": 48, "temperature": 1.0, "heartbeat_s": 2.0, "stale_after_s": 15.0,
+        },  # fmt: skip
+        "trainer": {
+            "model": str(SFT_MODEL), "seed": opts.seed, "lr": 1e-4, "groups_per_step": 8,
+            "micro_batch_size": 32, "max_staleness": 2, "export_every": 1, "checkpoint_every": 5,
+            "claim_lease_s": 30.0, "data_poll_s": 0.5, "sft_lr": 3e-3, "sft_batch_size": 32,
+            "sft_steps": opts.sft_steps, "checkpoint_dir": "runs/checkpoints",
+            "export_dir": "runs/exports", "tensorboard_dir": "runs/tensorboard",
+        },  # fmt: skip
+    }
+
+
+def write_or_load(workdir: Path, opts: Options) -> Config:
+    """The run's config: written on the first run, read back (and validated) afterwards."""
+    path = workdir / CONFIG_FILE
+    if not path.is_file():
+        workdir.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "# Written by `agent-rl quickstart`; every agent-rl command run in this directory reads it.\n"
+            + tomli_w.dumps(recipe(opts))
+        )
+        path.chmod(0o600)  # it holds the router's admin token
+    return load_config(path)

@@ -1,0 +1,186 @@
+"""Chaos run: the quickstart's multi-process mode, with each process SIGKILLed in turn.
+
+The fleet is the one `agent-rl quickstart --cluster` runs: a PostgreSQL store (a fresh database
+made for this run and dropped after), two SGLang engines behind a standalone `agent-rl router`,
+two `agent-rl serve` processes and one `agent-rl train`, each a separate OS process under the
+quickstart's supervisor. After a short SFT warm start, RL runs; once the trainer has published a
+few versions, serve-0, the router, engine-1 and the trainer are SIGKILLed one at a time (their
+whole process groups), the supervisor starts each again, and the next kill waits until training
+has moved on. Then RL is stopped as the quickstart stops it and the store is audited.
+
+Pass: 0 episodes lost, 0 trained twice, every episode in exactly one terminal state with its
+cause (failed episodes by cause are reported), and after every kill the policy version advanced.
+
+Run: `python bench/chaos.py [--store-url postgresql://...]` (needs `agent-rl engine install` and a
+PostgreSQL server; default URL: $AGENT_RL_TEST_POSTGRES_URL or postgres@127.0.0.1:5432/test; about
+6-8 minutes on 2 cores). Last line: RESULT {"lost", "trained_twice", "not_terminal",
+"failed_without_cause", "kills", "versions", "episodes", "failed_by_cause", "passed"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import anyio  # noqa: E402
+import psycopg  # noqa: E402
+from rich.console import Console  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from agent_rl.quickstart import Options  # noqa: E402
+from agent_rl.quickstart.pipeline import Quickstart  # noqa: E402
+from agent_rl.quickstart.processes import Supervisor  # noqa: E402
+from agent_rl.store import Store  # noqa: E402
+
+VICTIMS = ["serve-0", "router", "engine-1", "train"]
+RECOVERY_TIMEOUT_S = 300.0
+
+
+def fresh_database(base_url: str) -> tuple[str, str]:
+    """Create an empty database next to `base_url`'s; returns (its URL, its name)."""
+    name = f"agent_rl_chaos_{os.getpid()}_{int(time.time())}"
+    url = make_url(base_url)
+    with psycopg.connect(url.set(drivername="postgresql").render_as_string(hide_password=False),
+                         autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return url.set(database=name).render_as_string(hide_password=False), name
+
+
+def drop_database(base_url: str, name: str) -> None:
+    url = make_url(base_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def latest(qs: Quickstart) -> int:
+    async with await Store.open(qs.cfg.store) as store:
+        return await store.latest_version(await store.ensure_run(qs.cfg.run.name))
+
+
+async def wait_version(qs: Quickstart, above: int, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = await latest(qs)
+        if v > above:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"policy version stayed at {v} for {timeout_s:.0f}s")
+        await anyio.sleep(1.0)
+
+
+async def engine_current(qs: Quickstart, index: int, floor: int) -> float:
+    """When engine `index` serves a policy version >= floor through the router (monotonic time)."""
+    from trainer.sync import served_versions
+
+    assert qs.fleet is not None
+    url = qs.fleet.engines[index]
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        version = (await served_versions(qs.fleet.router_url)).get(url)
+        if version is not None and version.isdigit() and int(version) >= floor:
+            return time.monotonic()
+        await anyio.sleep(1.0)
+    raise TimeoutError(f"{url} did not come back on current weights")
+
+
+async def chaos(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]]) -> None:
+    """Kill each victim once training has moved on since the previous kill; then stop RL."""
+    await wait_version(qs, 1, RECOVERY_TIMEOUT_S)
+    for name in VICTIMS:
+        before = await latest(qs)
+        starts = sup[name].starts
+        t0 = time.monotonic()
+        pid = sup.kill(name)
+        qs.say(f"chaos: SIGKILL {name} (pid {pid}) at policy version {before}")
+        while sup[name].starts == starts:
+            await anyio.sleep(0.2)
+        restarted_s = time.monotonic() - t0
+        # Training continued: two new versions, so at least one step ran wholly after the kill.
+        after = await wait_version(qs, before + 1, RECOVERY_TIMEOUT_S)
+        kill = {"process": name, "pid": pid, "version_at_kill": before,
+                "restarted_after_s": round(restarted_s, 1), "version_after": after,
+                "recovered_after_s": round(time.monotonic() - t0, 1)}
+        if name.startswith("engine-"):
+            # Back in rotation, on current weights (it restarted on its launch weights).
+            kill["engine_serving_current_after_s"] = round(
+                await engine_current(qs, int(name.split("-")[1]), before) - t0, 1)
+        kills.append(kill)
+        qs.say(f"chaos: {name} back, training reached version {after} "
+               f"({time.monotonic() - t0:.0f}s after the kill)")
+    await wait_version(qs, await latest(qs), RECOVERY_TIMEOUT_S)
+    qs.say("chaos: done; stopping RL as the quickstart does (trainer, then serve drains)")
+    from signal import SIGINT
+
+    await sup.stop("train", grace_s=120, sig=SIGINT)
+
+
+async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
+    console = Console()
+    url, dbname = fresh_database(store_url)
+    # Every group trains (no zero-variance filter): the run keeps stepping from any warm start.
+    os.environ["AGENT_RL_ROLLOUT__FILTER_ZERO_VARIANCE"] = "false"
+    kills: list[dict[str, Any]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="agent-rl-chaos-") as tmp:
+            opts = Options(cluster=True, store_url=url, sft_steps=sft_steps, rl_steps=10_000,
+                           rl_minutes=30, eval_tasks=2, eval_samples=1)
+            qs = Quickstart(opts, Path(tmp), console)
+            await qs.prepare()
+            sup = Supervisor(qs.workdir, on_event=qs.say)
+            t0 = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sup.watch)
+                try:
+                    qs.fleet = await qs.start_fleet(sup)
+                    await qs.sft_stage()
+                    async with anyio.create_task_group() as rl:
+                        rl.start_soon(chaos, qs, sup, kills)
+                        await qs.rl_stage()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await sup.stop_all(["train", "sft", "serve-0", "serve-1", "router",
+                                            "engine-0", "engine-1"])
+                    tg.cancel_scope.cancel()
+            async with await Store.open(qs.cfg.store) as store:
+                run_id = await store.ensure_run(qs.cfg.run.name)
+                audit = await store.audit(run_id)
+                episodes = await store.list_episodes(run_id=run_id, limit=1_000_000)
+                versions = await store.latest_version(run_id)
+            os.chdir(Path(__file__).resolve().parents[1])
+    finally:
+        drop_database(store_url, dbname)
+    failed_by_cause = Counter(f"{e.error_type}: {(e.error_cause or '')[:60]}"
+                              for e in episodes if e.status == "failed")
+    ok_recovery = len(kills) == len(VICTIMS) and all(k["version_after"] > k["version_at_kill"] for k in kills)
+    return {
+        "lost": audit.lost,
+        "trained_twice": audit.trained_twice,
+        "not_terminal": audit.not_terminal,
+        "failed_without_cause": audit.failed_without_cause,
+        "audit_problems": audit.problems(),
+        "kills": kills,
+        "versions": versions,
+        "episodes": audit.ledger.as_dict(),
+        "failed_by_cause": dict(failed_by_cause),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "passed": not audit.problems() and ok_recovery,
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--store-url", default=os.environ.get(
+        "AGENT_RL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))
+    ap.add_argument("--sft-steps", type=int, default=60)
+    args = ap.parse_args()
+    result = anyio.run(main, args.store_url, args.sft_steps)
+    print("RESULT " + json.dumps(result))
