@@ -135,7 +135,7 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
                            rl_minutes=30, eval_tasks=2, eval_samples=1)
             qs = Quickstart(opts, Path(tmp), console)
             await qs.prepare()
-            sup = Supervisor(qs.workdir, on_event=qs.say)
+            sup = qs.supervisor = Supervisor(qs.workdir, on_event=qs.say)
             t0 = time.monotonic()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(sup.watch)

@@ -38,11 +38,10 @@ async def run_quickstart(
 
     qs = Quickstart(opts, workdir, console)
     await qs.prepare()
-    supervisor = Supervisor(qs.workdir, on_event=qs.say)
+    supervisor = qs.supervisor = Supervisor(qs.workdir, on_event=qs.say)
     async with anyio.create_task_group() as tg:
         tg.start_soon(supervisor.watch)
         try:
-            qs.fleet = await qs.start_fleet(supervisor)
             evals = {"base": await qs.eval_stage("base", BASE_MODEL, None)}
             await qs.sft_stage()
             evals["sft"] = await qs.eval_stage("sft", SFT_MODEL, 0)

@@ -87,6 +87,15 @@ class Quickstart:
         self.token = self.cfg.router.admin_token.get_secret_value() if self.cfg.router.admin_token else None
         self.started = time.monotonic()
         self.fleet: Fleet | None = None
+        self.supervisor: Supervisor | None = None
+        """Set by the caller, which also runs its watcher."""
+
+    async def ensure_fleet(self) -> Fleet:
+        """The engines and router, started on first need (a finished run needs none)."""
+        if self.fleet is None:
+            assert self.supervisor is not None
+            self.fleet = await self.start_fleet(self.supervisor)
+        return self.fleet
 
     def say(self, line: str) -> None:
         self.console.print(f"[dim]{time.monotonic() - self.started:6.0f}s[/] {line}", highlight=False)
@@ -136,11 +145,11 @@ class Quickstart:
         done = self.state.evaluation(label)
         if done is not None and done.version == version:
             return done
-        assert self.fleet is not None
+        fleet = await self.ensure_fleet()
         self.say(f"evaluating {label} ({weights}): {self.opts.eval_tasks} fixed tasks x "
                  f"{self.opts.eval_samples} samples")
         result = await evaluate(
-            self.cfg, self.fleet.router_url, label=label, weights=weights, version=version,
+            self.cfg, fleet.router_url, label=label, weights=weights, version=version,
             tasks=self.opts.eval_tasks, samples=self.opts.eval_samples, token=self.token,
         )  # fmt: skip
         self.state.set_evaluation(result)
@@ -150,10 +159,10 @@ class Quickstart:
     async def sft_stage(self) -> None:
         if self.state.data.get("sft") == self.opts.sft_steps and (SFT_MODEL / "config.json").is_file():
             return
-        assert self.fleet is not None
+        assert self.supervisor is not None
         shutil.rmtree(SFT_MODEL, ignore_errors=True)
         self.say(f"SFT warm start: {self.opts.sft_steps} steps on {ENV_ID} demonstrations")
-        sup = self.fleet.supervisor
+        sup = self.supervisor
         m = sup.add("sft", agent_rl_command(
             "train", "--sft", "--model", str(BASE_MODEL), "--output", str(SFT_MODEL),
             "--max-steps", str(self.opts.sft_steps), "--env", ENV_ID),
@@ -174,13 +183,13 @@ class Quickstart:
         """Serve and train together; returns the policy version reached."""
         from trainer.sync import sync_weights
 
-        assert self.fleet is not None
         store = await Store.open(self.cfg.store)
         try:
             run_id = await store.ensure_run(self.cfg.run.name)
             version = await store.latest_version(run_id)
             if version >= self.opts.rl_steps:
                 return version
+            self.fleet = await self.ensure_fleet()
             # The engines start on the base weights: give them the policy training resumes from.
             weights = _export(self.cfg, version) if version else SFT_MODEL
             await sync_weights(self.fleet.router_url, weights, version, self.token)
