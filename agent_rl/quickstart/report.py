@@ -41,13 +41,12 @@ def summarize(
 
 
 def print_report(console: Console, summary: dict[str, Any], plot: Path | None) -> None:
-    table = Table(title="Reward on the fixed evaluation tasks (sampled, mean +- standard error)")
-    for col in ("stage", "weights", "policy version", "mean reward", "tool use", "episodes"):
+    table = Table(title="Reward on the fixed evaluation tasks (sampled; +- standard error)")
+    for col in ("stage", "version", "mean reward", "tool use", "episodes"):
         table.add_column(col)
     names = {"base": "before SFT", "sft": "after SFT", "rl": "after RL"}
     for label, e in summary["evals"].items():
-        table.add_row(names.get(label, label), e["weights"],
-                      "-" if e["version"] is None else str(e["version"]),
+        table.add_row(names.get(label, label), "-" if e["version"] is None else f"v{e['version']}",
                       f"{e['mean']:.3f} +- {e['stderr']:.3f}", f"{e['tool_use']:.0%}",
                       f"{e['episodes']} ({e['failed']} failed)")  # fmt: skip
     console.print(table)
