@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import NotFoundError, StoreError
 from agent_rl.store import arrays as codec
@@ -39,10 +40,17 @@ class LifecycleWrites(StoreBase):
         if run_id is not None:
             return run_id
         t = now()
-        run_id = conn.scalar(
-            insert(Run).values(name=name, config=config or {}, created_at=t).returning(Run.id)
-        )
-        conn.execute(insert(PolicyVersion).values(run_id=run_id, version=0, created_at=t))
+        try:
+            with conn.begin_nested():
+                run_id = conn.scalar(
+                    insert(Run).values(name=name, config=config or {}, created_at=t).returning(Run.id)
+                )
+                conn.execute(insert(PolicyVersion).values(run_id=run_id, version=0, created_at=t))
+        except IntegrityError:
+            # Another process (a second serve, the trainer) created it since our select.
+            run_id = conn.scalar(select(Run.id).where(Run.name == name))
+            if run_id is None:
+                raise
         return run_id
 
     @write()

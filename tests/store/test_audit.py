@@ -72,3 +72,26 @@ async def test_audit_ignores_other_runs(db_url: str) -> None:
         await store.commit(claim, a, step=1, version=1, metrics={"episodes": 2})
         assert (await store.audit(b)).ledger.admitted == 0
         assert (await store.audit(a)).problems() == []
+
+
+async def test_concurrent_ensure_run_creates_one_run(db_url: str) -> None:
+    # Two serves, a trainer and the quickstart all ensure the run at start (a race that failed
+    # on PostgreSQL with a unique violation in the chaos run).
+    import anyio
+
+    stores = [await migrated_store(db_url) for _ in range(6)]
+    ids: list[int] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            for s in stores:
+                tg.start_soon(lambda s=s: _append(ids, s.ensure_run("raced")))
+    finally:
+        for s in stores:
+            await s.close()
+    assert len(set(ids)) == 1 and len(ids) == 6
+    async with await migrated_store(db_url) as store:
+        assert [v["version"] for v in await store.policy_versions(ids[0])] == [0]
+
+
+async def _append(out: list[int], coro) -> None:  # type: ignore[no-untyped-def]
+    out.append(await coro)
