@@ -93,7 +93,19 @@ async def engine_current(qs: Quickstart, index: int, floor: int) -> float:
 
 
 async def chaos(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]]) -> None:
-    """Kill each victim once training has moved on since the previous kill; then stop RL."""
+    """Kill each victim once training has moved on since the previous kill; then stop RL (also
+    when recovery timed out: the run is still audited, and the failure is in `kills`)."""
+    from signal import SIGINT
+
+    try:
+        await _kill_each(qs, sup, kills)
+    except TimeoutError as e:
+        kills.append({"error": str(e)})
+    qs.say("chaos: done; stopping RL as the quickstart does (trainer, then serve drains)")
+    await sup.stop("train", grace_s=120, sig=SIGINT)
+
+
+async def _kill_each(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]]) -> None:
     await wait_version(qs, 1, RECOVERY_TIMEOUT_S)
     for name in VICTIMS:
         before = await latest(qs)
@@ -117,10 +129,6 @@ async def chaos(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]]) ->
         qs.say(f"chaos: {name} back, training reached version {after} "
                f"({time.monotonic() - t0:.0f}s after the kill)")
     await wait_version(qs, await latest(qs), RECOVERY_TIMEOUT_S)
-    qs.say("chaos: done; stopping RL as the quickstart does (trainer, then serve drains)")
-    from signal import SIGINT
-
-    await sup.stop("train", grace_s=120, sig=SIGINT)
 
 
 async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
@@ -160,7 +168,8 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
         drop_database(store_url, dbname)
     failed_by_cause = Counter(f"{e.error_type}: {(e.error_cause or '')[:60]}"
                               for e in episodes if e.status == "failed")
-    ok_recovery = len(kills) == len(VICTIMS) and all(k["version_after"] > k["version_at_kill"] for k in kills)
+    ok_recovery = len(kills) == len(VICTIMS) and all(
+        "error" not in k and k["version_after"] > k["version_at_kill"] for k in kills)
     return {
         "lost": audit.lost,
         "trained_twice": audit.trained_twice,

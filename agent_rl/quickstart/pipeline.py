@@ -215,7 +215,9 @@ class Quickstart:
             with anyio.CancelScope(shield=True):
                 for name in self.fleet.serves:
                     await sup.stop(name, grace_s=60)
-                if train.running and not reached:
+                if train.stopped:
+                    pass  # someone else is stopping it
+                elif train.running and not reached:
                     self.say("RL time is up: stopping the trainer (it checkpoints first)")
                     await sup.stop("train", grace_s=120, sig=signal.SIGINT)
                 elif train.running:  # past its last step: let it finish its export and summary
