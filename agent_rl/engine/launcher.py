@@ -89,12 +89,14 @@ def _in_main_thread() -> bool:
 
 
 def _die_with_parent() -> Callable[[], None]:
-    """A preexec_fn: SIGTERM the engine if the launching process dies (killed test runner,
-    crashed `serve`), so no orphan engine keeps its port and 2 GB."""
+    """A preexec_fn: SIGKILL the engine if the launching process dies (killed test runner,
+    crashed `serve`), so no orphan engine keeps its port and 2 GB. SIGKILL, not SIGTERM: an
+    orphaned SGLang server was seen to outlive a SIGTERM by minutes, still serving; its own
+    children die with it (SGLang ties them to their parent)."""
     libc = ctypes.CDLL(None, use_errno=True)
 
     def preexec() -> None:
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
     return preexec
 

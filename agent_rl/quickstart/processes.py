@@ -149,10 +149,23 @@ class Supervisor:
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the process, its group and every descendant (an `agent-rl engine start` runs
+    SGLang in a session of its own, which a group signal would miss)."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+    for child in family:
+        try:
+            child.send_signal(sig)
+        except psutil.Error:
+            pass
 
 
 def _describe(code: int | None) -> str:

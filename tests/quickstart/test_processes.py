@@ -91,3 +91,29 @@ async def test_cluster_mode_refuses_sqlite(tmp_path: Path) -> None:
     toml = (tmp_path / "qs" / "agent-rl.toml").read_text()
     assert 'env = "calculator"' in toml and "admin_token" in toml
     assert oct((tmp_path / "qs" / "agent-rl.toml").stat().st_mode & 0o777) == "0o600"
+
+
+async def test_kill_reaches_descendants_in_their_own_session(tmp_path: Path) -> None:
+    # `agent-rl engine start` runs SGLang in a session of its own; killing the wrapper's
+    # group alone left the server serving on its port (seen in the chaos run).
+    pidfile = tmp_path / "child.pid"
+    parent = [sys.executable, "-c",
+              "import subprocess, sys, time; "
+              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+              "start_new_session=True); "
+              f"open({str(pidfile)!r}, 'w').write(str(c.pid)); time.sleep(600)"]
+    sup = Supervisor(tmp_path)
+    m = sup.add("wrapper", parent, log_path=tmp_path / "w.log", restart=False)
+    await _until(lambda: pidfile.is_file() and pidfile.read_text())
+    child = int(pidfile.read_text())
+    sup.kill("wrapper")
+    await _until(lambda: not m.running)
+
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                return f.read().split()[2] == "Z"  # a zombie awaiting its reaper is dead
+        except FileNotFoundError:
+            return True
+
+    await _until(gone)
