@@ -149,11 +149,13 @@ class Control:
             # keeps prefixes computed with the old weights until the next /flush_cache.
             body = json.dumps(dict(payload, flush_cache=False)).encode()
         async with self.update_lock:
-            workers = self.pool.all()
+            # A quarantined worker is down or unhealthy: it gets this update when it is restored
+            # (bring_up_to_date), instead of failing the fleet's update now.
+            workers = [w for w in self.pool.all() if not w.quarantined] or self.pool.all()
             for w in workers:
                 w.updating = True
             results = await asyncio.gather(*(self._update_one(w, body) for w in workers))
-            if results and all(r["success"] for r in results):
+            if any(r["success"] for r in results):
                 self.last_update = (body, payload.get("weight_version"))
         versions = [r.get("weight_version") for r in results]
         return self.answer(list(results), weight_version=_common(versions))
@@ -233,6 +235,7 @@ class Control:
                                   healthy[0].url)
         info = dict(first["response"])
         info["worker_weight_versions"] = {w.url: w.weight_version for w in self.pool}
+        info["quarantined_workers"] = [w.url for w in self.pool if w.quarantined]
         return web.json_response(info)
 
 

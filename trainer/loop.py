@@ -311,4 +311,10 @@ class TrainLoop:
         for old in sorted(Path(self.tcfg.export_dir).glob("v*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
         if self.router_url:
-            self._call(sync_weights(self.router_url, out, version, self.token))
+            try:
+                self._call(sync_weights(self.router_url, out, version, self.token))
+            except EngineError as e:
+                # An engine down mid-update (crashed, restarting) must not stop training: the
+                # router gives a restored engine the newest weights, and while waiting for data
+                # this loop re-syncs engines that lag.
+                self.log(f"step {step}: weight sync incomplete ({e}); training continues")

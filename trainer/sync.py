@@ -66,8 +66,8 @@ async def check_reachable(url: str, timeout_s: float = 5.0) -> None:
 
 
 async def served_versions(url: str, timeout_s: float = 5.0) -> dict[str, str | None]:
-    """Weight version of every engine behind the router at `url` ({} if it cannot say); a bare
-    SGLang server reports its own under its URL."""
+    """Weight version of every engine in rotation behind the router at `url` ({} if it cannot
+    say); a bare SGLang server reports its own under its URL."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
             async with s.get(url.rstrip("/") + "/model_info") as r:
@@ -80,5 +80,7 @@ async def served_versions(url: str, timeout_s: float = 5.0) -> dict[str, str | N
         return {}
     workers = info.get("worker_weight_versions")
     if isinstance(workers, dict):
-        return {str(k): v for k, v in workers.items()}
+        # Quarantined engines are left out: the router updates them when they come back.
+        down = set(info.get("quarantined_workers") or [])
+        return {str(k): v for k, v in workers.items() if k not in down}
     return {url: info.get("weight_version")}

@@ -258,3 +258,26 @@ async def test_worker_that_cannot_take_the_weights_stays_quarantined(
     await asyncio.sleep(0.5)
     assert worker_b.quarantined
     assert "not restored" in (worker_b.last_error or "")
+
+
+async def test_update_skips_a_quarantined_worker_which_gets_it_when_restored(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a = await make_worker(name="a")
+    b = await make_worker(name="b", health_mode="error500")  # down while the trainer syncs
+    router = await make_router([a.url, b.url], health_interval_s=0.05, quarantine_after=1,
+                               recover_after=2)
+    worker_b = router.pool.get(b.url)
+    assert worker_b is not None
+    await _until(lambda: worker_b.quarantined)
+    async with http.post(router.url + "/update_weights_from_disk",
+                         json={"model_path": "/models/v9", "weight_version": "9"},
+                         headers={"Authorization": "Bearer secret"}) as r:
+        assert r.status == 200, await r.text()
+    async with http.get(router.url + "/model_info") as r:
+        info = await r.json()
+    assert info["quarantined_workers"] == [b.url]
+    assert a.weight_version == "9" and not b.calls("/update_weights_from_disk")
+    b.health_mode = None
+    await _until(lambda: not worker_b.quarantined)
+    assert b.weight_version == "9"
