@@ -105,8 +105,9 @@ class Scheduler:
             for _ in g["waiting"]:
                 await self._slots.acquire()
             summaries = {e.id: e for e in await store.group_episodes(g["group_id"])}
-            self._pending[g["group_id"]] = len(g["waiting"]) + sum(
-                1 for e in summaries.values() if e.status == "running")
+            # Only the episodes this process runs: one still "running" belongs to a process that
+            # stopped, and is resolved by the heartbeat's reaper, which then decides the group.
+            self._pending[g["group_id"]] = len(g["waiting"])
             for eid in g["waiting"]:
                 tg.start_soon(self._run_episode, g["group_id"], eid, task, summaries[eid].seed)
             resumed += len(g["waiting"])
