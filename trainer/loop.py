@@ -59,6 +59,10 @@ class LoopStats:
         return self.idle_s / self.wall_s if self.wall_s else 0.0
 
 
+class _StopRequested(Exception):
+    """Raised inside the waiting loop once `request_stop` was called."""
+
+
 class TrainLoop:
     """Consumes the store for run `cfg.run.name`; see the module docstring."""
 
@@ -84,6 +88,12 @@ class TrainLoop:
         self._store: Store | None = None
         self._tb: Any = None
         self._last_checkpoint_step = -1
+        self.stopping = False
+        """Set by `request_stop` (a signal handler): the loop ends at its next safe point."""
+
+    def request_stop(self) -> None:
+        """Graceful stop: finish the step in progress (or stop waiting), checkpoint, return."""
+        self.stopping = True
 
     # ----- plumbing ----------------------------------------------------------------------------
 
@@ -149,8 +159,11 @@ class TrainLoop:
         try:
             while (max_steps is None or self.stats.steps < max_steps) and (
                 until_version is None or self.stats.version < until_version
-            ):
-                self.step_once()
+            ) and not self.stopping:
+                try:
+                    self.step_once()
+                except _StopRequested:
+                    break
                 self.stats.wall_s = time.monotonic() - started
         finally:
             self.stats.wall_s = time.monotonic() - started
@@ -166,6 +179,8 @@ class TrainLoop:
         waited, announced = 0.0, -WAIT_LOG_S
         t0 = time.monotonic()
         while True:
+            if self.stopping:
+                raise _StopRequested
             if floor > 0:
                 dropped = self._call(self.store.filter_stale(self.run_id, floor))
                 if dropped:

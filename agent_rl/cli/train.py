@@ -83,6 +83,7 @@ def train(
     with engine(model_dir, cfg.trainer) as e:
         loop = TrainLoop(cfg, e, sync_mode=sync, router_url=router_url,
                          log=lambda line: console.print(line, highlight=False, soft_wrap=True))
+        _stop_on_signals(loop)
         try:
             stats = loop.run(max_steps, until_version)
         except KeyboardInterrupt:
@@ -90,3 +91,20 @@ def train(
             raise
     console.print(f"trained {stats.steps} steps (now policy version {stats.version}), "
                   f"{stats.episodes} episodes, idle {stats.idle_fraction:.1%} of {stats.wall_s:.0f}s")
+
+
+def _stop_on_signals(loop) -> None:  # type: ignore[no-untyped-def]
+    """SIGINT/SIGTERM: stop at the next safe point (after the step in progress, or at once while
+    waiting for data) and checkpoint; a second one interrupts immediately. Our own handler also
+    keeps asyncio.Runner from installing its one, which cancels the store call in flight instead
+    (a Ctrl-C could then be swallowed while waiting for data)."""
+    import signal
+
+    def handle(signum, frame):  # type: ignore[no-untyped-def]
+        if loop.stopping:
+            raise KeyboardInterrupt
+        err_console.print("stopping after the current step (again to interrupt)")
+        loop.request_stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handle)
