@@ -154,9 +154,7 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
                         rl.start_soon(chaos, qs, sup, kills)
                         await qs.rl_stage()
                 finally:
-                    with anyio.CancelScope(shield=True):
-                        await sup.stop_all(["train", "sft", "serve-0", "serve-1", "router",
-                                            "engine-0", "engine-1"])
+                    await qs.stop_processes()
                     tg.cancel_scope.cancel()
             async with await Store.open(qs.cfg.store) as store:
                 run_id = await store.ensure_run(qs.cfg.run.name)

@@ -30,7 +30,7 @@ async def run_quickstart(
     opts: Options, workdir: Path, *, console: Console, serve_after: bool = False
 ) -> dict[str, Any]:
     """Run (or resume) the quickstart in `workdir`; returns the summary it reports."""
-    from agent_rl.quickstart.pipeline import Quickstart
+    from agent_rl.quickstart.pipeline import Quickstart, export_path
     from agent_rl.quickstart.processes import Supervisor
     from agent_rl.quickstart.recipe import BASE_MODEL, SFT_MODEL
     from agent_rl.quickstart.report import PLOT_FILE, RESULTS_FILE, print_report, summarize, write_plot, write_results
@@ -47,13 +47,9 @@ async def run_quickstart(
             evals["sft"] = await qs.eval_stage("sft", SFT_MODEL, 0)
             version = await qs.rl_stage()
             if version > 0:
-                from agent_rl.quickstart.pipeline import _export
-
-                evals["rl"] = await qs.eval_stage("rl", _export(qs.cfg, version), version)
+                evals["rl"] = await qs.eval_stage("rl", export_path(qs.cfg, version), version)
         finally:
-            with anyio.CancelScope(shield=True):
-                await supervisor.stop_all(["train", "sft", "serve-0", "serve-1", "router",
-                                           "engine-0", "engine-1"])
+            await qs.stop_processes()
             tg.cancel_scope.cancel()
     async with await Store.open(qs.cfg.store) as store:
         run_id = await store.ensure_run(qs.cfg.run.name)

@@ -66,11 +66,14 @@ class State:
         self.save()
 
 
+STOP_ORDER = ["train", "sft", "serve-0", "serve-1", "router", "engine-0", "engine-1"]
+"""Consumers before what they consume from."""
+
+
 @dataclass
 class Fleet:
-    """The running processes of the run and where to reach them."""
+    """Where to reach the run's engines and router, and its serve processes' names."""
 
-    supervisor: Supervisor
     router_url: str
     engines: list[str]
     serves: list[str]
@@ -96,6 +99,12 @@ class Quickstart:
             assert self.supervisor is not None
             self.fleet = await self.start_fleet(self.supervisor)
         return self.fleet
+
+    async def stop_processes(self) -> None:
+        """Stop every supervised process, in STOP_ORDER (shielded: also on cancellation)."""
+        if self.supervisor is not None:
+            with anyio.CancelScope(shield=True):
+                await self.supervisor.stop_all(STOP_ORDER)
 
     def say(self, line: str) -> None:
         self.console.print(f"[dim]{time.monotonic() - self.started:6.0f}s[/] {line}", highlight=False)
@@ -139,7 +148,7 @@ class Quickstart:
         await _wait_http(router_url + "/model_info", 60, supervisor, "router")
         self.say("engines and router are up")
         serves = [f"serve-{i}" for i in range(n)]
-        return Fleet(supervisor, router_url, engines, serves)
+        return Fleet(router_url, engines, serves)
 
     async def eval_stage(self, label: str, weights: Path, version: int | None) -> Evaluation:
         done = self.state.evaluation(label)
@@ -189,18 +198,19 @@ class Quickstart:
             version = await store.latest_version(run_id)
             if version >= self.opts.rl_steps:
                 return version
-            self.fleet = await self.ensure_fleet()
+            fleet = await self.ensure_fleet()
             # The engines start on the base weights: give them the policy training resumes from.
-            weights = _export(self.cfg, version) if version else SFT_MODEL
-            await sync_weights(self.fleet.router_url, weights, version, self.token)
+            weights = export_path(self.cfg, version) if version else SFT_MODEL
+            await sync_weights(fleet.router_url, weights, version, self.token)
             self.say(f"RL: serve and train together from policy version {version} to "
                      f"{self.opts.rl_steps} (at most {self.opts.rl_minutes:g} min)")
-            sup = self.fleet.supervisor
-            for name in self.fleet.serves:
-                sup.add(name, agent_rl_command("serve", "--router-url", self.fleet.router_url,
+            sup = self.supervisor
+            assert sup is not None
+            for name in fleet.serves:
+                sup.add(name, agent_rl_command("serve", "--router-url", fleet.router_url,
                                                "--no-api"), log_path=Path(f"runs/logs/{name}.log"))
             train = sup.add("train", agent_rl_command(
-                "train", "--router-url", self.fleet.router_url,
+                "train", "--router-url", fleet.router_url,
                 "--until-version", str(self.opts.rl_steps)), log_path=Path("runs/logs/train.log"))
             deadline = time.monotonic() + self.opts.rl_minutes * 60
             reached = False
@@ -213,7 +223,7 @@ class Quickstart:
                     await anyio.sleep(1.0)
             self.say("stopping serve (running episodes finish first)")
             with anyio.CancelScope(shield=True):
-                for name in self.fleet.serves:
+                for name in fleet.serves:
                     await sup.stop(name, grace_s=60)
                 if train.stopped:
                     pass  # someone else is stopping it
@@ -236,7 +246,8 @@ class Quickstart:
         return version
 
 
-def _export(cfg: Config, version: int) -> Path:
+def export_path(cfg: Config, version: int) -> Path:
+    """The trainer's HF export of policy `version` (QuickstartError if it is gone)."""
     path = Path(cfg.trainer.export_dir) / f"v{version:06d}"
     if not (path / "config.json").is_file():
         raise QuickstartError(f"the export of policy version {version} ({path}) is missing")

@@ -38,8 +38,7 @@ class Managed:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     restart: bool = True
-    """Start it again when it dies (not after `stop`, nor after a clean exit with `restart_on_success` off)."""
-    restart_on_success: bool = False
+    """Start it again when it dies (not after `stop`, nor after a clean exit)."""
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     deaths: list[int] = field(default_factory=list)
@@ -62,11 +61,10 @@ class Supervisor:
         self.on_event = on_event or (lambda line: log.info("%s", line))
 
     def add(self, name: str, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None,
-            restart: bool = True, start: bool = True) -> Managed:  # fmt: skip
+            restart: bool = True) -> Managed:  # fmt: skip
         m = Managed(name, argv, log_path, env or {}, restart)
         self.procs[name] = m
-        if start:
-            self.start(m)
+        self.start(m)
         return m
 
     def start(self, m: Managed) -> None:
@@ -93,9 +91,7 @@ class Supervisor:
                 if m.proc is None or m.stopped or m.proc.poll() is None:
                     continue
                 code = m.proc.returncode
-                if code == 0 and not m.restart_on_success:
-                    continue
-                if not m.restart:
+                if code == 0 or not m.restart:
                     continue
                 m.deaths.append(code)
                 self.on_event(f"{m.name} exited ({_describe(code)}); restarting it")

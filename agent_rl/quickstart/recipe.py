@@ -16,7 +16,6 @@ Why these numbers (measured on 2 CPU cores; see the README's quickstart section)
 from __future__ import annotations
 
 import secrets
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_rl.config import Config, load_config
+from agent_rl.engine.launcher import free_port
 
 CONFIG_FILE = "agent-rl.toml"
 STATE_FILE = "quickstart.json"
@@ -55,12 +55,6 @@ class Options(BaseModel):
     """Multi-process mode: two engines behind a standalone router, two serves, one trainer."""
     store_url: str | None = None
     """Store URL (cluster mode needs PostgreSQL); unset: SQLite in the working directory."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def recipe(opts: Options) -> dict[str, Any]:
