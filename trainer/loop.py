@@ -178,13 +178,14 @@ class TrainLoop:
         floor = self.stats.version - (0 if self.sync_mode else self.tcfg.max_staleness)
         waited, announced = 0.0, -WAIT_LOG_S
         t0 = time.monotonic()
+        # Once per step, not per poll: a write transaction each poll would contend with serve.
+        if floor > 0:
+            dropped = self._call(self.store.filter_stale(self.run_id, floor))
+            if dropped:
+                self.log(f"filtered {dropped} groups sampled below policy version {floor} (stale)")
         while True:
             if self.stopping:
                 raise _StopRequested
-            if floor > 0:
-                dropped = self._call(self.store.filter_stale(self.run_id, floor))
-                if dropped:
-                    self.log(f"filtered {dropped} groups sampled below policy version {floor} (stale)")
             claim = self._call(
                 self.store.claim(self.run_id, self.trainer_id, need, min_version=floor,
                                  lease_s=self.tcfg.claim_lease_s)
