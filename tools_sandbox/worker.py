@@ -237,15 +237,18 @@ def collect(fds: list[int], deadline: float, done, wake: int) -> dict:
     open_fds, cap = list(fds), CONF["cap"]
     timed_out = truncated = False
     drain_until = None
-    while open_fds or not done():
+    while True:
+        finished = done()  # once per round: a second look could turn true after the first,
+        if finished and not open_fds:  # leaving select() nothing to wait on but the deadline
+            break
         now = time.monotonic()
-        if drain_until is None and done():
+        if finished and drain_until is None:
             drain_until = now + DRAIN_S
         left = min(deadline, drain_until or deadline) - now
         if left <= 0:
             timed_out = drain_until is None
             break
-        ready, _, _ = select.select(open_fds + ([] if done() else [wake]), [], [], left)
+        ready, _, _ = select.select(open_fds + ([] if finished else [wake]), [], [], left)
         for fd in ready:
             if fd == wake:
                 continue

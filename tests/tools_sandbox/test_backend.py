@@ -145,3 +145,22 @@ async def test_tool_code_inherits_no_worker_channel(backend: SandboxBackend) -> 
                             persistent=True)
         r = await sb.run_python("print('fast')", persistent=True)
         assert r.stdout == "fast\n" and r.duration_s < 1.0, r  # the killed child is no obstacle
+
+
+async def test_calls_answer_as_soon_as_they_end(backend: SandboxBackend) -> None:
+    """A call whose output closes just before its result arrives must not sit out its timeout.
+
+    The worker once looked twice per round for the result; when it arrived between the looks,
+    the round waited on nothing until the deadline (about 1 call in 20 took the full timeout).
+    Hundreds of short calls make that race show up in every run."""
+    async with await backend.create(SPEC) as sb:
+        slow = []
+        for i in range(200):
+            r = await sb.run_python("print('fast')", persistent=True, timeout=2.0)
+            assert r.stdout == "fast\n", r
+            slow += [("persistent", i, r.duration_s)] if r.duration_s > 1.0 else []
+        for i in range(100):
+            r = await sb.exec(["true"], timeout=2.0)
+            assert r.exit_code == 0, r
+            slow += [("exec", i, r.duration_s)] if r.duration_s > 1.0 else []
+        assert not slow, slow
