@@ -15,7 +15,7 @@ def quickstart(
     workdir: Annotated[Path, typer.Option(help="Working directory of the run (a second run resumes it).")] = Path("quickstart"),
     seed: Annotated[int, typer.Option(help="Seed of the model, the data and the sampling.")] = 0,
     sft_steps: Annotated[int, typer.Option(min=1, help="SFT warm-start steps.")] = 400,
-    rl_steps: Annotated[int, typer.Option(min=1, help="RL steps (policy versions) in total.")] = 40,
+    rl_steps: Annotated[int, typer.Option(min=1, help="RL steps (policy versions) in total.")] = 80,
     rl_minutes: Annotated[float, typer.Option(min=0.1, help="Time bound of the RL stage in this run.")] = 5.0,
     eval_tasks: Annotated[int, typer.Option(min=2, help="Fixed evaluation tasks.")] = 64,
     eval_samples: Annotated[int, typer.Option(min=1, help="Samples per evaluation task.")] = 4,

@@ -265,8 +265,8 @@ async def _rl_status(store: Store, run_id: int, sup: Supervisor, target: int) ->
         return f"{sum(vals) / len(vals):.2f}" if vals else "-"
 
     restarts = sum(max(m.starts - 1, 0) for m in sup.procs.values())
-    return (f"v{version}/{target} | episodes {ledger.trained} trained {ledger.filtered} filtered "
-            f"{ledger.failed} failed | reward {mean('reward_mean')} | staleness "
+    return (f"v{version}/{target} | episodes: {ledger.trained} trained, {ledger.filtered} "
+            f"filtered, {ledger.failed} failed | reward {mean('reward_mean')} | staleness "
             f"{mean('staleness_mean')} | idle {mean('idle_fraction')}"
             + (f" | restarts {restarts}" if restarts else ""))
 

@@ -45,7 +45,7 @@ class Options(BaseModel):
 
     seed: int = 0
     sft_steps: int = Field(default=400, ge=1)
-    rl_steps: int = Field(default=40, ge=1)
+    rl_steps: int = Field(default=80, ge=1)
     """RL optimizer steps in total (a resumed run trains up to this many)."""
     rl_minutes: float = Field(default=5.0, gt=0)
     """Wall-clock bound of the RL stage in this run; it stops earlier at `rl_steps`."""

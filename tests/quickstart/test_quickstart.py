@@ -23,7 +23,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 # Shortened from the defaults; the margin still holds for these seeds (README: quickstart).
-ARGS = ["--sft-steps", "400", "--rl-steps", "30", "--rl-minutes", "6", "--eval-tasks", "64",
+ARGS = ["--sft-steps", "400", "--rl-steps", "60", "--rl-minutes", "6", "--eval-tasks", "64",
         "--eval-samples", "4", "--no-serve-after"]
 
 
