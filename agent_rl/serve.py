@@ -71,6 +71,10 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
     async with AsyncExitStack() as stack:
         stack.push_async_callback(store.close)
         tg = await stack.enter_async_context(anyio.create_task_group())
+        # Its tasks (engine supervision, the API, the SIGTERM watch) are cancelled only once
+        # everything entered after it has closed: cancelling earlier would cancel those closes
+        # too (the router's client session was left unclosed that way).
+        stack.callback(tg.cancel_scope.cancel)
         url = cfg.rollout.router_url or await _embedded(stack, tg, cfg, model)
         client = EngineClient(url)
         stack.push_async_callback(client.aclose)
@@ -101,7 +105,6 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
         with anyio.CancelScope() as scope:
             tg.start_soon(_drain_on_sigterm, scheduler, scope)
             await scheduler.run(max_episodes)
-        tg.cancel_scope.cancel()
     return scheduler.stats
 
 

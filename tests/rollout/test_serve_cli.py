@@ -76,6 +76,8 @@ def test_fresh_directory_serve_survives_engine_crash(tmp_path: Path, engine_venv
             serve.kill()
     assert serve.returncode == 0, out[-3000:]
     assert "restarting it" in out, out[-3000:]
+    # Everything serve opened is closed on the way out (the router's session once was not).
+    assert "Unclosed" not in out and "Traceback" not in out, out[-3000:]
 
     listed = subprocess.run([AGENT_RL, "episodes", "list"], cwd=tmp_path, env=_env(),
                             capture_output=True, text=True, timeout=120)
