@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -39,6 +41,9 @@ def serve(
     cfg = cfg.model_copy(update=updates)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stats = anyio.run(lambda: run_serve(cfg, max_episodes=max_episodes, with_api=api))
+    # Every episode is recorded by now: a SIGTERM (e.g. the second of a drain that just ended)
+    # only cuts the summary short, instead of killing the process with a signal status.
+    signal.signal(signal.SIGTERM, _exit_quietly)
 
     async def ledger():  # type: ignore[no-untyped-def]
         async with await Store.open(cfg.store) as store:
@@ -50,3 +55,8 @@ def serve(
                   str(stats.groups_ready), str(stats.groups_filtered), f"{mean:.3f}")
     console.print(table)
     console.print("ledger: " + ", ".join(f"{k}={v}" for k, v in anyio.run(ledger).as_dict().items()))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the interpreter's teardown has nothing to stop
+
+
+def _exit_quietly(signum: int, frame: object) -> None:
+    sys.exit(0)
