@@ -9,16 +9,19 @@ import anyio
 import typer
 
 from agent_rl.cli.common import console
+from agent_rl.quickstart.recipe import Options
+
+DEFAULT = Options()  # the recipe's defaults are the options' defaults
 
 
 def quickstart(
     workdir: Annotated[Path, typer.Option(help="Working directory of the run (a second run resumes it).")] = Path("quickstart"),
-    seed: Annotated[int, typer.Option(help="Seed of the model, the data and the sampling.")] = 0,
-    sft_steps: Annotated[int, typer.Option(min=1, help="SFT warm-start steps.")] = 400,
-    rl_steps: Annotated[int, typer.Option(min=1, help="RL steps (policy versions) in total.")] = 80,
-    rl_minutes: Annotated[float, typer.Option(min=0.1, help="Time bound of the RL stage in this run.")] = 5.0,
-    eval_tasks: Annotated[int, typer.Option(min=2, help="Fixed evaluation tasks.")] = 64,
-    eval_samples: Annotated[int, typer.Option(min=1, help="Samples per evaluation task.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the model, the data and the sampling.")] = DEFAULT.seed,
+    sft_steps: Annotated[int, typer.Option(min=1, help="SFT warm-start steps.")] = DEFAULT.sft_steps,
+    rl_steps: Annotated[int, typer.Option(min=1, help="RL steps (policy versions) in total.")] = DEFAULT.rl_steps,
+    rl_minutes: Annotated[float, typer.Option(min=0.1, help="Time bound of the RL stage in this run.")] = DEFAULT.rl_minutes,
+    eval_tasks: Annotated[int, typer.Option(min=2, help="Fixed evaluation tasks.")] = DEFAULT.eval_tasks,
+    eval_samples: Annotated[int, typer.Option(min=1, help="Samples per evaluation task.")] = DEFAULT.eval_samples,
     cluster: Annotated[
         bool, typer.Option("--cluster", help="Multi-process mode: 2 engines behind a standalone router, 2 serves, 1 trainer.")
     ] = False,
@@ -30,7 +33,7 @@ def quickstart(
     ] = True,
 ) -> None:
     """Make a tiny model, warm-start it with SFT, train it with asynchronous RL, report the curve."""
-    from agent_rl.quickstart import Options, run_quickstart
+    from agent_rl.quickstart import run_quickstart
 
     opts = Options(seed=seed, sft_steps=sft_steps, rl_steps=rl_steps, rl_minutes=rl_minutes,
                    eval_tasks=eval_tasks, eval_samples=eval_samples, cluster=cluster,

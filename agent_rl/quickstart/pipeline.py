@@ -25,12 +25,13 @@ import anyio
 from rich.console import Console
 
 from agent_rl.config import Config
+from agent_rl.engine.launcher import free_port
 from agent_rl.errors import AgentRLError, ConfigError
 from agent_rl.quickstart.evaluate import Evaluation, evaluate
 from agent_rl.quickstart.processes import Supervisor, agent_rl_command
 from agent_rl.quickstart.progress import Progress
 from agent_rl.quickstart.recipe import (
-    BASE_MODEL, ENV_ID, MODEL_PRESET, SFT_MODEL, STATE_FILE, Options, free_port, write_or_load,
+    BASE_MODEL, ENV_ID, MODEL_PRESET, SFT_MODEL, STATE_FILE, Options, write_or_load,
 )  # fmt: skip
 from agent_rl.store import Store
 

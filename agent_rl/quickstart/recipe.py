@@ -23,7 +23,6 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_rl.config import Config, load_config
-from agent_rl.engine.launcher import free_port
 
 CONFIG_FILE = "agent-rl.toml"
 STATE_FILE = "quickstart.json"
@@ -59,6 +58,8 @@ class Options(BaseModel):
 
 def recipe(opts: Options) -> dict[str, Any]:
     """The config of a new quickstart run (TOML-ready)."""
+    from agent_rl.engine.launcher import free_port  # httpx: kept off the CLI's import path
+
     store_url = opts.store_url or "sqlite:///agent_rl.db"
     return {
         "run": {"name": RUN_NAME},
