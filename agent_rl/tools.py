@@ -190,7 +190,7 @@ def tool(
 
 
 class SandboxToolImpl(Protocol):
-    """The shape of `tools_sandbox.tools.Tool` (python, shell, read_file, write_file)."""
+    """The shape of `tools_sandbox.tools.SandboxTool` (python, shell, read_file, write_file)."""
 
     name: str
     description: str

@@ -24,13 +24,19 @@ from anyio.abc import Process
 from agent_rl.config import SandboxConfig
 from agent_rl.errors import SandboxError
 from tools_sandbox import hostfs, seccomp
+from tools_sandbox.backend import (
+    HERE,
+    PreparedSandbox,
+    WorkerBackend,
+    compact_json,
+    stop_process,
+)
 from tools_sandbox.base import WORK_DIR, SandboxSpec
 from tools_sandbox.cgroups import CgroupLayout, SandboxCgroup
 from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
-from tools_sandbox.session import Channel, WorkerSandbox, process_stderr, worker_config
+from tools_sandbox.session import Channel, process_stderr, worker_config
 
 PREFIX = "bw-"
-HERE = Path(__file__).resolve().parent
 WORKER_IN_SANDBOX = "/.agent-rl/worker.py"  # on bwrap's own root: never inside a rootfs
 INNER_UID = 1000
 # what of /etc a Python needs, and nothing that holds secrets
@@ -38,7 +44,7 @@ ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/etc/ss
              "/etc/mime.types")
 
 
-class BwrapSandbox(WorkerSandbox):
+class BwrapSandbox(PreparedSandbox):
     def __init__(self, backend: BwrapBackend, sandbox_id: str, spec: SandboxSpec, uid: int) -> None:
         super().__init__(sandbox_id, spec, backend._forget)
         self.backend = backend
@@ -77,7 +83,7 @@ class BwrapSandbox(WorkerSandbox):
         for key, value in conf["env"].items():
             argv += ["--setenv", key, value]
         return argv + ["--", self.backend.config.python, "-I", WORKER_IN_SANDBOX,
-                       _json(conf)]
+                       compact_json(conf)]
 
     async def _spawn(self) -> Channel:
         launch = {"cgroups": self.cgroup.procs_files, "uid": self.uid, "gid": self.uid,
@@ -85,7 +91,7 @@ class BwrapSandbox(WorkerSandbox):
         fd = os.open(self.backend.filter_path(self.spec.network), os.O_RDONLY)
         try:
             self.proc = await anyio.open_process(
-                [sys.executable, "-I", "-S", str(HERE / "launcher.py"), _json(launch), "--",
+                [sys.executable, "-I", "-S", str(HERE / "launcher.py"), compact_json(launch), "--",
                  *self.bwrap_argv(fd)],
                 pass_fds=(fd,), env={}, stderr=-1,
             )
@@ -96,16 +102,8 @@ class BwrapSandbox(WorkerSandbox):
 
     async def _kill(self) -> None:
         ok = await anyio.to_thread.run_sync(self.cgroup.kill_all)
-        if self.proc is not None:
-            proc, self.proc = self.proc, None
-            if proc.returncode is None:
-                try:
-                    proc.kill()  # the launcher may not have joined the cgroups yet
-                except ProcessLookupError:
-                    pass
-            with anyio.move_on_after(5):
-                await proc.wait()
-            await proc.aclose()
+        proc, self.proc = self.proc, None
+        await stop_process(proc)  # the launcher may not have joined the cgroups yet
         if not ok:
             raise SandboxError(f"sandbox {self.id}: processes survived SIGKILL for 5 s")
 
@@ -124,7 +122,7 @@ class BwrapSandbox(WorkerSandbox):
         hostfs.remove_tree(self.dir)
 
 
-class BwrapBackend:
+class BwrapBackend(WorkerBackend[BwrapSandbox]):
     """Creates bubblewrap sandboxes; one per process. Needs root, bwrap, cgroups, libseccomp."""
 
     name = "bwrap"
@@ -136,19 +134,11 @@ class BwrapBackend:
         self.bwrap = bwrap
         if os.geteuid() != 0:
             raise SandboxError("the bwrap backend needs root (cgroups, uids, work-dir mounts)")
-        self.config = config
-        self.root = Path(config.state_dir) / "bwrap"
-        # sandbox uids must traverse (not list) the state dir to reach their own work dir
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o711)
-        # a copy readable by every uid: the package itself may live in a private home dir
-        self.worker = self.root / "worker.py"
-        shutil.copyfile(HERE / "worker.py", self.worker)
-        self.worker.chmod(0o644)
+        super().__init__(config)
+        self.worker = self.install_worker()
         self.layout = CgroupLayout.detect(config.cgroup_parent)
         self.layout.prepare()
         self.uids = UidPool(config.uid_base)
-        self._live: dict[str, BwrapSandbox] = {}
         self._filters = {
             net: seccomp.write_filter(self.root / f"seccomp{'-net' * net}.bpf", network=net)
             for net in (False, True)
@@ -157,23 +147,8 @@ class BwrapBackend:
     def filter_path(self, network: bool) -> Path:
         return self._filters[network]
 
-    async def create(self, spec: SandboxSpec) -> BwrapSandbox:
-        sandbox = BwrapSandbox(self, new_id(PREFIX), spec, self.uids.take())
-        self._live[sandbox.id] = sandbox
-        try:
-            await anyio.to_thread.run_sync(sandbox.prepare)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await sandbox.close()
-            raise
-        await sandbox.start()
-        return sandbox
-
-    def _forget(self, sandbox_id: str) -> None:
-        self._live.pop(sandbox_id, None)
-
-    def live(self) -> int:
-        return len(self._live)
+    def _new(self, spec: SandboxSpec) -> BwrapSandbox:
+        return BwrapSandbox(self, new_id(PREFIX), spec, self.uids.take())
 
     async def reap(self) -> int:
         """Remove cgroups, mounts and dirs of bwrap sandboxes whose server process is gone."""
@@ -189,10 +164,6 @@ class BwrapBackend:
             cgroup.remove()
             hostfs.remove_tree(self.root / sandbox_id)
         return len(ids)
-
-    async def aclose(self) -> None:
-        for sandbox in list(self._live.values()):
-            await sandbox.close()
 
 
 def _host_binds() -> list[str]:
@@ -230,9 +201,3 @@ def _owned_by_live_server(sandbox_dir: Path) -> bool:
         return owner_alive((sandbox_dir / "owner").read_text())
     except OSError:
         return False
-
-
-def _json(obj: object) -> str:
-    import json
-
-    return json.dumps(obj, separators=(",", ":"))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import socket
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -25,19 +24,19 @@ from anyio.abc import SocketListener
 from agent_rl.config import SandboxConfig
 from agent_rl.errors import SandboxError
 from tools_sandbox import hostfs
+from tools_sandbox.backend import HERE, PreparedSandbox, WorkerBackend, compact_json
 from tools_sandbox.base import WORK_DIR, SandboxSpec
 from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
 from tools_sandbox.image import ensure_image
-from tools_sandbox.session import Channel, WorkerSandbox, worker_config
+from tools_sandbox.session import Channel, worker_config
 
 PREFIX = "dk-"
 LABEL = "agent-rl.sandbox"
 OWNER = "agent-rl.owner"
 HOST = "agent-rl.host"
-HERE = Path(__file__).resolve().parent
 
 
-class DockerSandbox(WorkerSandbox):
+class DockerSandbox(PreparedSandbox):
     def __init__(
         self, backend: DockerBackend, sandbox_id: str, spec: SandboxSpec, uid: int
     ) -> None:
@@ -75,7 +74,7 @@ class DockerSandbox(WorkerSandbox):
                    docker.types.Ulimit(name="core", soft=0, hard=0)]
         return self.backend.client.containers.run(
             spec.image or self.backend.image,
-            [self.backend.config.python, "-I", "/sbx/worker.py", _json(conf)],
+            [self.backend.config.python, "-I", "/sbx/worker.py", compact_json(conf)],
             name=f"{self.id}-{self.generation}", detach=True, init=True,
             network_mode="bridge" if spec.network else "none",
             mem_limit=lim.memory_mb << 20, memswap_limit=lim.memory_mb << 20,
@@ -136,7 +135,7 @@ def _remove_container(container: Any) -> None:
             raise SandboxError(f"cannot remove container {container.name}: {e}") from e
 
 
-class DockerBackend:
+class DockerBackend(WorkerBackend[DockerSandbox]):
     """Creates Docker sandboxes through a local engine (DOCKER_HOST or sandbox.docker_host)."""
 
     name = "docker"
@@ -147,7 +146,6 @@ class DockerBackend:
         except ImportError as e:
             raise SandboxError("the docker backend needs the docker SDK: pip install "
                                "'agent-rl[docker]'") from e
-        self.config = config
         try:
             self.client = (docker.DockerClient(base_url=config.docker_host, timeout=60)
                            if config.docker_host else docker.from_env(timeout=60))
@@ -157,38 +155,19 @@ class DockerBackend:
                 f"no Docker engine reachable ({e}); start one (.ci/start-dockerd.sh) and set "
                 "DOCKER_HOST or sandbox.docker_host, or use sandbox.backend = 'bwrap'") from e
         self.image = config.docker_image or ensure_image(self.client)
-        self.root = Path(config.state_dir) / "docker"
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o711)
+        super().__init__(config)
         self.worker = HERE / "worker.py"
         self.owner = owner_tag()
         self.uids = UidPool(config.uid_base + 200_000)
         self.history: set[str] = set()
-        self._live: dict[str, DockerSandbox] = {}
 
-    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+    def _new(self, spec: SandboxSpec) -> DockerSandbox:
         if spec.rootfs:
             raise SandboxError(
                 "spec.rootfs is for the bwrap backend; Docker sandboxes use spec.image")
         sandbox = DockerSandbox(self, new_id(PREFIX), spec, self.uids.take())
-        self._live[sandbox.id] = sandbox
         self.history.add(sandbox.id)
-        try:
-            await anyio.to_thread.run_sync(sandbox.prepare)
-        except BaseException as e:
-            with anyio.CancelScope(shield=True):
-                await sandbox.close()
-            if isinstance(e, Exception) and not isinstance(e, SandboxError):
-                raise SandboxError(f"cannot prepare sandbox {sandbox.id}: {e}") from e
-            raise
-        await sandbox.start()
         return sandbox
-
-    def _forget(self, sandbox_id: str) -> None:
-        self._live.pop(sandbox_id, None)
-
-    def live(self) -> int:
-        return len(self._live)
 
     def remove_leftovers_of(self, sandbox_id: str) -> None:
         """Remove the containers (all generations) and the dir of one sandbox."""
@@ -222,13 +201,3 @@ class DockerBackend:
         """Containers of sandboxes this backend created that still exist."""
         return [f"container {c.name}" for c in self.client.containers.list(
             all=True, filters={"label": LABEL}) if c.labels.get(LABEL) in self.history]
-
-    async def aclose(self) -> None:
-        for sandbox in list(self._live.values()):
-            await sandbox.close()
-
-
-def _json(obj: object) -> str:
-    import json
-
-    return json.dumps(obj, separators=(",", ":"))

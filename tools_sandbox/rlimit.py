@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
-from pathlib import Path
 
 import anyio
 from anyio.abc import Process
@@ -24,13 +24,19 @@ from anyio.abc import Process
 from agent_rl.config import SandboxConfig
 from agent_rl.errors import SandboxError
 from tools_sandbox import hostfs
+from tools_sandbox.backend import (
+    HERE,
+    PreparedSandbox,
+    WorkerBackend,
+    compact_json,
+    stop_process,
+)
 from tools_sandbox.base import SandboxSpec
 from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
-from tools_sandbox.session import Channel, WorkerSandbox, process_stderr, worker_config
+from tools_sandbox.session import Channel, process_stderr, worker_config
 
 log = logging.getLogger(__name__)
 PREFIX = "rl-"
-HERE = Path(__file__).resolve().parent
 
 
 def kill_uid(uid: int, wait_s: float = 5.0) -> bool:
@@ -54,7 +60,7 @@ def kill_uid(uid: int, wait_s: float = 5.0) -> bool:
         time.sleep(0.005)
 
 
-class RlimitSandbox(WorkerSandbox):
+class RlimitSandbox(PreparedSandbox):
     def __init__(self, backend: RlimitBackend, sandbox_id: str, spec: SandboxSpec,
                  uid: int | None) -> None:
         super().__init__(sandbox_id, spec, backend._forget)
@@ -82,8 +88,8 @@ class RlimitSandbox(WorkerSandbox):
             launch.update(uid=self.uid, gid=self.uid)
         python = self.backend.python
         self.proc = await anyio.open_process(
-            [sys.executable, "-I", "-S", str(HERE / "launcher.py"), _json(launch), "--",
-             python, "-I", str(self.backend.worker), _json(conf)],
+            [sys.executable, "-I", "-S", str(HERE / "launcher.py"), compact_json(launch), "--",
+             python, "-I", str(self.backend.worker), compact_json(conf)],
             env={}, stderr=-1, cwd=str(self.work),
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -93,16 +99,8 @@ class RlimitSandbox(WorkerSandbox):
         ok = True
         if self.uid is not None:
             ok = await anyio.to_thread.run_sync(kill_uid, self.uid)
-        if self.proc is not None:
-            proc, self.proc = self.proc, None
-            if proc.returncode is None:
-                try:
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
-            with anyio.move_on_after(5):
-                await proc.wait()
-            await proc.aclose()
+        proc, self.proc = self.proc, None
+        await stop_process(proc)
         if not ok:
             raise SandboxError(f"sandbox {self.id}: processes of uid {self.uid} survived SIGKILL")
 
@@ -118,26 +116,19 @@ class RlimitSandbox(WorkerSandbox):
             self.backend.uids.give_back(self.uid)
 
 
-class RlimitBackend:
+class RlimitBackend(WorkerBackend[RlimitSandbox]):
     """Creates rlimit-only sandboxes. NOT isolation: see the module docstring."""
 
     name = "rlimit"
 
     def __init__(self, config: SandboxConfig) -> None:
-        import shutil
-
         log.warning(
             "sandbox backend 'rlimit' is NOT a sandbox: tool code can read the host's files, use "
             "its network and see its processes. Use it only for trusted code on machines without "
             "bubblewrap or Docker; choose sandbox.backend = 'bwrap' or 'docker' otherwise."
         )
-        self.config = config
-        self.root = Path(config.state_dir) / "rlimit"
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o711)
-        self.worker = self.root / "worker.py"
-        shutil.copyfile(HERE / "worker.py", self.worker)
-        self.worker.chmod(0o644)
+        super().__init__(config)
+        self.worker = self.install_worker()
         # the system's interpreter, not the server's venv (maybe in a home dir others cannot read)
         python = shutil.which(config.python, path="/usr/local/bin:/usr/bin:/bin")
         if python is None:
@@ -145,31 +136,15 @@ class RlimitBackend:
         self.python = python
         self.as_root = os.geteuid() == 0
         self.uids = UidPool(config.uid_base + 100_000)
-        self._live: dict[str, RlimitSandbox] = {}
 
-    async def create(self, spec: SandboxSpec) -> RlimitSandbox:
+    def _new(self, spec: SandboxSpec) -> RlimitSandbox:
         if spec.mounts:
             raise SandboxError("the rlimit backend cannot mount paths: it shares the host's files")
         if spec.rootfs:
             raise SandboxError(
                 "spec.rootfs is for the bwrap backend; rlimit sandboxes share the host's files")
         uid = self.uids.take() if self.as_root else None
-        sandbox = RlimitSandbox(self, new_id(PREFIX), spec, uid)
-        self._live[sandbox.id] = sandbox
-        try:
-            await anyio.to_thread.run_sync(sandbox.prepare)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await sandbox.close()
-            raise
-        await sandbox.start()
-        return sandbox
-
-    def _forget(self, sandbox_id: str) -> None:
-        self._live.pop(sandbox_id, None)
-
-    def live(self) -> int:
-        return len(self._live)
+        return RlimitSandbox(self, new_id(PREFIX), spec, uid)
 
     async def reap(self) -> int:
         """Remove work dirs of rlimit sandboxes whose server is gone; their processes died with
@@ -194,13 +169,3 @@ class RlimitBackend:
             return n
 
         return await anyio.to_thread.run_sync(sync)
-
-    async def aclose(self) -> None:
-        for sandbox in list(self._live.values()):
-            await sandbox.close()
-
-
-def _json(obj: object) -> str:
-    import json
-
-    return json.dumps(obj, separators=(",", ":"))

@@ -62,7 +62,7 @@ class WriteFileArgs(Args):
     content: str = Field(description="The whole new content of the file.")
 
 
-class Tool(ABC):
+class SandboxTool(ABC):
     """Base of the built-in tools: a name, a description and an argument model."""
 
     name: ClassVar[str]
@@ -117,7 +117,7 @@ def describe(r: ExecResult) -> str:
     return "\n".join(p.rstrip("\n") for p in parts) or "[no output]"
 
 
-class PythonTool(Tool):
+class PythonTool(SandboxTool):
     name = "python"
     description = ("Run Python 3 code in the sandbox and return its stdout, stderr and the value "
                    "of its last expression. Files live in /work.")
@@ -135,7 +135,7 @@ class PythonTool(Tool):
         return ToolOutput(text=describe(r), ok=r.ok, result=r)
 
 
-class ShellTool(Tool):
+class ShellTool(SandboxTool):
     name = "shell"
     description = "Run a shell command in the sandbox (work dir /work) and return its output."
     args = ShellArgs
@@ -146,7 +146,7 @@ class ShellTool(Tool):
         return ToolOutput(text=describe(r), ok=r.ok, result=r)
 
 
-class ReadFileTool(Tool):
+class ReadFileTool(SandboxTool):
     name = "read_file"
     description = "Read a text file from the sandbox's work dir /work."
     args = ReadFileArgs
@@ -166,7 +166,7 @@ class ReadFileTool(Tool):
         return ToolOutput(text=text or "[empty file]", ok=True)
 
 
-class WriteFileTool(Tool):
+class WriteFileTool(SandboxTool):
     name = "write_file"
     description = "Create or overwrite a file in the sandbox's work dir /work."
     args = WriteFileArgs
@@ -180,18 +180,18 @@ class WriteFileTool(Tool):
         return ToolOutput(text=f"wrote {len(a.content.encode())} bytes to {a.path}", ok=True)
 
 
-def default_tools(*, persistent_python: bool = False) -> list[Tool]:
+def default_tools(*, persistent_python: bool = False) -> list[SandboxTool]:
     """python, shell, read_file, write_file."""
     return [PythonTool(persistent=persistent_python), ShellTool(), ReadFileTool(), WriteFileTool()]
 
 
-def tool_schemas(tools: list[Tool]) -> list[dict[str, Any]]:
+def tool_schemas(tools: list[SandboxTool]) -> list[dict[str, Any]]:
     """The OpenAI `tools` list for a request."""
     return [t.schema() for t in tools]
 
 
 async def call_tool(
-    sandbox: Sandbox, tools: list[Tool], name: str, arguments: str | dict[str, Any]
+    sandbox: Sandbox, tools: list[SandboxTool], name: str, arguments: str | dict[str, Any]
 ) -> ToolOutput:
     """Run the tool called `name`; ToolError if there is none or its arguments are malformed."""
     for tool in tools:

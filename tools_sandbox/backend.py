@@ -1,0 +1,109 @@
+"""What every worker-served backend shares: its state dir, its live sandboxes, the create
+sequence, and stopping a sandbox's host process.
+
+A backend subclasses `WorkerBackend` and supplies `_new(spec)`: check the spec and return an
+unstarted sandbox (nothing on the host yet). `create` then runs the one sequence every backend
+needs: register the sandbox, build its host resources (`prepare`, in a worker thread), and start
+its worker; if preparing fails, whatever was made is removed again and the failure is a
+`SandboxError` (the infrastructure failed, not the model), so no half-made sandbox outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import anyio
+from anyio.abc import Process
+
+from agent_rl.config import SandboxConfig
+from agent_rl.errors import SandboxError
+from tools_sandbox.base import SandboxSpec
+from tools_sandbox.session import WorkerSandbox
+
+HERE = Path(__file__).resolve().parent
+
+class PreparedSandbox(WorkerSandbox):
+    """A worker sandbox with host resources made before its first start (work dir, cgroups)."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Make the host resources that outlive respawns (runs in a worker thread)."""
+
+
+P = TypeVar("P", bound=PreparedSandbox)
+
+
+class WorkerBackend(ABC, Generic[P]):
+    """The `SandboxBackend` part every backend of worker-served sandboxes shares."""
+
+    name: str
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+        self.root = Path(config.state_dir) / self.name
+        # sandbox uids must traverse (not list) the state dir to reach their own dirs
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o711)
+        self._live: dict[str, P] = {}
+
+    def install_worker(self) -> Path:
+        """A copy of worker.py readable by every uid: the package itself may live in a private
+        home dir that sandbox uids cannot read."""
+        worker = self.root / "worker.py"
+        shutil.copyfile(HERE / "worker.py", worker)
+        worker.chmod(0o644)
+        return worker
+
+    @abstractmethod
+    def _new(self, spec: SandboxSpec) -> P:
+        """An unstarted sandbox for `spec`; raise SandboxError for a spec this backend refuses."""
+
+    async def create(self, spec: SandboxSpec) -> P:
+        """A started sandbox, ready for calls; raises SandboxError if it cannot start."""
+        sandbox = self._new(spec)
+        self._live[sandbox.id] = sandbox
+        try:
+            await anyio.to_thread.run_sync(sandbox.prepare)
+        except BaseException as e:
+            with anyio.CancelScope(shield=True):
+                await sandbox.close()
+            if isinstance(e, Exception) and not isinstance(e, SandboxError):
+                raise SandboxError(f"cannot prepare sandbox {sandbox.id}: {e}") from e
+            raise
+        await sandbox.start()
+        return sandbox
+
+    def _forget(self, sandbox_id: str) -> None:
+        self._live.pop(sandbox_id, None)
+
+    def live(self) -> int:
+        """Sandboxes this backend has created and not yet closed."""
+        return len(self._live)
+
+    async def aclose(self) -> None:
+        """Close every live sandbox."""
+        for sandbox in list(self._live.values()):
+            await sandbox.close()
+
+
+async def stop_process(proc: Process | None) -> None:
+    """SIGKILL a sandbox's host process if it still runs, and reap it (at most 5 s)."""
+    if proc is None:
+        return
+    if proc.returncode is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    with anyio.move_on_after(5):
+        await proc.wait()
+    await proc.aclose()
+
+
+def compact_json(obj: object) -> str:
+    """JSON for a command-line argument (the worker's and launcher's settings)."""
+    return json.dumps(obj, separators=(",", ":"))
