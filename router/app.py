@@ -8,11 +8,13 @@ its own process (`agent-rl router`) or embedded in another (`agent-rl serve`):
     async with Router(config.router, workers=["http://127.0.0.1:30000"]) as router:
         ...  # router.url, router.admin_token
 
-Endpoints (details in docs/router.md): proxied `/generate`, `/v1/chat/completions`,
-`/v1/completions`, `/v1/models`; `/health`, `/metrics`; and, behind the bearer token,
-`/workers` (GET/POST/DELETE) and the control fan-out (`/abort_request`, `/pause_generation`,
-`/continue_generation`, `/flush_cache`, `/update_weights_from_disk`, `/begin_weight_update`,
-`/end_weight_update`, ...). `/v1/loads` and `/model_info` are read-only and open.
+Endpoints (details in docs/router.md): proxied `/generate` and the OpenAI-compatible `/v1` routes
+SGLang serves (`PROXIED`; stored responses by id are looked up on every worker); `/health`,
+`/metrics`; and, behind the bearer token, `/workers` (GET/POST/DELETE) and the
+control fan-out (`/abort_request`, `/pause_generation`, `/continue_generation`, `/flush_cache`,
+`/update_weights_from_disk`, `/begin_weight_update`, `/end_weight_update`, ...). `/v1/loads`
+and `/model_info` are read-only and open. Every error the router makes itself, unknown routes
+and wrong methods included, has one JSON shape (router/errors.py).
 
 Why this stack: measured with a 50 ms stub engine at 256 concurrent requests, aiohttp's server
 beat Starlette/uvicorn, an httpx client collapsed under pool contention, and aiohttp's own
@@ -35,9 +37,11 @@ from agent_rl.config import RouterConfig
 from agent_rl.errors import ConfigError
 from router.balance import Balancer
 from router.control import Control
+from router.errors import error_response, json_errors
 from router.health import Health
 from router.metrics import RouterMetrics, RouterTracer
-from router.proxy import Proxy, error_response
+from router.proxy import Proxy
+from router.stored import Stored
 from router.upstream import Upstream
 from router.workers import WorkerPool
 
@@ -50,11 +54,29 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # surface as a reset after the request was sent, an error that must not be retried).
 _UPSTREAM_KEEPALIVE_S = 4.0
 
+# Forwarded to one worker: SGLang's native generation and the OpenAI-compatible routes it serves
+# (with its /v1 extensions and the Anthropic-compatible /v1/messages), with the methods it takes.
 PROXIED = {
-    "/generate": ("POST",),
+    "/generate": ("POST", "PUT"),
     "/v1/chat/completions": ("POST",),
     "/v1/completions": ("POST",),
+    "/v1/responses": ("POST",),
+    "/v1/embeddings": ("POST",),
+    "/v1/audio/transcriptions": ("POST",),
     "/v1/models": ("GET",),
+    "/v1/models/{model:.+}": ("GET",),
+    "/v1/tokenize": ("POST",),
+    "/v1/detokenize": ("POST",),
+    "/v1/classify": ("POST",),
+    "/v1/score": ("POST",),
+    "/v1/rerank": ("POST", "PUT"),
+    "/v1/messages": ("POST",),
+    "/v1/messages/count_tokens": ("POST",),
+}
+# SGLang keeps a stored response on the worker that made it: these ask every worker.
+STORED = {
+    "/v1/responses/{response_id}": ("GET",),
+    "/v1/responses/{response_id}/cancel": ("POST",),
 }
 BROADCAST = (
     "/pause_generation", "/continue_generation", "/update_weight_version",
@@ -87,6 +109,7 @@ class Router:
         self.upstream = Upstream(config.connect_timeout_s, _UPSTREAM_KEEPALIVE_S)
         self.proxy = Proxy(config, self.pool, self.balancer, self.health, self.metrics,
                            RouterTracer(tracer_provider), self.upstream)
+        self.stored = Stored(config, self.pool, self.metrics, self.upstream)
         self.control = Control(config, self.pool, self.proxy, self.client)
         self.health.before_restore = self.control.bring_up_to_date
         self._runner: web.AppRunner | None = None
@@ -165,11 +188,15 @@ class Router:
     # -- routes ------------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_mb * 1024 * 1024)
+        app = web.Application(client_max_size=self.config.max_body_mb * 1024 * 1024,
+                              middlewares=[json_errors])
         r = app.router
         for path, methods in PROXIED.items():
             for method in methods:
                 r.add_route(method, path, self.proxy.handle)
+        for path, methods in STORED.items():
+            for method in methods:
+                r.add_route(method, path, self.stored.handle)
         r.add_get("/health", self.health_endpoint)
         r.add_get("/metrics", self.metrics_endpoint)
         r.add_get("/v1/loads", self.control.loads)

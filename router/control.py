@@ -29,7 +29,8 @@ import aiohttp
 from aiohttp import web
 
 from agent_rl.config import RouterConfig
-from router.proxy import Proxy, error_response
+from router.errors import error_response
+from router.proxy import Proxy
 from router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)

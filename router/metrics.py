@@ -23,6 +23,9 @@ OPERATIONS = {
     "/generate": "generate",
     "/v1/chat/completions": "chat",
     "/v1/completions": "text_completion",
+    "/v1/responses": "chat",
+    "/v1/messages": "chat",
+    "/v1/embeddings": "embeddings",
 }
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

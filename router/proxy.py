@@ -9,8 +9,9 @@ one piece, anything else (SSE streams, chunked replies) chunk by chunk as it arr
 Retries: a request is re-sent to another worker only when the connection to the first one could
 not be opened, so the worker cannot have seen a byte of it. A reset, a timeout or a 5xx after the
 request was sent is returned to the caller as an error, never repeated, because the generation
-may have run. Every failure the router produces is a JSON body of the OpenAI error shape with a
-status of 502 (worker failed), 503 (no worker can take the request) or 504 (worker timed out).
+may have run. Every failure the router produces is a JSON body of the OpenAI error shape
+(router/errors.py) with a status of 502 (worker failed), 503 (no worker can take the request) or
+504 (worker timed out).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from opentelemetry.trace import Span
 
 from agent_rl.config import RouterConfig
 from router.balance import Balancer
+from router.errors import error_response
 from router.health import Health
 from router.metrics import RouterMetrics, RouterTracer
 from router.upstream import NotSent, Upstream, UpstreamFailed, UpstreamResponse
@@ -41,14 +43,6 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade", "host", "content-length", "expect",
 })
-
-
-def error_response(status: int, message: str, worker: str | None = None) -> web.Response:
-    """A router-made error: OpenAI error shape, so SDK clients surface the message."""
-    err: dict[str, Any] = {"message": message, "type": "router_error", "code": status}
-    if worker is not None:
-        err["worker"] = worker
-    return web.json_response({"error": err}, status=status)
 
 
 class Proxy:
@@ -77,13 +71,17 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        route = request.path
+        # The route's pattern, not the path: `/v1/models/{model}` is one label, not one per model.
+        route = request.match_info.route.resource.canonical  # type: ignore[union-attr]
         status = 500
         span = self.tracer.start(route, request.headers)
         try:
             response = await self._forward(request, span)
             status = response.status
             return response
+        except web.HTTPException as e:
+            status = e.status  # a body over max_body_mb; answered by router.errors.json_errors
+            raise
         except asyncio.CancelledError:
             status = 499  # the caller went away; its upstream request was closed with it
             raise

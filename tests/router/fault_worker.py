@@ -36,17 +36,21 @@ class FaultWorker:
 
     Depending on `mode` it answers normally (`ok`), hangs without answering (`hang`), answers
     500 (`error500`), resets the TCP connection after reading the request (`reset`), or answers
-    after `delay_s` seconds (`slow`). `health_mode`, when set, applies to /health_generate only,
-    so health probes and live traffic can fail independently. Every request is recorded in
-    `seen` with its exact body bytes. Generation replies are small SGLang-shaped JSON naming the
-    worker, the request's rid and the worker's weight version; streaming replies are SSE chunks
-    released one by one through `stream_gate` when a test wants to control their pace.
+    after `delay_s` seconds (`slow`).
+    `health_mode`, when set, applies to /health_generate only, so health probes and live traffic
+    can fail independently. `stored` holds the response ids this worker answers
+    `/v1/responses/{id}` for (any other id is a 404, as in SGLang's response store). Every
+    request is recorded in `seen` with its exact body bytes. Generation replies are small
+    SGLang-shaped JSON naming the worker, the request's rid and the worker's weight version;
+    streaming replies are SSE chunks released one by one through `stream_gate` when a test
+    wants to control their pace.
     """
 
     name: str
     mode: str = "ok"
     health_mode: str | None = None
     delay_s: float = 0.0
+    stored: dict[str, dict[str, Any]] = field(default_factory=dict)
     weight_version: str = "v0"
     update_delay_s: float = 0.0
     seen: list[Seen] = field(default_factory=list)
@@ -125,6 +129,11 @@ class FaultWorker:
             await asyncio.sleep(self.update_delay_s)
             self.weight_version = payload.get("weight_version", self.weight_version)
             return web.json_response({"success": True, "message": "ok", "num_paused_requests": 0})
+        if path.startswith("/v1/responses/"):
+            response_id = path.split("/")[3]
+            if response_id not in self.stored:
+                return web.json_response({"message": f"{response_id} not found"}, status=404)
+            return web.json_response(dict(self.stored[response_id], worker=self.name))
         if path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             if isinstance(payload, dict) and payload.get("stream"):
                 return await self._stream(request, payload)

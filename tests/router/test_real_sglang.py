@@ -181,3 +181,28 @@ async def test_weight_update_fans_out_while_requests_run(
         finally:
             # The shared server's contract: weight_version is "default" between tests.
             assert (await update("default"))["weight_version"] == "default"
+
+
+async def test_openai_routes_through_the_router_equal_direct(
+    sglang_moe_server: EngineServer,
+) -> None:
+    """Every OpenAI-compatible route SGLang serves is forwarded: with a model's id, or with an
+    empty body that SGLang refuses, the routed answer is the direct one, status and bytes."""
+    from router.app import PROXIED
+
+    async with Router(_config(), [sglang_moe_server.url]) as router, \
+            aiohttp.ClientSession() as http:
+        async with http.get(sglang_moe_server.url + "/v1/models") as r:
+            model_id = (await r.json())["data"][0]["id"]
+        requests = [("GET", f"/v1/models/{model_id}"), ("GET", "/v1/models/no-such-model")]
+        requests += [(method, path) for path, methods in PROXIED.items() for method in methods
+                     if path.startswith("/v1/") and "{" not in path]
+        for method, path in requests:
+            data = b"{}" if method != "GET" else None
+            answers = []
+            for url in (sglang_moe_server.url, router.url):
+                async with http.request(method, url + path, data=data,
+                                        headers={"Content-Type": "application/json"}) as r:
+                    answers.append((r.status, r.headers.get("Content-Type"), await r.read()))
+            assert answers[0] == answers[1], (method, path)
+            assert answers[1][0] != 404 or path.endswith("no-such-model"), (method, path)
