@@ -10,7 +10,7 @@ its own process (`agent-rl router`) or embedded in another (`agent-rl serve`):
 
 Endpoints (details in docs/router.md): proxied `/generate` and the OpenAI-compatible `/v1` routes
 SGLang serves (`PROXIED`; stored responses by id are looked up on every worker); `/health`,
-`/metrics`; and, behind the bearer token, `/workers` (GET/POST/DELETE) and the
+`/metrics`; and, behind the bearer token (router/auth.py), `/workers` (GET/POST/DELETE) and the
 control fan-out (`/abort_request`, `/pause_generation`, `/continue_generation`, `/flush_cache`,
 `/update_weights_from_disk`, `/begin_weight_update`, `/end_weight_update`, ...). `/v1/loads`
 and `/model_info` are read-only and open. Every error the router makes itself, unknown routes
@@ -24,10 +24,8 @@ client was over half the CPU of a proxied request, hence `router/upstream.py` (d
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import secrets
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -35,6 +33,7 @@ from opentelemetry.trace import TracerProvider
 
 from agent_rl.config import RouterConfig
 from agent_rl.errors import ConfigError
+from router.auth import AdminGuard, check_exposure
 from router.balance import Balancer
 from router.control import Control
 from router.errors import error_response, json_errors
@@ -46,8 +45,6 @@ from router.upstream import Upstream
 from router.workers import WorkerPool
 
 log = logging.getLogger("agent_rl.router")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # SGLang serves HTTP with uvicorn, which closes idle keep-alive connections after 5 s. Dropping
 # ours first means a pooled connection is never reused just as the worker closes it (which would
@@ -96,11 +93,10 @@ class Router:
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.config = config
-        self.admin_token = (
-            config.admin_token.get_secret_value() if config.admin_token else secrets.token_urlsafe(24)
-        )
+        self.guard = AdminGuard(config)
+        self.admin_token = self.guard.token
         """Bearer token for admin endpoints: from config, or generated for this process."""
-        self.token_generated = config.admin_token is None
+        self.token_generated = self.guard.generated
         self.pool = WorkerPool(list(config.workers) + list(workers or []))
         self.metrics = RouterMetrics()
         self.balancer = Balancer(config)
@@ -129,6 +125,7 @@ class Router:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
+        check_exposure(self.config)
         # For health checks and control calls; proxied requests use self.upstream.
         self._client = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_UPSTREAM_KEEPALIVE_S),
@@ -202,7 +199,7 @@ class Router:
         r.add_get("/v1/loads", self.control.loads)
         r.add_get("/model_info", self.control.model_info)
         r.add_get("/get_model_info", self.control.model_info)
-        admin = self.admin
+        admin = self.guard.wrap
         r.add_get("/workers", admin(self.list_workers))
         r.add_post("/workers", admin(self.add_worker))
         r.add_delete("/workers", admin(self.remove_worker))
@@ -216,21 +213,6 @@ class Router:
         for path in PER_WORKER:
             r.add_post(path, admin(self.per_worker_only))
         return app
-
-    def admin(self, handler: Handler) -> Handler:
-        """Require `Authorization: Bearer <admin token>` (a wrapper, so proxied routes pay nothing)."""
-        expected = f"Bearer {self.admin_token}".encode()
-
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                response = error_response(401, "this endpoint needs the router's admin token: "
-                                          "send Authorization: Bearer <[router] admin_token>")
-                response.headers["WWW-Authenticate"] = 'Bearer realm="agent-rl router"'
-                return response
-            return await handler(request)
-
-        return guarded
 
     async def health_endpoint(self, request: web.Request) -> web.Response:
         healthy = sum(1 for w in self.pool if not w.quarantined)

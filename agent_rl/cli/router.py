@@ -31,10 +31,16 @@ def router(
     policy: Annotated[
         Optional[str], typer.Option(help="session-affinity | least-outstanding | round-robin.")
     ] = None,
+    tokenless_control: Annotated[
+        Optional[bool],
+        typer.Option("--tokenless-control/--token-control", help="Control endpoints without the admin token, for "
+                     "tools that send none (slime); loopback binds only."),
+    ] = None,
 ) -> None:
     """Run the router: SGLang and OpenAI passthrough, balancing, health, control fan-out."""
     config = state(ctx).config().router
-    updates = {k: v for k, v in {"host": host, "port": port, "policy": policy}.items() if v is not None}
+    options = {"host": host, "port": port, "policy": policy, "tokenless_control": tokenless_control}
+    updates = {k: v for k, v in options.items() if v is not None}
     if updates:
         try:
             config = RouterConfig.model_validate({**config.model_dump(), **updates})
@@ -46,7 +52,9 @@ def router(
 
 async def serve(config: RouterConfig, workers: list[str]) -> None:
     """Run a router until the process is asked to stop."""
-    from router import Router  # the CLI root stays importable without the router's dependencies loaded
+    from router import (
+        Router,  # the CLI root stays importable without the router's dependencies loaded
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -57,7 +65,12 @@ async def serve(config: RouterConfig, workers: list[str]) -> None:
             f"router on {running.url}: {len(running.pool)} worker(s), policy {config.policy}",
             highlight=False, soft_wrap=True,
         )
-        if running.token_generated:
+        if config.tokenless_control:
+            err_console.print(
+                "control endpoints open without a token on loopback ([router] tokenless_control)",
+                highlight=False, markup=False, soft_wrap=True,
+            )
+        elif running.token_generated:
             err_console.print(
                 f"admin token (generated for this run; set [router] admin_token to fix it): "
                 f"{running.admin_token}", highlight=False, markup=False, soft_wrap=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
 from agent_rl.config.base import Section
 
@@ -81,5 +81,18 @@ class RouterConfig(Section):
     """Largest request body accepted, in MiB (long multi-turn prompts as token ids)."""
 
     admin_token: SecretStr | None = None
-    """Bearer token for /workers and the control endpoints; unset: a random token is generated
-    at start and printed once."""
+    """Bearer token for /workers and the control endpoints. Unset, empty or blank means none: on
+    a loopback host a random token is then generated at start and printed once; on any other
+    host the router refuses to start."""
+
+    tokenless_control: bool = False
+    """Let /workers and the control endpoints answer without the admin token, for tools that send
+    none (slime's rollout); refused unless host is a loopback address."""
+
+    @field_validator("admin_token")
+    @classmethod
+    def _blank_is_none(cls, token: SecretStr | None) -> SecretStr | None:
+        # A header value cannot carry surrounding whitespace, and an empty token is no check.
+        if token is None or not token.get_secret_value().strip():
+            return None
+        return SecretStr(token.get_secret_value().strip())

@@ -12,7 +12,11 @@ import sys
 
 import aiohttp
 import pytest
+from pydantic import SecretStr
 
+from agent_rl.config import RouterConfig
+from agent_rl.errors import ConfigError
+from router import Router
 from tests.router.conftest import RouterFactory, WorkerFactory
 
 pytestmark = pytest.mark.anyio
@@ -43,6 +47,74 @@ async def test_admin_endpoints_need_the_token(
             assert "admin token" in (await r.json())["error"]["message"]
     # Nothing reached the worker but the router's own version read at start.
     assert {seen.path for seen in worker.seen} <= {"/model_info"}
+
+
+@pytest.mark.parametrize("authorization", ["Bearer", "Bearer ", "Bearer \t ", "bearer", "Basic secret", "secret"])
+async def test_a_bearer_without_the_token_never_passes(
+    authorization: str, make_worker: WorkerFactory, make_router: RouterFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    worker = await make_worker()
+    router = await make_router([worker.url])
+    async with http.get(router.url + "/workers", headers={"Authorization": authorization}) as r:
+        assert r.status == 401
+    # The scheme is case-insensitive (RFC 9110); the token is not.
+    async with http.get(router.url + "/workers", headers={"Authorization": "bearer secret"}) as r:
+        assert r.status == 200
+
+
+@pytest.mark.parametrize("token", [None, "", "   ", "\t\n"])
+async def test_a_public_bind_without_a_real_token_refuses_to_start(token: str | None) -> None:
+    config = RouterConfig(host="0.0.0.0", port=0, health_interval_s=0, admin_token=token)
+    with pytest.raises(ConfigError, match="admin_token is unset or blank"):
+        async with Router(config):
+            pass
+    # The same when the blank token got past validation (model_copy does not validate).
+    bypassed = RouterConfig(host="0.0.0.0", port=0, health_interval_s=0).model_copy(
+        update={"admin_token": SecretStr(token or " ")})
+    with pytest.raises(ConfigError, match="admin_token is unset or blank"):
+        async with Router(bypassed):
+            pass
+
+
+@pytest.mark.parametrize("token", ["", "  "])
+async def test_a_blank_token_on_loopback_is_no_token(
+    token: str, make_worker: WorkerFactory, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker()
+    config = RouterConfig(port=0, health_interval_s=0, admin_token=token)
+    assert config.admin_token is None  # what the trainer reads is None too, never ""
+    async with Router(config, [worker.url]) as router:
+        assert router.token_generated and len(router.admin_token) >= 24
+        async with http.get(router.url + "/workers", headers={"Authorization": f"Bearer {token}"}) as r:
+            assert r.status == 401
+        async with http.get(router.url + "/workers",
+                            headers={"Authorization": f"Bearer {router.admin_token}"}) as r:
+            assert r.status == 200
+
+
+async def test_tokenless_control_lets_slime_drive_the_router_on_loopback(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a, b = await make_worker(name="a"), await make_worker(name="b")
+    router = await make_router([a.url, b.url], admin_token=None, tokenless_control=True)
+    # slime's rollout: list the workers, then abort, sending no token.
+    async with http.get(router.url + "/workers") as r:
+        assert r.status == 200
+        urls = [w["url"] for w in (await r.json())["workers"]]
+    assert urls == [a.url, b.url]
+    async with http.post(router.url + "/abort_request", json={"abort_all": True}) as r:
+        assert r.status == 200 and len((await r.json())["workers"]) == 2
+    assert all(json.loads(w.calls("/abort_request")[0].body) == {"abort_all": True} for w in (a, b))
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "router.example"])
+async def test_tokenless_control_is_refused_beyond_loopback(host: str) -> None:
+    config = RouterConfig(host=host, port=0, health_interval_s=0, admin_token="secret",
+                          tokenless_control=True)
+    with pytest.raises(ConfigError, match="tokenless_control .* needs a loopback host"):
+        async with Router(config):
+            pass
 
 
 async def test_workers_can_be_listed_added_and_removed(

@@ -1,0 +1,96 @@
+"""Who may call the router's control endpoints, and where the router may listen.
+
+Worker management and the control fan-out need `Authorization: Bearer <admin token>`. The token
+is `[router] admin_token`; unset, empty or blank counts as no token, and then a random one is
+generated for the process, which is only allowed on a loopback bind: anywhere else the router
+refuses to start, since a token nobody configured is a token no remote caller can know, and an
+empty one would be no check at all. The comparison is `hmac.compare_digest` between the
+configured token and a non-empty credential, so `Authorization: Bearer` with nothing after it
+never passes.
+
+`[router] tokenless_control` opens those endpoints without a token, for tools that send none
+(slime's rollout lists `GET /workers` and aborts through them). It is refused unless the router
+binds a loopback address, where only processes of this machine can reach it.
+
+The check wraps the control handlers only; proxied routes pay nothing for it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import secrets
+
+from aiohttp import web
+
+from agent_rl.config import RouterConfig
+from agent_rl.errors import ConfigError
+from router.errors import Handler, error_response
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the router reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname (or "" for every interface) may resolve anywhere
+
+
+def configured_token(config: RouterConfig) -> str | None:
+    """`[router] admin_token`, or None when it is unset, empty or only whitespace."""
+    if config.admin_token is None:
+        return None
+    return config.admin_token.get_secret_value().strip() or None
+
+
+def check_exposure(config: RouterConfig) -> None:
+    """Refuse a bind beyond loopback without a configured token, or with tokenless control."""
+    if is_loopback(config.host):
+        return
+    if config.tokenless_control:
+        raise ConfigError(
+            f"[router] tokenless_control opens /workers and the control endpoints to anyone who "
+            f"reaches the router, so it needs a loopback host, and host is {config.host!r}: "
+            "bind 127.0.0.1, or turn it off and send the admin token")
+    if configured_token(config) is None:
+        raise ConfigError(
+            f"[router] host is {config.host!r}, not loopback, and admin_token is unset or blank: "
+            "set a token (AGENT_RL_ROUTER__ADMIN_TOKEN), which /workers and the control "
+            "endpoints then require, or bind 127.0.0.1")
+
+
+class AdminGuard:
+    """The admin token of one router and the wrapper that enforces it."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        configured = configured_token(config)
+        self.generated = configured is None
+        """True when no token was configured and this one was made for the process."""
+        self.token = configured or secrets.token_urlsafe(24)
+        self.open = config.tokenless_control
+        """Tokenless control mode: the wrapper lets every call through."""
+
+    def allows(self, authorization: str) -> bool:
+        scheme, _, credential = authorization.strip().partition(" ")
+        credential = credential.strip()
+        if scheme.lower() != "bearer" or not credential:
+            return False
+        # aiohttp decodes header bytes with surrogateescape; encode them back the same way.
+        return hmac.compare_digest(credential.encode("utf-8", "surrogateescape"), self.token.encode())
+
+    def wrap(self, handler: Handler) -> Handler:
+        """`handler` behind the token (or as is, in tokenless control mode)."""
+        if self.open:
+            return handler
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if not self.allows(request.headers.get("Authorization", "")):
+                response = error_response(401, "this endpoint needs the router's admin token: "
+                                          "send Authorization: Bearer <[router] admin_token>")
+                response.headers["WWW-Authenticate"] = 'Bearer realm="agent-rl router"'
+                return response
+            return await handler(request)
+
+        return guarded
