@@ -3,8 +3,11 @@
 SGLang's control endpoints act on one server; a trainer or scheduler talking to the router wants
 them to act on the fleet. Each handler here sends the caller's body, unchanged, to the workers it
 concerns and answers with one JSON object holding every worker's status and reply, so a partial
-failure is visible instead of averaged away. The answer is 200 when every worker succeeded and
-502 otherwise.
+failure is visible instead of averaged away. The answer is 200 when every worker succeeded; the
+workers' 4xx when every one of them refused the call as a client error (the caller's mistake,
+reported as such: their common status, or 400 when they differ); 502 otherwise (a worker failed,
+did not answer, or refused what another accepted). A 401 or 403 from a worker is the router's
+own credentials failing there, so it counts as a worker failure, not the caller's.
 
 Weight updates from disk run, on each worker concurrently: pause generation (`retract` by
 default: in-flight requests are recomputed on the new weights and SGLang flushes its prefix
@@ -100,7 +103,7 @@ class Control:
             return error_response(503, "the router has no workers to send this to")
         ok = all(r["success"] for r in results)
         return web.json_response({"success": ok, **extra, "workers": results},
-                                 status=200 if ok else 502)
+                                 status=fleet_status(results))
 
     # -- endpoints ---------------------------------------------------------------------------
 
@@ -111,15 +114,16 @@ class Control:
         return self.answer(await self.fan_out(request.method, request.path, body))
 
     async def abort(self, request: web.Request) -> web.Response:
-        """`/abort_request`: by `rid` to the worker holding it, or to all (`abort_all`, unknown rid)."""
+        """`/abort_request`: by `rid` to every worker holding it, or to all (`abort_all`, a rid
+        the router does not know)."""
         body = await request.read()
         try:
             payload = json.loads(body or b"{}")
         except ValueError:
             return error_response(400, "body must be JSON: {\"rid\": ...} or {\"abort_all\": true}")
         rid = payload.get("rid") if isinstance(payload, dict) else None
-        holder = self.proxy.rids.get(rid) if isinstance(rid, str) else None
-        targets = [holder] if holder is not None and not payload.get("abort_all") else None
+        holders = self.proxy.holders(rid) if isinstance(rid, str) else []
+        targets = holders if holders and not payload.get("abort_all") else None
         return self.answer(await self.fan_out("POST", "/abort_request", body, targets))
 
     async def begin_update(self, request: web.Request) -> web.Response:
@@ -221,8 +225,8 @@ class Control:
             if r["success"] and isinstance(r["response"], dict):
                 for load in r["response"].get("loads", []):
                     merged.append(dict(load, worker=r["url"]) if isinstance(load, dict) else load)
-        ok = all(r["success"] for r in results)
-        return web.json_response({"loads": merged, "workers": results}, status=200 if ok else 502)
+        return web.json_response({"loads": merged, "workers": results},
+                                 status=fleet_status(results) if results else 200)
 
     async def model_info(self, request: web.Request) -> web.Response:
         """`GET /model_info`: the first healthy worker's answer, plus every worker's version."""
@@ -238,6 +242,16 @@ class Control:
         info["worker_weight_versions"] = {w.url: w.weight_version for w in self.pool}
         info["quarantined_workers"] = [w.url for w in self.pool if w.quarantined]
         return web.json_response(info)
+
+
+def fleet_status(results: list[Result]) -> int:
+    """The status of a fanned-out call, by the rule in this module's docstring."""
+    if all(r["success"] for r in results):
+        return 200
+    statuses = {r["status"] for r in results}
+    if all(isinstance(s, int) and 400 <= s < 500 and s not in (401, 403) for s in statuses):
+        return statuses.pop() if len(statuses) == 1 else 400
+    return 502
 
 
 def _common(versions: list[str | None]) -> str | None:

@@ -12,6 +12,10 @@ request was sent is returned to the caller as an error, never repeated, because 
 may have run. Every failure the router produces is a JSON body of the OpenAI error shape
 (router/errors.py) with a status of 502 (worker failed), 503 (no worker can take the request) or
 504 (worker timed out).
+
+Request ids: SGLang refuses a duplicate `rid` on one server, but through the router two live
+requests may share one on different workers. The router keeps every holder of each live rid, so
+`/abort_request {"rid"}` reaches all of them; the rid itself travels unchanged both ways.
 """
 
 from __future__ import annotations
@@ -66,8 +70,8 @@ class Proxy:
         self.tracer = tracer
         self.upstream = upstream
         self._routing_header = config.routing_key_header
-        self.rids: dict[str, Worker] = {}
-        """Which worker holds each in-flight request id, for `/abort_request` by rid."""
+        self.rids: dict[str, list[Worker]] = {}
+        """The workers holding each live request id (one per request), for `/abort_request`."""
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -153,15 +157,21 @@ class Proxy:
         gauge.inc()
         self.health.request_started(worker)
         for rid in rids:
-            self.rids[rid] = worker
+            self.rids.setdefault(rid, []).append(worker)
         try:
             return await self._exchange(request, worker, body, list(headers.items()))
         finally:
             worker.outstanding -= 1
             gauge.dec()
             for rid in rids:
-                if self.rids.get(rid) is worker:
+                holders = self.rids[rid]
+                holders.remove(worker)
+                if not holders:
                     del self.rids[rid]
+
+    def holders(self, rid: str) -> list[Worker]:
+        """The workers holding live requests with this id (each once), in the order sent."""
+        return list(dict.fromkeys(self.rids.get(rid, ())))
 
     async def _exchange(
         self, request: web.Request, worker: Worker, body: bytes, headers: list[tuple[str, str]]

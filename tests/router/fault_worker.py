@@ -35,8 +35,8 @@ class FaultWorker:
     """A fault injector posing as an SGLang worker, for testing the router's failure handling.
 
     Depending on `mode` it answers normally (`ok`), hangs without answering (`hang`), answers
-    500 (`error500`), resets the TCP connection after reading the request (`reset`), or answers
-    after `delay_s` seconds (`slow`).
+    500 (`error500`), refuses every call with `refuse_status` (`refuse`, a 4xx), resets the TCP
+    connection after reading the request (`reset`), or answers after `delay_s` seconds (`slow`).
     `health_mode`, when set, applies to /health_generate only, so health probes and live traffic
     can fail independently. `stored` holds the response ids this worker answers
     `/v1/responses/{id}` for (any other id is a 404, as in SGLang's response store). Every
@@ -50,6 +50,7 @@ class FaultWorker:
     mode: str = "ok"
     health_mode: str | None = None
     delay_s: float = 0.0
+    refuse_status: int = 400
     stored: dict[str, dict[str, Any]] = field(default_factory=dict)
     weight_version: str = "v0"
     update_delay_s: float = 0.0
@@ -87,6 +88,9 @@ class FaultWorker:
             await asyncio.sleep(3600)
         if mode == "error500":
             return web.json_response({"error": "injected failure", "worker": self.name}, status=500)
+        if mode == "refuse":
+            return web.json_response({"success": False, "message": "injected refusal"},
+                                     status=self.refuse_status)
         if mode == "reset":
             sock = request.transport.get_extra_info("socket") if request.transport else None
             if sock is not None:  # linger 0: close() sends RST instead of FIN

@@ -142,27 +142,62 @@ async def test_workers_can_be_listed_added_and_removed(
             assert (await r.json())["meta_info"]["worker"] == "b"
 
 
-async def test_abort_by_rid_goes_to_the_worker_holding_it(
+async def test_abort_by_rid_goes_to_every_worker_holding_it(
     make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
-    a = await make_worker(name="a", mode="slow", delay_s=0.5)
-    b = await make_worker(name="b", mode="slow", delay_s=0.5)
-    router = await make_router([a.url, b.url], policy="round-robin")
-    pending = asyncio.create_task(http.post(router.url + "/generate", json={"rid": "r-42"}))
-    await asyncio.sleep(0.1)
-    holder = a if a.in_flight else b
-    other = b if holder is a else a
+    workers = [await make_worker(name=f"w{i}", mode="slow", delay_s=0.5) for i in range(3)]
+    router = await make_router([w.url for w in workers], policy="round-robin")
+    # Two live requests share a rid (one SGLang server would refuse that; a router can spread it).
+    pending = [asyncio.create_task(http.post(router.url + "/generate", json={"rid": rid}))
+               for rid in ("r-42", "r-42", "other")]
+    await asyncio.sleep(0.2)
+    holders = {w.url for w in workers
+               if any(json.loads(s.body) == {"rid": "r-42"} for s in w.calls("/generate"))}
+    assert len(holders) == 2
     async with http.post(router.url + "/abort_request", json={"rid": "r-42"}, headers=ADMIN) as r:
         body = await r.json()
-    assert r.status == 200 and [w["url"] for w in body["workers"]] == [holder.url]
-    assert json.loads(holder.calls("/abort_request")[0].body) == {"rid": "r-42"}
-    assert other.calls("/abort_request") == []
-    (await pending).release()
+    assert r.status == 200 and {w["url"] for w in body["workers"]} == holders
+    for w in workers:
+        aborts = [json.loads(s.body) for s in w.calls("/abort_request")]
+        assert aborts == ([{"rid": "r-42"}] if w.url in holders else [])
+    for response in await asyncio.gather(*pending):
+        assert (await response.json())["meta_info"]["id"] in ("r-42", "other")  # rid unchanged
+        response.release()
+    assert router.proxy.rids == {}  # finished requests hold no rid
     # Unknown rid and abort_all go to every worker.
     async with http.post(router.url + "/abort_request", json={"rid": "gone"}, headers=ADMIN) as r:
-        assert len((await r.json())["workers"]) == 2
+        assert len((await r.json())["workers"]) == 3
     async with http.post(router.url + "/abort_request", json={"abort_all": True}, headers=ADMIN) as r:
-        assert len((await r.json())["workers"]) == 2
+        assert len((await r.json())["workers"]) == 3
+
+
+@pytest.mark.parametrize(("statuses", "expected"), [
+    ((400, 400), 400),  # every worker refused what the caller sent: the caller's mistake
+    ((422, 422), 422),
+    ((400, 404), 400),  # refused for different reasons, still the caller's request
+    ((400, None), 502),  # one accepted it: the other worker failed
+    ((400, 500), 502),
+    ((401, 401), 502),  # the router's own credentials failed at the worker, not the caller's
+])
+async def test_a_worker_refusal_of_a_control_call_passes_through(
+    statuses: tuple[int | None, ...], expected: int, make_worker: WorkerFactory,
+    make_router: RouterFactory, http: aiohttp.ClientSession,
+) -> None:
+    workers = []
+    for i, status in enumerate(statuses):
+        if status is None:
+            workers.append(await make_worker(name=f"w{i}"))
+        elif status == 500:
+            workers.append(await make_worker(name=f"w{i}", mode="error500"))
+        else:
+            workers.append(await make_worker(name=f"w{i}", mode="refuse", refuse_status=status))
+    router = await make_router([w.url for w in workers])
+    async with http.post(router.url + "/pause_generation", json={"mode": "bogus"}, headers=ADMIN) as r:
+        reply = await r.json()
+    assert r.status == expected and reply["success"] is False
+    assert [w["status"] for w in reply["workers"]] == [s or 200 for s in statuses]
+    async with http.get(router.url + "/v1/loads?include=bogus") as r:
+        assert r.status == expected
 
 
 @pytest.mark.parametrize("path", ["/pause_generation", "/continue_generation", "/flush_cache"])

@@ -183,6 +183,64 @@ async def test_weight_update_fans_out_while_requests_run(
             assert (await update("default"))["weight_version"] == "default"
 
 
+async def test_abort_by_rid_ends_every_live_request_holding_it(
+    sglang_moe_server: EngineServer, second_sglang_moe_server: EngineServer
+) -> None:
+    servers = [sglang_moe_server.url, second_sglang_moe_server.url]
+    # Each server takes the rid once; only a router can put it live on two servers at once.
+    body = {"input_ids": [5, 6, 7, 8], "rid": "shared-rid", "stream": True,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 1000, "ignore_eos": True}}
+
+    async with Router(_config(policy="round-robin"), servers) as router, \
+            aiohttp.ClientSession() as http:
+        async def stream(started: asyncio.Event) -> dict[str, Any]:
+            last: dict[str, Any] = {}
+            async with http.post(router.url + "/generate", json=body) as r:
+                assert r.status == 200, await r.text()
+                async for line in r.content:
+                    if line.startswith(b"data: {"):
+                        last = json.loads(line[len(b"data: "):])
+                        if last.get("output_ids"):
+                            started.set()
+            return last
+
+        started = [asyncio.Event(), asyncio.Event()]
+        streams = [asyncio.create_task(stream(e)) for e in started]
+        # Both generate, so they are on different servers (one would refuse the second).
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+        async with http.post(router.url + "/abort_request", json={"rid": "shared-rid"},
+                             headers=ADMIN) as r:
+            reply = await r.json()
+        assert r.status == 200 and len(reply["workers"]) == 2, reply
+        finished = await asyncio.wait_for(asyncio.gather(*streams), 60)
+    for last in finished:
+        meta = last["meta_info"]
+        assert meta["finish_reason"]["type"] == "abort", meta["finish_reason"]
+        assert meta["completion_tokens"] < 1000
+        assert meta["id"] == "shared-rid"  # the caller's rid, unchanged
+
+
+async def test_a_workers_400_to_a_control_call_is_a_400(
+    sglang_moe_server: EngineServer, second_sglang_moe_server: EngineServer
+) -> None:
+    servers = [sglang_moe_server.url, second_sglang_moe_server.url]
+    async with Router(_config(), servers) as router, aiohttp.ClientSession() as http:
+        # A path that is neither a directory nor a hub repo id: SGLang refuses it, no download.
+        async with http.post(router.url + "/update_weights_from_disk",
+                             json={"model_path": "/no/such/weights", "weight_version": "x"},
+                             headers=ADMIN) as r:
+            reply = await r.json()
+        assert r.status == 400 and reply["success"] is False, reply
+        assert [w["status"] for w in reply["workers"]] == [400, 400]
+        assert all("weights" in w["response"]["message"] for w in reply["workers"])
+        # A broadcast call SGLang's validation refuses: its 400 again, not the router's 502.
+        async with http.post(router.url + "/update_weight_version", json={}, headers=ADMIN) as r:
+            assert r.status == 400
+        for url in servers:
+            async with http.get(url + "/model_info") as r:
+                assert (await r.json())["weight_version"] == "default"
+
+
 async def test_openai_routes_through_the_router_equal_direct(
     sglang_moe_server: EngineServer,
 ) -> None:
