@@ -7,36 +7,31 @@ reward proves the env, its tools (in a real sandbox when it needs one), the pars
 reward agree; and the transcripts are supervised warm-start data (the assistant messages'
 content is the raw completion text, tool-call markup included).
 
-`sample_texts(env_id, n)` and `corpus_samples()` render transcripts as ChatML text for
-training a tokenizer that covers the built-in environments (the sandbox ones run in real
-sandboxes of the configured backend).
+`render_chatml` renders a transcript as ChatML text in the project's template convention.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import anyio
 from pydantic import BaseModel, Field
 
 from agent_rl.env import Env, StepInfo
+from agent_rl.errors import EnvError
 from agent_rl.messages import Message
-from agent_rl.registry import make, specs
-from agent_rl.rollout.tool_calls import parse_completion
+from agent_rl.registry import make
 from agent_rl.tasks import Task
+from agent_rl.tool_calls import parse_completion
 
 if TYPE_CHECKING:
-    from tools_sandbox.base import Sandbox, SandboxSpec
+    from agent_rl.sandbox import Sandbox, SandboxSpec
 
 SandboxFactory = Callable[["SandboxSpec | None"], Awaitable["Sandbox"]]
 """Makes one sandbox for an episode from the env's `sandbox_spec` (None: the default spec)."""
 TextPolicy = Callable[[list[Message]], Awaitable[str]]
 """Writes the next completion text for a conversation (a teacher, a scripted test policy)."""
-Render = Callable[[list[Message], list[dict[str, Any]]], str]
-"""Turns (messages, tool schemas) into text, e.g. by a tokenizer's chat template."""
 
 
 class Transcript(BaseModel):
@@ -119,19 +114,17 @@ async def demonstrations(
     seed: int = 0,
     split: str = "train",
     sandbox_factory: SandboxFactory | None = None,
-    **env_kwargs: Any,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> list[Transcript]:
-    """Transcripts of the first `n` tasks of `env_id`'s task stream for `seed`.
+    """Transcripts of the first `n` tasks of `env_id` (made with `env_kwargs`) for `seed`.
 
-    Sandbox envs get one sandbox per episode from `sandbox_factory` (closed afterwards), or
-    from the configured backend (`[sandbox]` in the config) when none is given.
+    Sandbox envs get one sandbox per episode from `sandbox_factory`, closed afterwards.
     """
-    env = make(env_id, **env_kwargs)
+    env = make(env_id, **dict(env_kwargs or {}))
     if env.needs_sandbox and sandbox_factory is None:
-        async with configured_sandboxes() as factory:
-            return await demonstrations(
-                env_id, n, seed=seed, split=split, sandbox_factory=factory, **env_kwargs
-            )
+        raise EnvError(
+            f"{env_id} runs its tools in a sandbox: pass sandbox_factory= to demonstrations"
+        )
     out = []
     for i, task in enumerate(env.task_source(split).take(n, seed)):
         sandbox = None
@@ -143,66 +136,6 @@ async def demonstrations(
             if sandbox is not None:
                 await sandbox.close()
     return out
-
-
-def sample_texts(
-    env_id: str,
-    n: int,
-    *,
-    seed: int = 0,
-    render: Render | None = None,
-    sandbox_factory: SandboxFactory | None = None,
-) -> list[str]:
-    """Texts of `n` demonstrated episodes of one env (sync, for tokenizer training), rendered
-    by `render(messages, tools)` (e.g. a tokenizer's chat template) or `render_chatml`."""
-    draw = render or (lambda messages, tools: render_chatml(messages))
-
-    async def go() -> list[str]:
-        transcripts = await demonstrations(env_id, n, seed=seed, sandbox_factory=sandbox_factory)
-        return [draw(t.messages, t.tools) for t in transcripts]
-
-    return anyio.run(go)
-
-
-def corpus_samples(
-    n_per_env: int = 200,
-    *,
-    seed: int = 0,
-    env_ids: Iterable[str] | None = None,
-    include_sandbox_envs: bool = True,
-    render: Render | None = None,
-    sandbox_factory: SandboxFactory | None = None,
-) -> Iterator[str]:
-    """ChatML texts covering the built-in environments (or `env_ids`), `n_per_env` each.
-
-    Sandbox environments run in real sandboxes (`sandbox_factory`, else the configured
-    backend); `include_sandbox_envs=False` leaves them out where no sandbox can run.
-    """
-    ids = list(env_ids) if env_ids is not None else [s.id for s in specs() if s.source == "builtin"]
-    for env_id in ids:
-        if make(env_id).needs_sandbox and not include_sandbox_envs:
-            continue
-        yield from sample_texts(
-            env_id, n_per_env, seed=seed, render=render, sandbox_factory=sandbox_factory
-        )
-
-
-@asynccontextmanager
-async def configured_sandboxes() -> AsyncIterator[SandboxFactory]:
-    """A sandbox factory on the backend the config names, closed with everything it made."""
-    from agent_rl.config import load_config
-    from tools_sandbox.base import SandboxSpec
-    from tools_sandbox.factory import open_backend
-
-    backend = await open_backend(load_config().sandbox)
-
-    async def create(spec: SandboxSpec | None) -> Sandbox:
-        return await backend.create(spec or SandboxSpec())
-
-    try:
-        yield create
-    finally:
-        await backend.aclose()
 
 
 def render_chatml(messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:

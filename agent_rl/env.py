@@ -14,9 +14,10 @@ Lifecycle (one instance runs one episode at a time; make one per concurrent epis
 The default `step` is a tool loop: a turn with tool calls runs them (in order, in the episode's
 sandbox for sandbox tools) and answers with one tool message per call, malformed calls
 included; a turn without calls is the final answer and is scored by `score`. Subclasses
-implement `initial_messages` and `score`, usually `builtin_tasks`, optionally `demonstrate`
-(a teacher policy for supervised warm-start and tests) and `group_reward`; they may override
-`reset`/`step` entirely for other dynamics.
+implement `score`, `initial_messages` unless their tasks carry a `question` (asked as one user
+message by default), usually `builtin_tasks`, optionally `demonstrate` (a teacher policy for
+supervised warm-start and tests) and `group_reward`; they may override `reset`/`step` entirely
+for other dynamics.
 
 User code never crashes the caller with an arbitrary exception: every lifecycle method of
 every subclass is wrapped so that anything but `EnvError`/`SandboxError` leaves it as
@@ -43,13 +44,14 @@ from agent_rl.messages import (
     ToolCall,
     system,
     tool_message,
+    user,
 )
 from agent_rl.rewards import EpisodeOutcome, Reward, as_reward
 from agent_rl.tasks import JsonlTasks, Task, TaskSource
 from agent_rl.tools import Tool, ToolResult, run_tool_call
 
 if TYPE_CHECKING:
-    from tools_sandbox.base import Sandbox, SandboxSpec
+    from agent_rl.sandbox import Sandbox, SandboxSpec
 
 
 class EnvCodeError(EnvError):
@@ -270,8 +272,14 @@ class Env:
     # ------------------------------------------------------------------ hooks for subclasses
 
     def initial_messages(self, task: Task) -> list[Message]:
-        """The conversation the model starts from (may be async)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement initial_messages(task)")
+        """The conversation the model starts from (may be async). By default the task's
+        `question` as one user message; override for anything else."""
+        if "question" not in task.data:
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement initial_messages(task): its tasks have "
+                "no 'question' to ask by default"
+            )
+        return [user(task["question"])]
 
     async def score(self, answer: str) -> Reward | float:
         """Reward of the final answer for `self.task` (a rule, or a verifier in `self.sandbox`)."""

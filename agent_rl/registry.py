@@ -222,10 +222,6 @@ def _from_source(source: str) -> Iterator[None]:
         _current_source.reset(token)
 
 
-def env_ids() -> list[str]:
-    return [s.id for s in specs()]
-
-
 def describe(s: EnvSpec) -> dict[str, Any]:
     """A JSON-able summary of one spec plus what an instance says about itself (or why it
     cannot be made): what `agent-rl envs list` shows."""

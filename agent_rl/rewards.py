@@ -7,10 +7,9 @@ from one of two places an environment chooses in `Env.score`:
   `run_json_program` to bring results back and judge them on the host), e.g. hidden unit
   tests, so untrusted model code never runs on the host.
 
-After a whole group of episodes on one task has finished, the scheduler may call the
+After a whole group of episodes on one task has finished, the scheduler calls the
 environment's group hook (`Env.group_reward`) with every `EpisodeOutcome`; it returns one
 reward per episode (e.g. a bonus for the shortest correct answer), or None to keep them.
-`apply_group_reward` does that call with the checks a scheduler needs.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ from pydantic import BaseModel, Field
 from agent_rl.errors import EnvError
 
 if TYPE_CHECKING:
-    from agent_rl.env import Env
-    from tools_sandbox.base import Sandbox
+    from agent_rl.sandbox import Sandbox
 
 
 class Reward(BaseModel):
@@ -112,6 +110,12 @@ def number_match(prediction: str, gold: str | int | float) -> float:
         return 0.0
 
 
+def number_reward(answer: str, gold: str | int | float) -> Reward:
+    """`number_match` as a Reward with its one component, `correct`."""
+    correct = number_match(answer, gold)
+    return Reward(value=correct, components={"correct": correct})
+
+
 # ---------------------------------------------------------------------------- verifiers
 
 
@@ -168,27 +172,6 @@ async def verify_in_sandbox(
         except ValueError as e:
             return Reward(value=0.0, detail=f"verifier printed something that is not a Reward: {e}")
     return Reward(value=0.0, detail=f"verifier {run.detail}")
-
-
-# ---------------------------------------------------------------------------- group hook
-
-
-async def apply_group_reward(env: Env, outcomes: Sequence[EpisodeOutcome]) -> list[float]:
-    """Rewards after the env's group hook: one float per outcome, in order.
-
-    Raises `EnvError` (with the user's traceback, via the Env guard) if the hook raises or
-    returns the wrong number of rewards.
-    """
-    new = await env.group_reward(list(outcomes))
-    if new is None:
-        return [o.reward for o in outcomes]
-    rewards = [float(r) for r in new]
-    if len(rewards) != len(outcomes):
-        raise EnvError(
-            f"{type(env).__name__}.group_reward returned {len(rewards)} rewards for "
-            f"{len(outcomes)} episodes: return exactly one per episode, in order"
-        )
-    return rewards
 
 
 def as_reward(value: Reward | float | int | bool | Mapping[str, Any]) -> Reward:

@@ -37,33 +37,29 @@ def configure(exporter: str | None) -> None:
     trace.set_tracer_provider(provider)
 
 
+def _operation(operation: str, target: str, kind: SpanKind, attributes: dict[str, Any]) -> Any:
+    """A current span named `{operation} {target}` (the conventions' span name)."""
+    return tracer().start_as_current_span(
+        f"{operation} {target}", kind=kind,
+        attributes={"gen_ai.operation.name": operation, **attributes},
+    )  # fmt: skip
+
+
 @contextmanager
 def invoke_agent(env_id: str, episode_id: int, run: str) -> Iterator[Span]:
-    with tracer().start_as_current_span(
-        f"invoke_agent {env_id}",
-        kind=SpanKind.INTERNAL,
-        attributes={
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": env_id,
-            "gen_ai.conversation.id": str(episode_id),
-            "agent_rl.run": run,
-        },
-    ) as span:
+    """The span of one episode."""
+    attributes = {"gen_ai.agent.name": env_id, "gen_ai.conversation.id": str(episode_id),
+                  "agent_rl.run": run}  # fmt: skip
+    with _operation("invoke_agent", env_id, SpanKind.INTERNAL, attributes) as span:
         yield span
 
 
 @contextmanager
 def chat(model: str, max_tokens: int, temperature: float) -> Iterator[Span]:
-    with tracer().start_as_current_span(
-        f"chat {model}",
-        kind=SpanKind.CLIENT,
-        attributes={
-            "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": model,
-            "gen_ai.request.max_tokens": max_tokens,
-            "gen_ai.request.temperature": temperature,
-        },
-    ) as span:
+    """The span of one generation."""
+    attributes = {"gen_ai.request.model": model, "gen_ai.request.max_tokens": max_tokens,
+                  "gen_ai.request.temperature": temperature}  # fmt: skip
+    with _operation("chat", model, SpanKind.CLIENT, attributes) as span:
         yield span
 
 

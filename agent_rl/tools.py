@@ -17,7 +17,7 @@ Two kinds of tool share the class:
 - host tools run in this process (sync functions in a worker thread, so a slow one never
   blocks the event loop);
 - sandbox tools declare a parameter named `sandbox` and receive the episode's
-  `tools_sandbox.base.Sandbox`; it is injected, never part of the schema.
+  `agent_rl.sandbox.Sandbox`; it is injected, never part of the schema.
 `@tool` also works on methods (`self` is bound when the tool is read from an instance), and
 `from_sandbox_tool` adapts tools_sandbox's built-in `python`/`shell`/`read_file`/`write_file`.
 

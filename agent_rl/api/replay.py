@@ -27,9 +27,9 @@ from agent_rl.env import Env
 from agent_rl.errors import EnvError, StoreError
 from agent_rl.registry import make
 from agent_rl.rollout.episode_env import episode_sandbox
-from agent_rl.rollout.tool_calls import parse_completion
 from agent_rl.store import Store
 from agent_rl.tasks import Task
+from agent_rl.tool_calls import parse_completion
 
 SandboxSource = Callable[[], Awaitable[Any]]
 """Returns the tools_sandbox backend to create sandboxes with (made on first use)."""

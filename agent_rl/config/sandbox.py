@@ -11,7 +11,7 @@ from agent_rl.config.base import Section
 
 
 class SandboxLimits(Section):
-    """Resource limits of one sandbox (`tools_sandbox.base.Limits` is this class)."""
+    """Resource limits of one sandbox (`agent_rl.sandbox.Limits` is this class)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 

@@ -1,1 +1,1 @@
-"""Rollout: the episode runner, the scheduler and the pieces they share (tool-call parsing)."""
+"""Rollout: the scheduler that admits groups of episodes and the runner that plays each one."""

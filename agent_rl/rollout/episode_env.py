@@ -14,6 +14,7 @@ import anyio
 
 from agent_rl.env import Env
 from agent_rl.errors import SandboxError
+from agent_rl.sandbox import SandboxSpec
 
 
 @asynccontextmanager
@@ -25,8 +26,6 @@ async def episode_sandbox(env: Env, backend: Any) -> AsyncIterator[Any]:
         if env.needs_sandbox:
             if backend is None:
                 raise SandboxError(f"{env.env_id} needs a sandbox but no sandbox backend is configured")
-            from tools_sandbox.base import SandboxSpec
-
             sandbox = await backend.create(env.sandbox_spec or SandboxSpec())
         yield sandbox
     finally:

@@ -23,7 +23,12 @@ from typing import Any
 
 import anyio
 import numpy as np
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from agent_rl import telemetry
 from agent_rl.config import RolloutConfig
@@ -34,9 +39,9 @@ from agent_rl.messages import AssistantTurn, Message
 from agent_rl.registry import make
 from agent_rl.rollout.episode_env import episode_sandbox
 from agent_rl.rollout.render import ChatRenderer, Conversation
-from agent_rl.rollout.tool_calls import parse_completion
 from agent_rl.store import MessageRecord, Store, TokenArrays, ToolCallRecord, TurnRecord
 from agent_rl.tasks import Task
+from agent_rl.tool_calls import parse_completion
 
 log = logging.getLogger(__name__)
 

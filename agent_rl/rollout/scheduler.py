@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
+from agent_rl.env import Env
 from agent_rl.errors import EngineError, EnvError, StoreError
 from agent_rl.registry import make
-from agent_rl.rewards import EpisodeOutcome, apply_group_reward
+from agent_rl.rewards import EpisodeOutcome
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
 from agent_rl.tasks import Task
 
@@ -259,6 +260,23 @@ class Scheduler:
             except StoreError as e:
                 log.warning("heartbeat failed: %s", e)
 
+
+async def apply_group_reward(env: Env, outcomes: Sequence[EpisodeOutcome]) -> list[float]:
+    """Rewards after the env's group hook: one float per outcome, in order.
+
+    Raises `EnvError` (with the user's traceback, via the Env guard) if the hook raises or
+    returns the wrong number of rewards.
+    """
+    new = await env.group_reward(list(outcomes))
+    if new is None:
+        return [o.reward for o in outcomes]
+    rewards = [float(r) for r in new]
+    if len(rewards) != len(outcomes):
+        raise EnvError(
+            f"{type(env).__name__}.group_reward returned {len(rewards)} rewards for "
+            f"{len(outcomes)} episodes: return exactly one per episode, in order"
+        )
+    return rewards
 
 
 def _seed(base: int, task_index: int, episode_index: int) -> int:

@@ -21,10 +21,10 @@ from typing import Any
 
 from agent_rl.env import Env
 from agent_rl.errors import ToolError
-from agent_rl.messages import Message, user
-from agent_rl.rewards import Reward, number_match
-from agent_rl.rollout.tool_calls import format_tool_call
-from agent_rl.tasks import GeneratedTasks, Task, TaskSource
+from agent_rl.messages import Message
+from agent_rl.rewards import Reward, number_reward
+from agent_rl.tasks import GeneratedTasks, TaskSource
+from agent_rl.tool_calls import format_tool_call
 from agent_rl.tools import tool
 
 OPS = ("+", "-", "*")
@@ -129,13 +129,9 @@ class CalculatorEnv(Env):
             "calculator", lambda rng: make_problem(rng, **self.problem_kwargs), split=split
         )
 
-    def initial_messages(self, task: Task) -> list[Message]:
-        return [user(task["question"])]
-
     async def score(self, answer: str) -> Reward:
         assert self.task is not None
-        correct = number_match(answer, self.task["answer"])
-        return Reward(value=correct, components={"correct": correct})
+        return number_reward(answer, self.task["answer"])
 
     async def demonstrate(self, messages: list[Message]) -> str:
         # First turn: copy the expression into one call. After the tool answered: repeat its result.

@@ -24,8 +24,8 @@ from typing import Any
 from agent_rl.env import Env
 from agent_rl.messages import Message, user
 from agent_rl.rewards import Reward, run_json_program
-from agent_rl.rollout.tool_calls import format_tool_call
 from agent_rl.tasks import JsonlTasks, Task, TaskSource
+from agent_rl.tool_calls import format_tool_call
 from agent_rl.tools import from_sandbox_tool
 from tools_sandbox.base import Limits, SandboxSpec
 from tools_sandbox.tools import PythonTool

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from agent_rl.env import Env
-from agent_rl.messages import Message, user
-from agent_rl.rewards import Reward, last_number, number_match
-from agent_rl.rollout.tool_calls import format_tool_call
-from agent_rl.tasks import GeneratedTasks, Task, TaskSource
+from agent_rl.messages import Message
+from agent_rl.rewards import Reward, last_number, number_reward
+from agent_rl.tasks import GeneratedTasks, TaskSource
+from agent_rl.tool_calls import format_tool_call
 from agent_rl.tools import from_sandbox_tool
 from tools_sandbox.base import Limits, SandboxSpec
 from tools_sandbox.tools import PythonTool
@@ -112,13 +112,9 @@ class PythonMathEnv(Env):
     def builtin_tasks(self, split: str = "train") -> TaskSource:
         return GeneratedTasks("python-math", make_problem, split=split)
 
-    def initial_messages(self, task: Task) -> list[Message]:
-        return [user(task["question"])]
-
     async def score(self, answer: str) -> Reward:
         assert self.task is not None
-        correct = number_match(answer, self.task["answer"])
-        return Reward(value=correct, components={"correct": correct})
+        return number_reward(answer, self.task["answer"])
 
     async def demonstrate(self, messages: list[Message]) -> str:
         # Run the reference program, then answer with the number the sandbox printed.

@@ -20,10 +20,10 @@ from typing import Any, Literal
 import numpy as np
 
 from agent_rl.env import Env
-from agent_rl.messages import Message, user
+from agent_rl.messages import Message
 from agent_rl.rewards import Reward, exact_match, extract_answer, token_f1
-from agent_rl.rollout.tool_calls import format_tool_call
 from agent_rl.tasks import ListTasks, Task, TaskSource
+from agent_rl.tool_calls import format_tool_call
 from agent_rl.tools import tool
 from envs.search_qa.corpus import CHAINS, documents, questions
 
@@ -82,9 +82,6 @@ class SearchQAEnv(Env):
             q for q in questions() if (zlib.crc32(q["id"].encode()) % 10 == 0) == (split == "eval")
         ]
         return ListTasks(Task(id=q["id"], data=q) for q in chosen)
-
-    def initial_messages(self, task: Task) -> list[Message]:
-        return [user(task["question"])]
 
     async def score(self, answer: str) -> Reward:
         assert self.task is not None

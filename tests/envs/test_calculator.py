@@ -8,7 +8,7 @@ import pytest
 
 from agent_rl import make
 from agent_rl.demo import demonstrations, run_demonstration
-from agent_rl.rollout.tool_calls import format_tool_call, parse_completion
+from agent_rl.tool_calls import format_tool_call, parse_completion
 from envs.calculator.env import calc, make_problem, safe_eval
 
 pytestmark = pytest.mark.anyio
@@ -66,21 +66,21 @@ def test_schema_is_the_openai_shape() -> None:
 
 
 async def test_imperfect_teacher_answers_directly_at_the_given_rate() -> None:
-    transcripts = await demonstrations("calculator", 400, seed=3, teacher_tool_rate=0.5)
+    transcripts = await demonstrations("calculator", 400, seed=3, env_kwargs={"teacher_tool_rate": 0.5})
     direct = [t for t in transcripts if len(t.completions()) == 1]
     assert 0.4 < len(direct) / len(transcripts) < 0.6
     # The teacher's mental math is right (full reward), in a form a student can imitate.
     assert all(t.reward == 1.0 for t in transcripts)
     assert all(t.completions()[0] == f"The answer is {t.task['answer']}." for t in direct)
-    again = await demonstrations("calculator", 400, seed=3, teacher_tool_rate=0.5)
+    again = await demonstrations("calculator", 400, seed=3, env_kwargs={"teacher_tool_rate": 0.5})
     assert [t.completions() for t in again] == [t.completions() for t in transcripts]
-    assert all(len(t.completions()) == 1 for t in await demonstrations("calculator", 20, teacher_tool_rate=0.0))
+    assert all(len(t.completions()) == 1 for t in await demonstrations("calculator", 20, env_kwargs={"teacher_tool_rate": 0.0}))
     with pytest.raises(Exception, match="teacher_tool_rate must be in"):
         make("calculator", teacher_tool_rate=1.5)
 
 
 async def test_tools_in_prompt_false_hides_the_schema_but_the_tool_still_runs() -> None:
-    transcripts = await demonstrations("calculator", 5, seed=1, tools_in_prompt=False)
+    transcripts = await demonstrations("calculator", 5, seed=1, env_kwargs={"tools_in_prompt": False})
     assert all(t.tools == [] and t.reward == 1.0 for t in transcripts)
     assert all(m["role"] == "tool" for t in transcripts for m in t.messages[2:3])
     assert (await demonstrations("calculator", 1, seed=1))[0].tools[0]["function"]["name"] == "calc"

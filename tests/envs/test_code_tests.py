@@ -9,7 +9,7 @@ import pytest
 from agent_rl import Task, make
 from agent_rl.demo import demonstrations
 from agent_rl.env import Env
-from agent_rl.rollout.tool_calls import parse_completion
+from agent_rl.tool_calls import parse_completion
 from envs.code_tests.env import extract_code
 from tools_sandbox.base import Sandbox, SandboxSpec
 

@@ -7,7 +7,7 @@ import pytest
 from agent_rl import make
 from agent_rl.demo import demonstrations
 from agent_rl.messages import ToolCall
-from agent_rl.rollout.tool_calls import format_tool_call, parse_completion
+from agent_rl.tool_calls import format_tool_call, parse_completion
 from envs.search_qa.corpus import documents, questions
 from envs.search_qa.env import search_corpus
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from agent_rl import Env, tool
 from agent_rl.messages import AssistantTurn, Message, ToolCall, user
 from agent_rl.registry import register
-from agent_rl.rollout.tool_calls import parse_completion
 from agent_rl.tasks import ListTasks, Task, TaskSource
+from agent_rl.tool_calls import parse_completion
 
 
 class _Base(Env):

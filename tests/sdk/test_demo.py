@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent_rl import make
-from agent_rl.demo import corpus_samples, render_chatml, run_text_episode, sample_texts
+from agent_rl.demo import render_chatml, run_text_episode
 from agent_rl.messages import tool_message, user
+from tests.sdk._corpus import corpus_samples, sample_texts
 
 
 def test_chatml_gives_each_tool_message_its_own_turn_and_can_show_tools() -> None:

@@ -1,0 +1,194 @@
+"""The sandbox as environments see it: the contract every sandbox backend implements.
+
+An episode's sandbox tools and verifiers run in a `Sandbox`, made by a backend from the env's
+`SandboxSpec`. A sandbox runs commands and Python code with stdin and a timeout and returns an
+`ExecResult` that always says what happened (exit code, captured output up to a cap, timed out,
+output truncated, killed for memory, restarted). A misbehaving call is data, not an exception:
+it costs one turn, and the next call in the same sandbox works, because a backend respawns its
+sandbox when a call had to kill it. Exceptions (`SandboxError`) are reserved for the
+infrastructure failing.
+
+Files live in the sandbox's work dir (`/work` inside the sandbox), which survives a respawn;
+`read_file`/`write_file` take paths relative to it (or absolute under `/work`) and refuse to
+leave it. `close()` is idempotent and removes everything the sandbox owned.
+
+The SDK owns this contract and the backends (`tools_sandbox/`) implement it, so environment
+code never depends on a backend; `tools_sandbox/base.py` re-exports it beside the backends' own
+protocol (`SandboxBackend`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from agent_rl.config import SandboxLimits
+
+WORK_DIR = "/work"
+"""Where the work dir appears inside every sandbox."""
+
+
+Limits = SandboxLimits
+"""Resource limits of one sandbox; per-call timeouts may only lower `wall_s`. Defined in the
+config (`[sandbox.limits]`) so one class serves both; re-exported here as part of the protocol."""
+
+
+class Mount(BaseModel):
+    """A host path made visible inside the sandbox."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    source: str
+    """Absolute host path."""
+
+    target: str
+    """Absolute path inside the sandbox (not under /work)."""
+
+    read_only: bool = True
+    """Mount read-only (the default; a writable mount lets the sandbox change the host)."""
+
+    @field_validator("source", "target")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"mount path {path!r} must be absolute")
+        return path
+
+    @field_validator("target")
+    @classmethod
+    def _not_in_work(cls, target: str) -> str:
+        if target == WORK_DIR or target.startswith(WORK_DIR + "/"):
+            raise ValueError(f"mount target {target!r} would hide or share the work dir")
+        return target
+
+
+class SandboxSpec(BaseModel):
+    """What a sandbox looks like; sandboxes with equal specs are interchangeable (pooling key)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    limits: Limits = Limits()
+    """Resource limits."""
+
+    image: str | None = None
+    """Docker image tag; None means the backend's own minimal Python image (built locally)."""
+
+    rootfs: str | None = None
+    """bubblewrap: a host directory to use, read-only, as the root filesystem (it must hold the
+    `python` the worker runs); None shares the host's /usr read-only."""
+
+    mounts: tuple[Mount, ...] = ()
+    """Extra host paths to expose (bubblewrap, Docker); the system dirs are always read-only."""
+
+    network: bool = False
+    """Allow network access. Off by default; backends refuse to turn it on unless they can."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables (name, value) for every call; nothing leaks from the host.
+    A dict is accepted too (stored sorted, so equal specs hash alike)."""
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_from_dict(cls, env: object) -> object:
+        return tuple(sorted(env.items())) if isinstance(env, dict) else env
+
+
+class ExecResult(BaseModel):
+    """Outcome of one call. Every failure mode is a field, never an exception."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    exit_code: int | None
+    """Exit status (negative: killed by that signal); None when the call never produced one."""
+
+    stdout: str = ""
+    """Captured stdout, decoded as UTF-8 with replacement, at most `output_bytes`."""
+
+    stderr: str = ""
+    """Captured stderr, same rules."""
+
+    timed_out: bool = False
+    """The call ran past its timeout and was killed."""
+
+    truncated: bool = False
+    """The call wrote more than `output_bytes` and was killed."""
+
+    oom_killed: bool = False
+    """A process of the sandbox was killed for exceeding the memory limit during the call."""
+
+    value: str | None = None
+    """repr() of the value of the code's last expression (Python calls only), like a REPL."""
+
+    restarted: bool = False
+    """The sandbox had to be killed and was respawned; state outside /work was lost."""
+
+    duration_s: float = 0.0
+    """Wall time of the call as the host saw it."""
+
+    @property
+    def ok(self) -> bool:
+        """The call finished by itself with exit code 0."""
+        return self.exit_code == 0 and not (self.timed_out or self.truncated or self.oom_killed)
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One isolated environment, usually one per episode."""
+
+    @property
+    def id(self) -> str:
+        """Unique id, also used to name its host resources (cgroups, containers, dirs)."""
+        ...
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The spec it was created from."""
+        ...
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: str | bytes = b"",
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run a command (argv[0] looked up on the sandbox's PATH) in /work. `stdin` is fed up
+        to the pipe's capacity (64 KiB); `timeout` may lower the spec's `wall_s`, never raise it."""
+        ...
+
+    async def run_python(
+        self,
+        code: str,
+        *,
+        stdin: str | bytes = b"",
+        timeout: float | None = None,
+        persistent: bool = False,
+    ) -> ExecResult:
+        """Run Python source. `persistent=True` runs it in the sandbox's REPL, whose globals
+        survive across calls (until a call has to be killed); otherwise every call starts from a
+        fresh, pre-imported interpreter."""
+        ...
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Bytes of a file in the work dir; raises ToolError if missing or outside it."""
+        ...
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        """Create or replace a file in the work dir (parents created)."""
+        ...
+
+    async def close(self) -> None:
+        """Kill everything and remove every host resource; safe to call twice."""
+        ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
