@@ -34,7 +34,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl import Env, tool  # noqa: E402
-from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig, TrainerConfig  # noqa: E402
+from agent_rl.config import (  # noqa: E402
+    Config,
+    EngineConfig,
+    RolloutConfig,
+    StoreConfig,
+    TrainerConfig,
+)
 from agent_rl.messages import AssistantTurn, Message, ToolCall, user  # noqa: E402
 from agent_rl.registry import register  # noqa: E402
 from agent_rl.tasks import ListTasks, Task, TaskSource  # noqa: E402
@@ -128,13 +134,13 @@ def config(work: Path, url: str, model: Path, run: str) -> Config:
 
 def phase(cfg: Config, model: Path, sync: bool) -> dict[str, Any]:
     """Run STEPS steps; measured over steps 2..STEPS."""
-    from trainer.engine import engine
+    from trainer.learner import learner
     from trainer.loop import TrainLoop
 
     quiet = lambda line: None  # noqa: E731
     stamps: list[float] = []
     idle: list[float] = []
-    with engine(model, cfg.trainer) as e:
+    with learner(model, cfg.trainer) as e:
         loop = TrainLoop(cfg, e, sync_mode=sync, log=quiet)
         loop.open()
         server = None if sync else ServeThread(cfg, None)
@@ -185,9 +191,9 @@ def kappa(cfg: Config) -> float:
 def main() -> None:
     import torch
 
+    from agent_rl.config import load_config
     from agent_rl.engine.client import EngineClient
     from agent_rl.engine.launcher import EngineServer
-    from agent_rl.config import load_config
     from agent_rl.models import init_model
     from agent_rl.store.migrate import upgrade
 

@@ -81,17 +81,18 @@ async def engine_current(qs: Quickstart, index: int, floor: int) -> float:
     """When engine `index` itself serves a policy version >= floor and the router has it in
     rotation (monotonic time). The engine is asked directly: until the router's health checks
     quarantine a dead engine, the router still lists the version it last saw there."""
-    from trainer.sync import served_versions
+    from agent_rl.engine.client import EngineClient
 
     assert qs.fleet is not None
     url = qs.fleet.engines[index]
     deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        own = (await served_versions(url)).get(url)
-        in_rotation = url in await served_versions(qs.fleet.router_url)
-        if own is not None and own.isdigit() and int(own) >= floor and in_rotation:
-            return time.monotonic()
-        await anyio.sleep(1.0)
+    async with EngineClient(url) as engine, EngineClient(qs.fleet.router_url) as router:
+        while time.monotonic() < deadline:
+            own = (await engine.served_versions()).get(url)
+            in_rotation = url in await router.served_versions()
+            if own is not None and own.isdigit() and int(own) >= floor and in_rotation:
+                return time.monotonic()
+            await anyio.sleep(1.0)
     raise TimeoutError(f"{url} did not come back on current weights")
 
 

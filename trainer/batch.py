@@ -6,8 +6,10 @@ All per-token tensors are token-aligned ([B, T], right-padded): entry t describe
   no prediction, so its mask must be 0.
 - `rollout_logprobs` float: the engine's logprob of token t when it sampled it (0 elsewhere).
 - `advantages` float [B]: one per sequence (RL); zeros for SFT.
-- `routed_experts` long [B, T, layers, topk] and `routed_valid` bool [B, T]: MoE routing the
-  engine used for token t (trainer.replay.from_sglang builds them from SGLang's output).
+- `routed_experts` long [B, T, layers, topk]: MoE routing the engine used for token t, -1 where
+  it is unknown (padding; a turn's last token, which the engine never fed back in that turn),
+  the one encoding the store, the batch and replay share; `routed_valid` [B, T] marks the rows
+  that are known (trainer.replay.from_sglang pads SGLang's per-sequence output).
 `from_sequences` pads ragged per-episode lists; `pad_to` extends T (sequence parallelism needs
 T divisible by the TP size); `rows` takes a micro-batch or a data-parallel shard.
 """
@@ -29,7 +31,13 @@ class Batch:
     rollout_logprobs: torch.Tensor
     advantages: torch.Tensor
     routed_experts: torch.Tensor | None = None
-    routed_valid: torch.Tensor | None = None
+
+    @property
+    def routed_valid(self) -> torch.Tensor | None:
+        """[B, T] bool: the rows whose routing the engine recorded."""
+        if self.routed_experts is None:
+            return None
+        return (self.routed_experts >= 0).all(-1).all(-1)
 
     @property
     def size(self) -> int:
@@ -67,10 +75,10 @@ class Batch:
             if rollout_logprobs is not None:
                 lps[i, : len(seq)] = torch.tensor(rollout_logprobs[i], dtype=torch.float32)
         adv = torch.tensor(advantages if advantages is not None else [0.0] * n, dtype=torch.float32)
-        experts = valid = None
+        experts = None
         if routed_experts is not None:
-            experts, valid = from_sglang(routed_experts, length, topk)
-        return cls(ids, mask, lps, adv, experts, valid)
+            experts = from_sglang(routed_experts, length, topk)
+        return cls(ids, mask, lps, adv, experts)
 
     def pad_to(self, length: int) -> Batch:
         """The same batch with T extended to `length` by padding (mask 0)."""
@@ -84,18 +92,12 @@ class Batch:
             shape = (t.shape[0], extra, *t.shape[2:])
             return torch.cat([t, torch.full(shape, value, dtype=t.dtype)], dim=1)
 
-        experts = None
-        if self.routed_experts is not None:
-            k = self.routed_experts.shape[-1]
-            tail = torch.arange(k).expand(self.size, extra, self.routed_experts.shape[2], k)
-            experts = torch.cat([self.routed_experts, tail], dim=1)
         return replace(
             self,
             tokens=pad(self.tokens),
             loss_mask=pad(self.loss_mask),
             rollout_logprobs=pad(self.rollout_logprobs),
-            routed_experts=experts,
-            routed_valid=pad(self.routed_valid, False),
+            routed_experts=pad(self.routed_experts, -1),
         )
 
     def rows(self, index: slice | torch.Tensor) -> Batch:
@@ -110,5 +112,4 @@ class Batch:
             self.rollout_logprobs[index],
             self.advantages[index],
             take(self.routed_experts),
-            take(self.routed_valid),
         )

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from agent_rl.errors import ConfigError
-from trainer import cpu_compat
-from trainer.model import Parallel
+from trainer import megatron_cpu
+from trainer.arch import Parallel
 
 
 def _free_port() -> int:
@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 def init(par: Parallel, seed: int = 0) -> None:
     """Initialise torch.distributed (if needed) and megatron's TP/PP/EP groups for `par`."""
-    cpu_compat.apply()
+    megatron_cpu.apply()
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 

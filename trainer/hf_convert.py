@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from agent_rl.errors import ConfigError
-from trainer.model import ModelArch
+from trainer.arch import ModelArch
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:

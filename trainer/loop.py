@@ -32,10 +32,11 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from agent_rl.config import Config
+from agent_rl.engine.client import EngineClient
 from agent_rl.errors import EngineError, LeaseLostError
 from agent_rl.store import Claim, Store
-from trainer.data import TrainingData, fill_unknown_experts, load_batch
-from trainer.sync import check_reachable, sync_weights
+from trainer.data import TrainingData, load_batch
+from trainer.learner import Learner, latest_checkpoint
 
 T = TypeVar("T")
 WAIT_LOG_S = 30.0  # repeat the "waiting for data" line this often
@@ -69,23 +70,23 @@ class TrainLoop:
     def __init__(
         self,
         cfg: Config,
-        engine: Any,
+        learner: Learner,
         *,
         sync_mode: bool = False,
         router_url: str | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
-        self.cfg, self.tcfg, self.engine = cfg, cfg.trainer, engine
+        self.cfg, self.tcfg, self.learner = cfg, cfg.trainer, learner
         self.sync_mode = sync_mode
         self.router_url = router_url or cfg.trainer.router_url or cfg.rollout.router_url
-        token = cfg.router.admin_token
-        self.token = token.get_secret_value() if token is not None else None
         self.log = log
         self.rank0 = not dist.is_initialized() or dist.get_rank() == 0
         self.trainer_id = f"trainer-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stats = LoopStats()
         self._aio = asyncio.Runner()
         self._store: Store | None = None
+        self._engines: EngineClient | None = None
+        """The router (or SGLang server) that loads each export: one pooled client, rank 0."""
         self._tb: Any = None
         self._last_checkpoint_step = -1
         self.stopping = False
@@ -116,21 +117,23 @@ class TrainLoop:
 
     def open(self) -> None:
         """Open the store, resume from the latest checkpoint, check the router."""
-        from trainer.engine import latest_checkpoint
-
         latest = latest_checkpoint(self.tcfg.checkpoint_dir)
         if latest is not None:
-            step = self.engine.load_checkpoint(latest)
+            step = self.learner.load_checkpoint(latest)
             self.log(f"resumed from checkpoint {latest} (step {step})")
-        self._last_checkpoint_step = self.engine.step
-        self.stats.start_step = self.engine.step
+        self._last_checkpoint_step = self.learner.step
+        self.stats.start_step = self.learner.step
         if not self.rank0:
             return
         self._store = self._call(Store.open(self.cfg.store))
         self.run_id = self._call(self.store.ensure_run(self.cfg.run.name))
         self.stats.version = self._call(self.store.latest_version(self.run_id))
         if self.router_url:
-            self._call(check_reachable(self.router_url))
+            token = self.cfg.router.admin_token
+            self._engines = EngineClient(
+                self.router_url, token=token.get_secret_value() if token is not None else None
+            )
+            self._call(self._engines.model_info(timeout_s=5.0))  # a wrong URL fails now
         else:
             self.log("no router configured: weights are exported but not synced to engines")
         if self.tcfg.tensorboard_dir is not None:
@@ -141,11 +144,13 @@ class TrainLoop:
     def close(self) -> None:
         """Checkpoint if steps were taken since the last one; close the store."""
         try:
-            if self.engine.step != self._last_checkpoint_step:
+            if self.learner.step != self._last_checkpoint_step:
                 self._checkpoint()
         finally:
             if self._tb is not None:
                 self._tb.close()
+            if self._engines is not None:
+                self._call(self._engines.aclose())
             if self._store is not None:
                 self._call(self._store.close())
             self._aio.close()
@@ -212,16 +217,15 @@ class TrainLoop:
             data = self._call(
                 load_batch(self.store, claim, self.stats.version,
                            std_normalize=self.tcfg.advantage_std_normalize,
-                           use_experts=self.engine.replay is not None)
+                           use_experts=self.learner.replay is not None)
             )
         data = self._broadcast(data)
         assert isinstance(data, TrainingData)
         t0 = time.monotonic()
-        batch = fill_unknown_experts(self.engine, data.batch) if self.tcfg.routing_replay else data.batch
-        self._record_trainer_logprobs(data, batch)
-        metrics: dict[str, Any] = dict(self.engine.rl_step(batch))
+        self._record_trainer_logprobs(data, data.batch)
+        metrics: dict[str, Any] = dict(self.learner.rl_step(data.batch))
         step_s = time.monotonic() - t0
-        step = self.engine.step
+        step = self.learner.step
         self.stats.idle_s += waited
         metrics.update(
             idle_s=waited,
@@ -249,26 +253,24 @@ class TrainLoop:
         the newest published one (it restarted, or the router did and an engine with it), load
         the newest export on every engine again. Otherwise the fleet could sit on weights too
         stale for serve to admit anything, and this trainer would wait forever."""
-        from trainer.sync import served_versions
-
         version = self.stats.version
         export = Path(self.tcfg.export_dir) / f"v{version:06d}"
-        if not self.router_url or version == 0 or not (export / "config.json").is_file():
+        if self._engines is None or version == 0 or not (export / "config.json").is_file():
             return
-        served = self._call(served_versions(self.router_url))
+        served = self._call(self._engines.served_versions())
         behind = {url: v for url, v in served.items() if v != str(version)}
         if not behind:
             return
         self.log(f"engines {behind} do not serve policy version {version}: loading it again")
         try:
-            self._call(sync_weights(self.router_url, export, version, self.token))
+            self._sync(export, version)
         except EngineError as e:
             self.log(f"weight re-sync failed ({e}); will retry")
 
     def _record_trainer_logprobs(self, data: TrainingData, batch: Any) -> None:
         """The trainer's (pre-step) logprobs of the first micro-batch, kept for inspection."""
         mb = batch.rows(slice(0, self.tcfg.micro_batch_size))
-        lp = self.engine.logprobs(mb)["logprobs"]
+        lp = self.learner.logprobs(mb)["logprobs"]
         if not self.rank0:
             return
         for row, eid in enumerate(data.episode_ids[: mb.size]):
@@ -311,8 +313,8 @@ class TrainLoop:
             self._tb.flush()
 
     def _checkpoint(self) -> Path:
-        path = self.engine.save_checkpoint(self.tcfg.checkpoint_dir)
-        self._last_checkpoint_step = self.engine.step
+        path = self.learner.save_checkpoint(self.tcfg.checkpoint_dir)
+        self._last_checkpoint_step = self.learner.step
         return path
 
     def _export_and_sync(self, step: int) -> None:
@@ -320,17 +322,22 @@ class TrainLoop:
             return
         version = self._broadcast(self.stats.version)
         out = Path(self.tcfg.export_dir) / f"v{version:06d}"
-        self.engine.export_hf(out)
+        self.learner.export_hf(out)
         if not self.rank0:
             return
         # Keep the two newest exports: an engine may still be reading the previous one.
         for old in sorted(Path(self.tcfg.export_dir).glob("v*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
-        if self.router_url:
+        if self._engines is not None:
             try:
-                self._call(sync_weights(self.router_url, out, version, self.token))
+                self._sync(out, version)
             except EngineError as e:
                 # An engine down mid-update (crashed, restarting) must not stop training: the
                 # router gives a restored engine the newest weights, and while waiting for data
                 # this loop re-syncs engines that lag.
                 self.log(f"step {step}: weight sync incomplete ({e}); training continues")
+
+    def _sync(self, export: Path, version: int) -> None:
+        """Every engine behind the router loads `export`, labelled with its policy version."""
+        assert self._engines is not None
+        self._call(self._engines.update_weights_from_disk(export, weight_version=str(version)))

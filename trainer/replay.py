@@ -3,20 +3,20 @@
 Layouts:
 - SGLang returns, per sequence of n tokens, `routed_experts` [n-1, layers, topk]: row j holds
   the experts that processed token j (the last token was sampled, never fed back).
-- The batch carries them token-aligned and padded: `routed_experts` [B, T, layers, topk] long,
-  with `routed_valid` [B, T] bool marking rows that came from the engine
-  (`from_sglang` builds both).
+- The batch carries them token-aligned and padded: `routed_experts` [B, T, layers, topk] long
+  (`from_sglang` builds it), -1 on every row the engine did not report: the one encoding of
+  "no routed experts for this token", the same the store writes.
 - megatron's RouterReplay takes, per MoE layer in build order, [s*b, topk] in sequence-major
   order ([T, B] flattened); with sequence parallelism each TP rank's routers see only its
   contiguous chunk of T, so each rank is given its chunk.
-Rows without engine routing (`routed_valid` False: padding, or a turn's last token, which the
-engine never fed back in that turn) hold placeholders (`from_sglang` writes 0..topk-1; a store
-may hold -1); they are routed freely, never replayed.
+Rows without engine routing (-1: padding, or a turn's last token, which the engine never fed
+back in that turn) are routed freely, never replayed: free routing is what the engine itself
+computed for that token when the next turn's prefill fed it back.
 
-`RoutingReplay.forward_context(experts, valid, replay=...)` wraps one forward: with replay on,
-the routers use the given experts on valid rows and free routing (top-k of the same router
-scores) elsewhere, and we note what free routing would have picked everywhere; with replay
-off, the routers route freely and we record it.
+`RoutingReplay.forward_context(experts, replay=...)` wraps one forward: with replay on, the
+routers use the given experts on known rows and free routing (top-k of the same router scores)
+elsewhere, and we note what free routing would have picked everywhere; with replay off, the
+routers route freely and we record it.
 Either way `mismatch` counts tokens whose free routing differs from the recorded experts.
 """
 
@@ -27,24 +27,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+UNKNOWN = -1
+"""The expert id of a row whose routing the engine did not report."""
 
-def from_sglang(
-    routed: Sequence[torch.Tensor], length: int, topk: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad per-sequence SGLang routed experts ([n_i - 1, L, k]) to [B, length, L, k] and the
-    [B, length] mask of rows that hold real routing."""
+
+def from_sglang(routed: Sequence[torch.Tensor | np.ndarray], length: int, topk: int) -> torch.Tensor:
+    """Pad per-sequence routed experts (SGLang's [n_i - 1, L, k], or the store's [n_i, L, k]
+    with -1 rows) to [B, length, L, k], -1 past each sequence's rows."""
     layers = routed[0].shape[1]
-    filler = torch.arange(topk, dtype=torch.long)
-    out = filler.expand(len(routed), length, layers, topk).clone()
-    valid = torch.zeros(len(routed), length, dtype=torch.bool)
+    out = torch.full((len(routed), length, layers, topk), UNKNOWN, dtype=torch.long)
     for i, r in enumerate(routed):
         n = min(r.shape[0], length)
         out[i, :n] = torch.as_tensor(r[:n], dtype=torch.long)
-        valid[i, :n] = True
-    return out, valid
+    return out
 
 
 def _sp_chunk(t: torch.Tensor) -> torch.Tensor:
@@ -66,11 +65,6 @@ class Mismatch:
     free: list[torch.Tensor] = field(default_factory=list)
     """Free-routing top-k per MoE layer, megatron layout ([T_chunk * B, k])."""
 
-    def free_experts(self, batch_size: int) -> torch.Tensor:
-        """Free routing as a token-aligned [B, T_chunk, layers, k] tensor."""
-        stacked = torch.stack(self.free, dim=1)  # [T*B, L, k], sequence-major
-        return stacked.reshape(-1, batch_size, *stacked.shape[1:]).transpose(0, 1)
-
     @property
     def fraction(self) -> float:
         return self.differing_tokens / self.tokens if self.tokens else 0.0
@@ -86,10 +80,8 @@ class RoutingReplay:
         self.sequence_parallel = sequence_parallel
 
     @contextmanager
-    def forward_context(
-        self, experts: torch.Tensor, valid: torch.Tensor, replay: bool
-    ) -> Iterator[Mismatch]:
-        """Around one forward of a [B, T] batch: `experts` [B, T, L, k], `valid` [B, T]."""
+    def forward_context(self, experts: torch.Tensor, replay: bool) -> Iterator[Mismatch]:
+        """Around one forward of a [B, T] batch: `experts` [B, T, L, k], -1 on unknown rows."""
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
         if experts.shape[2] != len(self.routers):
@@ -100,7 +92,7 @@ class RoutingReplay:
         per_layer = [
             self._megatron_layout(experts[:, :, layer]) for layer in range(experts.shape[2])
         ]
-        valid_rows = self._megatron_layout(valid)
+        valid_rows = self._megatron_layout((experts >= 0).all(-1).all(-1))
         free: list[torch.Tensor] = []
         result = Mismatch()
         if replay:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from agent_rl.errors import ConfigError
-from trainer.model import ModelArch
+from trainer.arch import ModelArch
 
 _LOCAL_EXPERT = re.compile(r"local_experts\.(\d+)\.")
 

@@ -1,21 +1,23 @@
 """`agent-rl train`: the learner (trainer/loop.py), or `--sft` on demonstrations (trainer/sft.py).
 
-Only orchestrates: resolve the model and router, build the Engine, run the loop, print a
-summary. torch and megatron-core are imported inside the command so `agent-rl --help` stays
+Only orchestrates: resolve the model and router, build the learner, run the loop, print a
+summary; for `--sft`, bring the demonstrations (as token sequences) to trainer/sft.py. torch and megatron-core are imported inside the command so `agent-rl --help` stays
 fast. Errors are one line (ConfigError, StoreError, EngineError).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
+import anyio
 import typer
 
 from agent_rl.cli.common import console, err_console, state
 from agent_rl.config import Config
-from agent_rl.errors import ConfigError
+from agent_rl.errors import ConfigError, EngineError
 
 
 def resolve_model(cfg: Config, model: Path | None) -> Path:
@@ -66,21 +68,24 @@ def train(
         from trainer.sft import run_sft
 
         out = output or Path(cfg.trainer.export_dir) / "sft"
-        result = run_sft(cfg, model_dir, out, env_id=env or cfg.rollout.env,
+        env_id = env or cfg.rollout.env
+        count = min(cfg.trainer.sft_demos, cfg.trainer.sft_batch_size * (max_steps or cfg.trainer.sft_steps))
+        console.print(f"SFT: collecting {count} demonstrations of {env_id}")
+        data = anyio.run(sft_sequences, cfg, model_dir, env_id, count)
+        if data.skipped:
+            console.print(f"SFT: skipped {data.skipped} transcripts the template does not render verbatim")
+        result = run_sft(cfg.trainer, model_dir, out, data.sequences,
                          steps=max_steps or cfg.trainer.sft_steps, log=console.print)
         console.print(f"SFT done: {result['steps']} steps, final loss {result['loss']:.4f}; "
                       f"checkpoint {result['checkpoint']}; HF export {out}")
         return
-    import anyio
-
-    from trainer.engine import engine
+    from trainer.learner import learner
     from trainer.loop import TrainLoop
-    from trainer.sync import check_reachable
 
     url = router_url or cfg.trainer.router_url or cfg.rollout.router_url
     if url:  # before the (slow) model build: a wrong URL fails in a second
-        anyio.run(check_reachable, url)
-    with engine(model_dir, cfg.trainer) as e:
+        anyio.run(check_router, url)
+    with learner(model_dir, cfg.trainer) as e:
         loop = TrainLoop(cfg, e, sync_mode=sync, router_url=router_url,
                          log=lambda line: console.print(line, highlight=False, soft_wrap=True))
         _stop_on_signals(loop)
@@ -91,6 +96,46 @@ def train(
             raise
     console.print(f"trained {stats.steps} steps (now policy version {stats.version}), "
                   f"{stats.episodes} episodes, idle {stats.idle_fraction:.1%} of {stats.wall_s:.0f}s")
+
+
+async def sft_sequences(cfg: Config, model_dir: Path, env_id: str, count: int) -> Any:
+    """The SFT data: `count` demonstrations of `env_id` encoded with the model's chat template,
+    in sandboxes of the configured backend when the env needs them."""
+    from agent_rl.registry import make
+    from agent_rl.rollout.demonstrations import demonstration_sequences
+
+    kwargs = cfg.rollout.env_kwargs
+    collect = functools.partial(demonstration_sequences, env_id, count, model_dir,
+                                seed=cfg.trainer.seed, env_kwargs=kwargs)
+    if not make(env_id, **kwargs).needs_sandbox:
+        return await collect()
+    from agent_rl.sandbox import Sandbox, SandboxSpec
+    from tools_sandbox.factory import open_backend
+
+    backend = await open_backend(cfg.sandbox)
+
+    async def create(spec: SandboxSpec | None) -> Sandbox:
+        return await backend.create(spec or SandboxSpec())
+
+    try:
+        return await collect(sandbox_factory=create)
+    finally:
+        await backend.aclose()
+
+
+async def check_router(url: str) -> None:
+    """EngineError, in one line, unless the router (or engine) at `url` answers."""
+    from agent_rl.engine.client import EngineClient
+
+    async with EngineClient(url) as client:
+        try:
+            await client.model_info(timeout_s=5.0)
+        except EngineError as e:
+            why = type(e.__cause__).__name__ if e.__cause__ is not None else str(e)
+            raise EngineError(
+                f"router {url} is unreachable ({why}); start it "
+                "(`agent-rl router` or `agent-rl serve`) or pass the right --router-url"
+            ) from e
 
 
 def _stop_on_signals(loop) -> None:  # type: ignore[no-untyped-def]

@@ -6,7 +6,8 @@ tokens, the finish reason and, for MoE with routing replay, the routed experts a
 `[prompt + completion - 1 - routed_experts_start_len, layers, topk]`). `stream(...)` yields
 cumulative `Generation`s from SGLang's server-sent events, the last one with its finish reason.
 Control calls: abort, pause/continue, weight updates (from disk; begin/end around tensor and
-distributed updates), health, loads, model/server info.
+distributed updates; behind the router they fan out to every engine and need its admin token),
+the weight version each engine serves, health, loads, model/server info.
 
 Transport is aiohttp: at hundreds of concurrent requests its pool keeps up where httpx's does
 not (shared/notes/perf). Pass one `aiohttp.ClientSession` per process, or let the client own
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +26,26 @@ from typing import Any, Literal
 
 import aiohttp
 import numpy as np
+from typing_extensions import TypedDict, Unpack
 
 from agent_rl.errors import EngineError, EngineUnavailableError
 
 PauseMode = Literal["in_place", "retract", "abort"]
+
+
+class GenerateOptions(TypedDict, total=False):
+    """Per-request options of `generate` and `stream`."""
+
+    rid: str | None
+    """Request id (abort it by this id)."""
+    return_logprob: bool
+    """Ask for each output token's logprob (default True)."""
+    return_routed_experts: bool
+    """MoE: ask for the experts that routed every position (routing replay)."""
+    routed_experts_start_len: int
+    """Routed experts from this position on (earlier ones are already known)."""
+    extra: dict[str, Any] | None
+    """More /generate fields, sent as they are."""
 
 
 @dataclass(frozen=True)
@@ -141,10 +159,14 @@ class EngineClient:
         session: aiohttp.ClientSession | None = None,
         moe_topk: int | None = None,
         timeout_s: float = 1800.0,
+        token: str | None = None,
     ) -> None:
+        """`token`: the router's admin bearer token, sent with every request (control calls
+        need it; a bare SGLang server ignores it)."""
         self.base_url = base_url.rstrip("/")
         self.moe_topk = moe_topk
         """Experts per token; read from the served model's config.json when left None."""
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = session
         self._owns_session = session is None
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -168,75 +190,52 @@ class EngineClient:
         return self._session
 
     # --- generation ----------------------------------------------------------------------------
-    def _generate_body(
-        self,
-        input_ids: Sequence[int],
-        sampling_params: dict[str, Any] | None,
-        rid: str | None,
-        return_logprob: bool,
-        return_routed_experts: bool,
-        routed_experts_start_len: int,
-        extra: dict[str, Any] | None,
-        stream: bool,
-    ) -> dict[str, Any]:
+    async def _generate_body(
+        self, input_ids: Sequence[int], sampling_params: dict[str, Any] | None,
+        options: GenerateOptions, stream: bool,
+    ) -> dict[str, Any]:  # fmt: skip
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": dict(sampling_params or {}),
-            "return_logprob": return_logprob,
+            "return_logprob": options.get("return_logprob", True),
             "logprob_start_len": -1,  # output tokens only; prompt logprobs cost a full pass
             "stream": stream,
         }
-        if rid is not None:
-            body["rid"] = rid
-        if return_routed_experts:
+        if options.get("rid") is not None:
+            body["rid"] = options["rid"]
+        if options.get("return_routed_experts"):
+            await self._resolve_topk()
             body["return_routed_experts"] = True
-            if routed_experts_start_len:
-                body["routed_experts_start_len"] = routed_experts_start_len
-        body.update(extra or {})
+            if options.get("routed_experts_start_len"):
+                body["routed_experts_start_len"] = options["routed_experts_start_len"]
+        body.update(options.get("extra") or {})
         return body
 
     async def generate(
         self,
         input_ids: Sequence[int],
         sampling_params: dict[str, Any] | None = None,
-        *,
-        rid: str | None = None,
-        return_logprob: bool = True,
-        return_routed_experts: bool = False,
-        routed_experts_start_len: int = 0,
-        extra: dict[str, Any] | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> Generation:
         """POST /generate for one prompt of token ids; `extra` fields are sent as they are."""
-        if return_routed_experts:
-            await self._resolve_topk()
-        body = self._generate_body(
-            input_ids, sampling_params, rid, return_logprob, return_routed_experts,
-            routed_experts_start_len, extra, stream=False,
-        )  # fmt: skip
+        body = await self._generate_body(input_ids, sampling_params, options, stream=False)
         raw = await self._post("/generate", body)
-        return Generation.from_response(raw, self.moe_topk, routed_experts_start_len)
+        return Generation.from_response(
+            raw, self.moe_topk, options.get("routed_experts_start_len", 0)
+        )
 
     async def stream(
         self,
         input_ids: Sequence[int],
         sampling_params: dict[str, Any] | None = None,
-        *,
-        rid: str | None = None,
-        return_logprob: bool = True,
-        return_routed_experts: bool = False,
-        routed_experts_start_len: int = 0,
-        extra: dict[str, Any] | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> AsyncIterator[Generation]:
         """Yield cumulative Generations as SGLang streams them; the last has a finish reason."""
-        if return_routed_experts:
-            await self._resolve_topk()
-        body = self._generate_body(
-            input_ids, sampling_params, rid, return_logprob, return_routed_experts,
-            routed_experts_start_len, extra, stream=True,
-        )  # fmt: skip
+        body = await self._generate_body(input_ids, sampling_params, options, stream=True)
+        start_len = options.get("routed_experts_start_len", 0)
         try:
             async with self.session.post(
-                self.base_url + "/generate", json=body, timeout=self._timeout
+                self.base_url + "/generate", json=body, headers=self._headers, timeout=self._timeout
             ) as resp:
                 await _raise_for_status(resp, "/generate")
                 async for line in resp.content:
@@ -246,9 +245,7 @@ class EngineClient:
                     data = text[len("data:") :].strip()
                     if data == "[DONE]":
                         return
-                    yield Generation.from_response(
-                        json.loads(data), self.moe_topk, routed_experts_start_len
-                    )
+                    yield Generation.from_response(json.loads(data), self.moe_topk, start_len)
         except aiohttp.ClientError as e:
             raise EngineError(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
 
@@ -274,24 +271,23 @@ class EngineClient:
         model_path: str | Path,
         *,
         weight_version: str | None = None,
-        abort_all_requests: bool = False,
-        flush_cache: bool = True,
+        abort_all_requests: bool | None = None,
+        flush_cache: bool | None = None,
         load_format: str | None = None,
     ) -> dict[str, Any]:
-        """Load new weights from a directory the engine can read; EngineError unless success."""
-        body: dict[str, Any] = {
-            "model_path": str(model_path),
-            "abort_all_requests": abort_all_requests,
-            "flush_cache": flush_cache,
-        }
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        if load_format is not None:
-            body["load_format"] = load_format
+        """Load new weights from a directory the engine can read (a relative path is made
+        absolute here); behind the router, on every engine it serves from. Options left None
+        are the server's own defaults (the router chooses `flush_cache` by its pause mode).
+        EngineError unless every engine reports success."""
+        body: dict[str, Any] = {"model_path": os.path.abspath(model_path)}
+        for key, value in (("weight_version", weight_version), ("load_format", load_format),
+                           ("abort_all_requests", abort_all_requests), ("flush_cache", flush_cache)):
+            if value is not None:
+                body[key] = value
         result = await self._post("/update_weights_from_disk", body)
         if not (isinstance(result, dict) and result.get("success")):
             raise EngineError(
-                f"engine at {self.base_url}: update_weights_from_disk failed: {result}"
+                f"engine at {self.base_url}: update_weights_from_disk failed: {str(result)[:300]}"
             )
         return result
 
@@ -317,8 +313,25 @@ class EngineClient:
         result = await self._get("/v1/loads?include=core")
         return list(result.get("loads", []))
 
-    async def model_info(self) -> dict[str, Any]:
-        return await self._get("/model_info")
+    async def model_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """The served model (and, from the router, every engine's weight version)."""
+        return await self._get("/model_info", timeout_s)
+
+    async def served_versions(self) -> dict[str, str | None]:
+        """Weight version of every engine in rotation ({} if nothing answers): behind the
+        router one entry per engine (quarantined ones left out: the router updates them when
+        they come back), a bare SGLang server its own under its URL."""
+        try:
+            info = await self.model_info(timeout_s=5.0)
+        except EngineError:
+            return {}
+        if not isinstance(info, dict):
+            return {}
+        workers = info.get("worker_weight_versions")
+        if isinstance(workers, dict):
+            down = set(info.get("quarantined_workers") or [])
+            return {str(k): v for k, v in workers.items() if k not in down}
+        return {self.base_url: info.get("weight_version")}
 
     async def server_info(self) -> dict[str, Any]:
         return await self._get("/server_info")
@@ -342,18 +355,24 @@ class EngineClient:
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         return await self._request("POST", path, body)
 
-    async def _get(self, path: str) -> Any:
-        return await self._request("GET", path, None)
+    async def _get(self, path: str, timeout_s: float | None = None) -> Any:
+        return await self._request("GET", path, None, timeout_s)
 
-    async def _request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None = None
+    ) -> Any:
+        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self.session.request(
-                method, self.base_url + path, json=body, timeout=self._timeout
+                method, self.base_url + path, json=body, headers=self._headers, timeout=timeout
             ) as resp:
                 await _raise_for_status(resp, path)
                 text = await resp.text()
-        except aiohttp.ClientError as e:
-            raise EngineError(f"engine at {self.base_url} unreachable ({path}): {e!r}") from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(
+                f"engine at {self.base_url} unreachable ({path}): {type(e).__name__}: {e}; start "
+                "it (`agent-rl serve`, `agent-rl router`, `agent-rl engine start`) or fix its URL"
+            ) from e
         if not text:
             return None
         try:
@@ -363,6 +382,11 @@ class EngineClient:
 
 
 async def _raise_for_status(resp: aiohttp.ClientResponse, path: str) -> None:
+    if resp.status == 401:
+        raise EngineError(
+            f"router at {resp.url.origin()} refused {path} (401): set [router] admin_token to the "
+            "router's admin token"
+        )
     if resp.status != 200:
         detail = (await resp.text())[:500]
         error = EngineUnavailableError if resp.status == 503 else EngineError

@@ -40,7 +40,7 @@ def requirements_file() -> Path:
 
 def compat_dir() -> Path:
     """The directory put first on a CPU engine's PYTHONPATH (its sitecustomize applies shims)."""
-    return Path(str(files("agent_rl.engine").joinpath("cpu_compat")))
+    return Path(str(files("agent_rl.engine").joinpath("sglang_cpu")))
 
 
 def _digest(device: Device) -> str:

@@ -11,7 +11,7 @@ test fixtures use. Contract:
   failure raises `EngineError` with one line that says what to do, plus the log's telling
   line when the engine itself died.
 - On CPU the server runs SGLang's CPU engine with agent-rl's compatibility layer on its
-  PYTHONPATH (`agent_rl/engine/cpu_compat/sitecustomize.py`); on a GPU it runs stock SGLang.
+  PYTHONPATH (`agent_rl/engine/sglang_cpu/sitecustomize.py`); on a GPU it runs stock SGLang.
 - `check()` raises `EngineError` if the process has exited (a crash); `watch()` is the same as
   an async loop for a supervisor's task group.
 - `stop()` terminates the whole process group (SGLang's scheduler and detokenizer children

@@ -87,10 +87,11 @@ async def evaluate(
     token: str | None,
 ) -> Evaluation:
     """Serve `weights` (as weight version `version`) and score it on the fixed evaluation tasks."""
+    from agent_rl.engine.client import EngineClient
     from agent_rl.serve import serve
-    from trainer.sync import sync_weights
 
-    await sync_weights(router_url, weights, 0 if version is None else version, token)
+    async with EngineClient(router_url, token=token) as engines:
+        await engines.update_weights_from_disk(weights, weight_version=str(version or 0))
     run = await _fresh_run_name(cfg, f"{cfg.run.name}-eval-{label}")
     eval_cfg = cfg.model_copy(
         update={

@@ -31,7 +31,13 @@ from agent_rl.quickstart.evaluate import Evaluation, evaluate
 from agent_rl.quickstart.processes import Supervisor, agent_rl_command
 from agent_rl.quickstart.progress import Progress
 from agent_rl.quickstart.recipe import (
-    BASE_MODEL, ENV_ID, MODEL_PRESET, SFT_MODEL, STATE_FILE, Options, write_or_load,
+    BASE_MODEL,
+    ENV_ID,
+    MODEL_PRESET,
+    SFT_MODEL,
+    STATE_FILE,
+    Options,
+    write_or_load,
 )  # fmt: skip
 from agent_rl.store import Store
 
@@ -191,7 +197,7 @@ class Quickstart:
 
     async def rl_stage(self) -> int:
         """Serve and train together; returns the policy version reached."""
-        from trainer.sync import sync_weights
+        from agent_rl.engine.client import EngineClient
 
         store = await Store.open(self.cfg.store)
         try:
@@ -202,7 +208,8 @@ class Quickstart:
             fleet = await self.ensure_fleet()
             # The engines start on the base weights: give them the policy training resumes from.
             weights = export_path(self.cfg, version) if version else SFT_MODEL
-            await sync_weights(fleet.router_url, weights, version, self.token)
+            async with EngineClient(fleet.router_url, token=self.token) as engines:
+                await engines.update_weights_from_disk(weights, weight_version=str(version))
             self.say(f"RL: serve and train together from policy version {version} to "
                      f"{self.opts.rl_steps} (at most {self.opts.rl_minutes:g} min)")
             sup = self.supervisor

@@ -11,6 +11,10 @@ one that folds consecutive tool responses into one block, so earlier text change
 conversation grows): every turn, the carried ids are compared with a fresh rendering of the
 whole conversation, tokenized segment by segment with each assistant turn replaced by the ids
 the engine produced for it. A mismatch keeps the engine's tokens and is recorded as drift.
+
+`encode_transcript` is the same rendering for a whole text-level conversation (a
+demonstration): every completion tokenized with loss mask 1, plus the end-of-turn token that
+ends it, and the text around the completions with loss mask 0 (supervised warm-start data).
 """
 
 from __future__ import annotations
@@ -113,3 +117,35 @@ def _split(text: str, completions: list[str], anchor: str) -> list[str] | None:
         pos = at + len(c)
     pieces.append(text[pos:])
     return pieces
+
+
+def encode_transcript(
+    renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]]
+) -> tuple[list[int], list[float]] | None:
+    """(token ids, loss mask) of a whole conversation, or None if the template does not render
+    the completions verbatim (then its tokens would not be what the model should write)."""
+    completions = [str(m["content"]) for m in messages if m["role"] == "assistant"]
+    if not completions:
+        return None
+    text = renderer.render(messages, tools, generation_prompt=False)
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    segments = _split(text, completions, renderer.generation_prompt(messages[:first], tools))
+    if segments is None:
+        return None
+    ids: list[int] = []
+    mask: list[float] = []
+    for i, segment in enumerate(segments):
+        if i > 0:  # the segment after a completion starts with the eos that ended it
+            if not segment.startswith(renderer.eos_text):
+                return None
+            segment = segment[len(renderer.eos_text):]
+        piece = renderer.encode(segment)
+        ids += piece
+        mask += [0.0] * len(piece)
+        if i < len(completions):
+            completion = renderer.encode(completions[i]) + [renderer.eos_id]
+            ids += completion
+            mask += [1.0] * len(completion)
+    if mask and mask[0]:
+        mask[0] = 0.0  # token 0 has no prediction
+    return ids, mask

@@ -18,9 +18,9 @@ import torch
 from agent_rl.config import TrainerConfig
 from tests.trainer._batches import rl_batch
 from trainer import dist_env
+from trainer.arch import ModelArch
 from trainer.batch import Batch
-from trainer.engine import Engine
-from trainer.model import ModelArch
+from trainer.learner import Learner
 
 
 def batch_for(arch: ModelArch, seed: int) -> Batch:
@@ -31,9 +31,8 @@ def batch_for(arch: ModelArch, seed: int) -> Batch:
     scores = torch.rand(8, 40, arch.num_layers, arch.num_experts, generator=g)
     experts = scores.topk(arch.moe_topk, dim=-1).indices  # distinct experts per token
     valid = batch.loss_mask.bool() | (torch.arange(40) < 10)
-    return Batch(
-        batch.tokens, batch.loss_mask, batch.rollout_logprobs, batch.advantages, experts, valid
-    )
+    experts[~valid] = -1  # rows without recorded routing
+    return Batch(batch.tokens, batch.loss_mask, batch.rollout_logprobs, batch.advantages, experts)
 
 
 def train(model_dir: Path, out_dir: Path, tp: int = 1, ep: int = 1) -> list[dict[str, float]]:
@@ -42,8 +41,8 @@ def train(model_dir: Path, out_dir: Path, tp: int = 1, ep: int = 1) -> list[dict
     arch = ModelArch.from_hf_dir(model_dir)
     cfg = TrainerConfig(tp=tp, ep=ep, lr=1e-3, micro_batch_size=2)
     # The process group stays up between runs (re-creating it under torchrun hangs); each
-    # Engine re-initialises megatron's parallel groups for its sizes.
-    e = Engine(model_dir, cfg)
+    # Learner re-initialises megatron's parallel groups for its sizes.
+    e = Learner(model_dir, cfg)
     dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     steps = []
     for seed in range(2):

@@ -18,7 +18,7 @@ def _one_thread() -> None:
 def solo() -> Iterator[None]:
     """torch.distributed + megatron groups as a world of one (TP=PP=EP=1)."""
     from trainer import dist_env
-    from trainer.model import Parallel
+    from trainer.arch import Parallel
 
     dist_env.init(Parallel())
     yield

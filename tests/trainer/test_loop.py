@@ -17,8 +17,8 @@ from agent_rl.config import Config, TrainerConfig
 from agent_rl.engine.client import EngineClient
 from agent_rl.store import Store
 from tests.trainer._served import served_config, served_db  # noqa: F401 (fixture)
-from trainer.data import fill_unknown_experts, load_batch
-from trainer.engine import engine
+from trainer.data import load_batch
+from trainer.learner import learner
 from trainer.loop import TrainLoop
 
 
@@ -67,7 +67,7 @@ def test_train_consumes_served_episodes_and_syncs(
     cfg = trainer_config(store_copy, tmp_path, sglang_moe_server.url, tiny_moe_model,
                          checkpoint_every=2)
     lines: list[str] = []
-    with engine(tiny_moe_model, cfg.trainer) as e:
+    with learner(tiny_moe_model, cfg.trainer) as e:
         stats = TrainLoop(cfg, e, log=lines.append).run(max_steps=2)
     print("\n".join(lines))
     assert stats.steps == 2 and stats.version == 2 and stats.lost_leases == 0
@@ -116,8 +116,8 @@ def test_trainer_logprobs_match_rollout_logprobs(
 ) -> None:
     cfg = trainer_config(served_db, tmp_path, sglang_moe_server.url, tiny_moe_model)
     data = _batch(cfg)
-    with engine(tiny_moe_model, cfg.trainer) as e:
-        batch = fill_unknown_experts(e, data.batch)
+    batch = data.batch
+    with learner(tiny_moe_model, cfg.trainer) as e:
         ours = e.logprobs(batch)["logprobs"]
     mask = batch.loss_mask
     diff = float(((ours - batch.rollout_logprobs).abs() * mask).sum() / mask.sum())
@@ -142,8 +142,8 @@ def test_routing_replay_uses_rollout_experts(
         used.append(idx.detach().clone())
         return probs, idx
 
-    with engine(tiny_moe_model, cfg.trainer) as e:
-        batch = fill_unknown_experts(e, data.batch)
+    batch = data.batch
+    with learner(tiny_moe_model, cfg.trainer) as e:
         e.rl_step(batch)  # a large step: the trainer's own routing now drifts from the rollout's
         e.rl_step(batch)
         monkeypatch.setattr(RouterReplay, "get_replay_topk", noting)
@@ -155,9 +155,7 @@ def test_routing_replay_uses_rollout_experts(
         assert e.replay is not None
         positions = torch.arange(batch.length).unsqueeze(0).expand(batch.size, -1)
         assert batch.routed_experts is not None and batch.routed_valid is not None
-        with torch.no_grad(), e.replay.forward_context(
-            batch.routed_experts, batch.routed_valid, False
-        ) as mismatch:
+        with torch.no_grad(), e.replay.forward_context(batch.routed_experts, False) as mismatch:
             e.model(batch.tokens, positions, None)
     # Replay on: every MoE layer used exactly the rollout's experts on every recorded token.
     valid = batch.routed_valid.transpose(0, 1).reshape(-1)

@@ -13,7 +13,9 @@ from transformers import AutoModelForCausalLM
 
 from agent_rl.errors import ConfigError
 from trainer import hf_convert, shard
-from trainer.model import ModelArch, Parallel, build_gpt_model, load_hf_weights
+from trainer.arch import ModelArch, Parallel
+from trainer.learner import load_hf_weights
+from trainer.model import build_gpt_model
 
 
 def _megatron(model_dir: Path) -> tuple[ModelArch, torch.nn.Module]:
@@ -95,7 +97,7 @@ def test_not_a_model_directory(tmp_path: Path) -> None:
 
 
 def test_parallel_sizes_are_checked(tiny_dense_model: Path) -> None:
-    from trainer.model import check_parallel
+    from trainer.arch import check_parallel
 
     arch = ModelArch.from_hf_dir(tiny_dense_model)
     with pytest.raises(ConfigError, match="tp=3"):

@@ -8,9 +8,9 @@ import torch
 
 from agent_rl.config import TrainerConfig
 from tests.trainer._batches import rl_batch
+from trainer.arch import ModelArch
 from trainer.batch import Batch
-from trainer.engine import engine
-from trainer.model import ModelArch
+from trainer.learner import learner
 from trainer.replay import RoutingReplay, from_sglang
 
 
@@ -18,11 +18,12 @@ def test_sglang_layout_is_shifted_and_padded() -> None:
     # two sequences of 4 and 2 tokens: SGLang reports n-1 rows of [layers=1, topk=2]
     a = torch.tensor([[[5, 6]], [[7, 1]], [[2, 3]]])
     b = torch.tensor([[[4, 0]]])
-    experts, valid = from_sglang([a, b], length=4, topk=2)
+    experts = from_sglang([a, b], length=4, topk=2)
     assert experts.shape == (2, 4, 1, 2)
     assert torch.equal(experts[0, :3], a) and torch.equal(experts[1, :1], b)
-    assert valid.tolist() == [[True, True, True, False], [True, False, False, False]]
-    assert experts[1, 1:].flatten().tolist() == [0, 1] * 3  # distinct filler experts
+    valid = Batch(torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(2), experts)
+    assert valid.routed_valid.tolist() == [[True, True, True, False], [True, False, False, False]]
+    assert experts[1, 1:].flatten().tolist() == [-1] * 6  # unknown: the store's encoding
 
 
 def test_megatron_layout_is_sequence_major() -> None:
@@ -49,24 +50,21 @@ def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path
     arch = ModelArch.from_hf_dir(tiny_moe_model)
     base = rl_batch(arch.vocab_size, size=4, length=32)
     cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, routing_replay=True)
-    with engine(tiny_moe_model, cfg) as e:
+    with learner(tiny_moe_model, cfg) as e:
         assert e.replay is not None
         # What free routing picks for these tokens, as SGLang would report it ([n-1, L, k]).
-        filler, valid = from_sglang(
-            [torch.zeros(31, arch.num_layers, 2, dtype=torch.long)] * 4, 32, 2
-        )
-        with e.replay.forward_context(filler, valid, replay=False) as seen:
+        filler = from_sglang([torch.zeros(31, arch.num_layers, 2, dtype=torch.long)] * 4, 32, 2)
+        with e.replay.forward_context(filler, replay=False) as seen:
             e.model(base.tokens, torch.arange(32).expand(4, -1), None)
-        free = seen.free_experts(4)  # [B, T, L, k]
+        stacked = torch.stack(seen.free, dim=1)  # [T*B, L, k], sequence-major
+        free = stacked.reshape(32, 4, *stacked.shape[1:]).transpose(0, 1)  # [B, T, L, k]
         recorded = [free[i, :-1] for i in range(4)]
         # Rollout experts that differ from free routing: rotate every expert id by one.
         rotated = [(r + 1) % arch.num_experts for r in recorded]
 
         def with_experts(routed: list[torch.Tensor]) -> Batch:
-            experts, ok = from_sglang(routed, 32, arch.moe_topk)
-            return Batch(
-                base.tokens, base.loss_mask, base.rollout_logprobs, base.advantages, experts, ok
-            )
+            experts = from_sglang(routed, 32, arch.moe_topk)
+            return Batch(base.tokens, base.loss_mask, base.rollout_logprobs, base.advantages, experts)
 
         # Replay on: the routers dispatch exactly to the given experts, for every token.
         used: list[torch.Tensor] = []
@@ -80,12 +78,12 @@ def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path
             agree = (chosen.sort(-1).values == given.sort(-1).values).all(-1).float().mean()
             assert agree.item() == 1.0
         # Rows without engine routing (a store writes -1) are routed freely, the rest replayed.
-        experts, ok = from_sglang(rotated, 32, arch.moe_topk)
-        ok[:, ::3] = False
-        experts[~ok] = -1
+        experts = from_sglang(rotated, 32, arch.moe_topk)
+        experts[:, ::3] = -1
+        ok = (experts >= 0).all(-1).all(-1)
         used.clear()
         handles = _used_experts(e.module, used)
-        with e.replay.forward_context(experts, ok, replay=True) as seen:
+        with e.replay.forward_context(experts, replay=True) as seen:
             e.model(base.tokens, torch.arange(32).expand(4, -1), None)
         for h in handles:
             h.remove()
@@ -99,7 +97,7 @@ def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path
         assert on["routing_mismatch_fraction"] == 1.0
 
     cfg_off = TrainerConfig(lr=1e-3, micro_batch_size=4, routing_replay=False)
-    with engine(tiny_moe_model, cfg_off) as e:
+    with learner(tiny_moe_model, cfg_off) as e:
         same = e.rl_step(with_experts(recorded))
         print(f"replay off, recorded experts: mismatch {same['routing_mismatch_fraction']:.3f}")
         assert same["routing_mismatch_fraction"] == 0.0

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from agent_rl.config import Config, TrainerConfig
+from agent_rl.config import TrainerConfig
 from agent_rl.demo import demonstrations
-from agent_rl.rollout.render import ChatRenderer
-from trainer.sft import encode_transcript, run_sft
+from agent_rl.rollout.demonstrations import demonstration_sequences
+from agent_rl.rollout.render import ChatRenderer, encode_transcript
+from trainer.sft import run_sft
 
 
 def test_transcript_mask_covers_completions_and_their_end(tiny_dense_model: Path) -> None:
@@ -38,11 +39,13 @@ def test_transcript_mask_covers_completions_and_their_end(tiny_dense_model: Path
 
 
 def test_sft_lowers_loss_and_exports(tiny_dense_model: Path, tmp_path: Path) -> None:
-    cfg = Config(trainer=TrainerConfig(sft_lr=1e-3, sft_batch_size=2, micro_batch_size=2,
-                                       checkpoint_dir=tmp_path / "unused"))
+    cfg = TrainerConfig(sft_lr=1e-3, sft_batch_size=2, micro_batch_size=2,
+                        checkpoint_dir=tmp_path / "unused")
     lines: list[str] = []
     out = tmp_path / "sft"
-    result = run_sft(cfg, tiny_dense_model, out, env_id="calculator", steps=10, log=lines.append)
+    data = asyncio.run(demonstration_sequences("calculator", 20, tiny_dense_model))
+    assert data.skipped == 0 and len(data.sequences) == 20
+    result = run_sft(cfg, tiny_dense_model, out, data.sequences, steps=10, log=lines.append)
     print("\n".join(lines))
     losses = [float(line.split("loss ")[1].split()[0]) for line in lines if "SFT step" in line]
     assert losses[-1] < losses[0]

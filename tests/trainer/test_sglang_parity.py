@@ -17,7 +17,7 @@ from agent_rl.config import TrainerConfig
 from agent_rl.engine.client import EngineClient, Generation
 from agent_rl.engine.launcher import EngineServer
 from trainer.batch import Batch
-from trainer.engine import engine
+from trainer.learner import learner
 
 PROMPTS = [[5, 6, 7, 8, 9], [40, 41, 42], [100, 7, 300, 12, 13, 14, 15]]
 
@@ -50,7 +50,7 @@ def test_trainer_logprobs_match_sglang_rollouts(
     )
     for g, seq in zip(generations, tokens):
         assert g.routed_experts is not None and g.routed_experts.shape[0] == len(seq) - 1
-    with engine(tiny_moe_model, TrainerConfig(micro_batch_size=4, routing_replay=True)) as e:
+    with learner(tiny_moe_model, TrainerConfig(micro_batch_size=4, routing_replay=True)) as e:
         ours = e.logprobs(batch)["logprobs"]
         mask = batch.loss_mask
         diff = float(((ours - batch.rollout_logprobs).abs() * mask).sum() / mask.sum())

@@ -1,8 +1,9 @@
-"""The training engine: a Megatron GPTModel + Megatron optimizer that takes RL and SFT steps.
+"""The learner: a Megatron GPTModel + Megatron optimizer that takes RL and SFT steps.
 
-`Engine(model_dir, cfg)` initialises torch.distributed and megatron's parallel groups (a world
+`Learner(model_dir, cfg)` initialises torch.distributed and megatron's parallel groups (a world
 of one, or whatever torchrun set up), builds the model from the HF directory, wraps it in
 Megatron's DistributedDataParallel and builds Megatron's (distributed) Adam optimizer.
+("Engine" in this project is the SGLang server; the learner is what trains.)
 
 Data contract: every rank calls every method collectively. Ranks in one tensor-parallel group
 (and the EP ranks that share a data-parallel index) must pass identical batches; different
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +35,14 @@ import torch.distributed as dist
 from agent_rl.config import TrainerConfig
 from agent_rl.errors import ConfigError
 from trainer import dist_env, hf_convert, shard
+from trainer.arch import ModelArch, Parallel
 from trainer.batch import Batch
 from trainer.logprobs import token_entropy, token_logprobs
 from trainer.loss import PolicyLossConfig, policy_loss, sft_loss
-from trainer.model import ModelArch, Parallel, build_gpt_model, load_hf_weights
+from trainer.model import build_gpt_model
 
 
-class Engine:
+class Learner:
     """Policy model + optimizer on this rank; see the module docstring for the data contract."""
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, lr: float | None = None) -> None:
@@ -114,7 +117,7 @@ class Engine:
         positions = torch.arange(mb.length).unsqueeze(0).expand(mb.size, -1)
         if self.replay is None or mb.routed_experts is None:
             return self.model(mb.tokens, positions, None), {}
-        with self.replay.forward_context(mb.routed_experts, mb.routed_valid, replay) as mismatch:
+        with self.replay.forward_context(mb.routed_experts, replay) as mismatch:
             logits = self.model(mb.tokens, positions, None)
         return logits, {
             "routing_mismatch_tokens": mismatch.differing_tokens,
@@ -328,11 +331,18 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return steps[-1] if steps else None
 
 
+def load_hf_weights(model: torch.nn.Module, arch: ModelArch, path: str | Path) -> None:
+    """Copy the HF safetensors in `path` into this rank's shard of `model` (exactly, no casts
+    beyond the model dtype); raise ConfigError if the files do not match the config."""
+    full = hf_convert.hf_to_mcore(hf_convert.read_safetensors(path), arch)
+    shard.load_full_state_dict(model, full, arch)
+
+
 @contextlib.contextmanager
-def engine(model_dir: str | Path, cfg: TrainerConfig, lr: float | None = None) -> Any:
-    """An Engine whose process groups are torn down on exit (tests, one-shot tools)."""
-    e = Engine(model_dir, cfg, lr)
+def learner(model_dir: str | Path, cfg: TrainerConfig, lr: float | None = None) -> Iterator[Learner]:
+    """A Learner whose process groups are torn down on exit (tests, one-shot tools)."""
+    made = Learner(model_dir, cfg, lr)
     try:
-        yield e
+        yield made
     finally:
         dist_env.teardown()

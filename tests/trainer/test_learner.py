@@ -11,14 +11,14 @@ from transformers import AutoModelForCausalLM
 
 from agent_rl.config import TrainerConfig
 from tests.trainer._batches import rl_batch
-from trainer.engine import engine, latest_checkpoint
-from trainer.model import ModelArch
+from trainer.arch import ModelArch
+from trainer.learner import latest_checkpoint, learner
 
 
 def test_trainer_logprobs_match_transformers(tiny_dense_model: Path) -> None:
     vocab = ModelArch.from_hf_dir(tiny_dense_model).vocab_size
     batch = rl_batch(vocab, size=3)
-    with engine(tiny_dense_model, TrainerConfig(micro_batch_size=2)) as e:
+    with learner(tiny_dense_model, TrainerConfig(micro_batch_size=2)) as e:
         ours = e.logprobs(batch)["logprobs"]
     hf = AutoModelForCausalLM.from_pretrained(tiny_dense_model, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -34,7 +34,7 @@ def test_micro_batching_does_not_change_the_step(tiny_dense_model: Path) -> None
     batch = rl_batch(vocab)
     results = []
     for micro in (8, 3):
-        with engine(tiny_dense_model, TrainerConfig(micro_batch_size=micro, lr=1e-3)) as e:
+        with learner(tiny_dense_model, TrainerConfig(micro_batch_size=micro, lr=1e-3)) as e:
             first = e.rl_step(batch)
             results.append((first["loss"], first["grad_norm"], e.logprobs(batch)["logprobs"]))
     assert abs(results[0][0] - results[1][0]) < 1e-6
@@ -45,7 +45,7 @@ def test_micro_batching_does_not_change_the_step(tiny_dense_model: Path) -> None
 def test_rl_steps_report_metrics_and_move_the_policy(tiny_dense_model: Path) -> None:
     vocab = ModelArch.from_hf_dir(tiny_dense_model).vocab_size
     batch = rl_batch(vocab)
-    with engine(tiny_dense_model, TrainerConfig(lr=1e-3, micro_batch_size=4)) as e:
+    with learner(tiny_dense_model, TrainerConfig(lr=1e-3, micro_batch_size=4)) as e:
         before = e.logprobs(batch)["logprobs"]
         metrics = e.rl_step(batch)
         after = e.logprobs(batch)["logprobs"]
@@ -69,7 +69,7 @@ def test_rl_steps_report_metrics_and_move_the_policy(tiny_dense_model: Path) -> 
 def test_sft_steps_lower_the_nll(tiny_dense_model: Path) -> None:
     vocab = ModelArch.from_hf_dir(tiny_dense_model).vocab_size
     batch = rl_batch(vocab, size=4)
-    with engine(tiny_dense_model, TrainerConfig(micro_batch_size=4), lr=1e-3) as e:
+    with learner(tiny_dense_model, TrainerConfig(micro_batch_size=4), lr=1e-3) as e:
         nll = [e.sft_step(batch)["nll"] for _ in range(4)]
     assert nll[-1] < nll[0] - 0.1, nll
 
@@ -87,13 +87,13 @@ def test_checkpoint_resume_gives_identical_steps(
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     batches = [rl_batch(vocab, size=4, seed=s) for s in range(3)]
     cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, **options)
-    with engine(tiny_moe_model, cfg) as e:
+    with learner(tiny_moe_model, cfg) as e:
         e.rl_step(batches[0])
         saved = e.save_checkpoint(tmp_path / "ckpt")
         expected = [e.rl_step(b) for b in batches[1:]]
         expected_lp = e.logprobs(batches[0])["logprobs"]
     assert latest_checkpoint(tmp_path / "ckpt") == saved
-    with engine(tiny_moe_model, cfg) as e:
+    with learner(tiny_moe_model, cfg) as e:
         assert e.load_checkpoint(saved) == 1
         resumed = [e.rl_step(b) for b in batches[1:]]
         resumed_lp = e.logprobs(batches[0])["logprobs"]
@@ -107,7 +107,7 @@ def test_export_is_loaded_by_transformers_with_the_trained_weights(
 ) -> None:
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     batch = rl_batch(vocab, size=4)
-    with engine(tiny_moe_model, TrainerConfig(lr=1e-3, micro_batch_size=4)) as e:
+    with learner(tiny_moe_model, TrainerConfig(lr=1e-3, micro_batch_size=4)) as e:
         e.rl_step(batch)
         ours = e.logprobs(batch)["logprobs"]
         out = e.export_hf(tmp_path / "export")
@@ -123,7 +123,7 @@ def test_kl_to_the_starting_policy_grows_from_zero(tiny_dense_model: Path) -> No
     vocab = ModelArch.from_hf_dir(tiny_dense_model).vocab_size
     batch = rl_batch(vocab, size=4)
     cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, kl_coef=0.1)
-    with engine(tiny_dense_model, cfg) as e:
+    with learner(tiny_dense_model, cfg) as e:
         start = e.logprobs(batch)["logprobs"]
         first, second = e.rl_step(batch), e.rl_step(batch)
         trained = e.logprobs(batch)["logprobs"]

@@ -1,0 +1,71 @@
+"""A training step's batch comes from one store read, whatever the number of groups and turns,
+with the stored tokens exactly (routed experts included, -1 kept as "unknown")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agent_rl.store import Store
+from tests.store.helpers import make_turn, migrated_store
+from trainer.data import load_batch
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def _fill(store: Store, run: int, groups: int, turns: int) -> None:
+    for g in range(groups):
+        task = await store.add_task(run, "calculator", f"k{g}", {})
+        group, episodes = await store.admit_group(run, task, "calculator", 2)
+        for i, e in enumerate(episodes):
+            await store.start_episode(e, "test")
+            for t in range(turns):
+                await store.append_turn(e, make_turn(100 * e + t, layers=2))
+            await store.finish_episode(e, float(i))
+        assert await store.complete_group(group) == "ready"
+
+
+def _counting(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every store transaction goes through `run_in_transaction`: note each one."""
+    seen: list[bool] = []
+    original = Store.run_in_transaction
+
+    async def counted(self: Store, fn, *, write: bool, durable: bool = True):  # type: ignore[no-untyped-def]
+        seen.append(write)
+        return await original(self, fn, write=write, durable=durable)
+
+    monkeypatch.setattr(Store, "run_in_transaction", counted)
+    return seen
+
+
+@pytest.mark.parametrize("groups,turns", [(1, 1), (6, 4)])
+async def test_a_step_reads_its_batch_in_one_transaction(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, groups: int, turns: int
+) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("data")
+        await _fill(store, run, groups, turns)
+        claim = await store.claim(run, "trainer", groups)
+        assert len(claim.groups) == groups
+        transactions = _counting(store, monkeypatch)
+        data = await load_batch(store, claim, version=1)
+        assert transactions == [False], "one read transaction per step, not per group or episode"
+        monkeypatch.undo()
+        assert data.episode_ids == claim.episode_ids and data.batch.size == 2 * groups
+        for row, eid in enumerate(data.episode_ids):
+            stored = await store.episode_tokens(eid)
+            n = len(stored)
+            assert data.batch.tokens[row, :n].tolist() == stored.token_ids.tolist()
+            assert data.batch.loss_mask[row, :n].tolist() == stored.loss_mask.tolist()
+            experts = data.batch.routed_experts
+            assert experts is not None
+            assert torch.equal(experts[row, :n], torch.from_numpy(stored.routed_experts.astype(np.int64)))
+            assert bool((experts[row, n:] == -1).all())  # padding is "unknown" too
+        # GRPO within each group of two rewards {0, 1}: one positive, one negative advantage.
+        assert sorted(np.sign(list(data.advantages.values()))) == [-1.0] * groups + [1.0] * groups

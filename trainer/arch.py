@@ -1,0 +1,132 @@
+"""What an HF model directory says about the network, and how it may be split.
+
+`ModelArch.from_hf_dir` reads config.json (through transformers' AutoConfig, which resolves
+aliases such as `rope_parameters.rope_theta` and `num_local_experts`) into the handful of numbers
+the conversion and the Megatron build need, and refuses architectures whose weights we could not
+map exactly. `Parallel` holds the model-parallel sizes and `check_parallel` says whether a model
+can be split that way. Light to import: no torch, no megatron.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent_rl.errors import ConfigError
+
+SUPPORTED = ("qwen2", "qwen3", "qwen3_moe")
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """What the HF config says about the network, in the terms the converter needs."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    rope_theta: float
+    rms_eps: float
+    max_positions: int
+    qkv_bias: bool
+    qk_norm: bool
+    tied_embeddings: bool
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = True
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path) -> ModelArch:
+        """Read `path/config.json`; raise ConfigError naming the problem if we cannot map it."""
+        from transformers import AutoConfig
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} is not a HuggingFace model directory (no config.json)")
+        try:
+            hf = AutoConfig.from_pretrained(path)
+        except Exception as e:  # transformers raises many types for a bad config; all mean the same
+            reason = " ".join(str(e).split())
+            raise ConfigError(f"{path}/config.json is not a valid model config: {reason}") from e
+        kind = hf.model_type
+        if kind not in SUPPORTED:
+            raise ConfigError(
+                f"{path}: model_type {kind!r} is not supported; use one of {SUPPORTED}"
+            )
+        heads = hf.num_attention_heads
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+        rope = getattr(hf, "rope_parameters", None) or {}
+        rope_theta = rope.get("rope_theta", getattr(hf, "rope_theta", None))
+        if rope.get("rope_type", "default") != "default" or rope_theta is None:
+            raise ConfigError(
+                f"{path}: only default rotary embeddings with rope_theta are supported"
+            )
+        if getattr(hf, "use_sliding_window", False):
+            raise ConfigError(f"{path}: sliding-window attention is not supported")
+        if hf.hidden_act != "silu":
+            raise ConfigError(f"{path}: hidden_act {hf.hidden_act!r} is not supported (silu only)")
+        if kind != "qwen2" and getattr(hf, "attention_bias", False):
+            raise ConfigError(f"{path}: attention_bias=true (bias on o_proj) is not supported")
+        moe: dict[str, int | bool] = {}
+        if kind == "qwen3_moe":
+            if hf.mlp_only_layers or hf.decoder_sparse_step != 1:
+                raise ConfigError(f"{path}: mixed dense/MoE layers are not supported")
+            moe = {
+                "num_experts": hf.num_experts,
+                "moe_topk": hf.num_experts_per_tok,
+                "moe_ffn_hidden_size": hf.moe_intermediate_size,
+                "norm_topk_prob": bool(hf.norm_topk_prob),
+            }
+        return cls(
+            model_type=kind,
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            num_layers=hf.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=hf.num_key_value_heads,
+            head_dim=head_dim,
+            ffn_hidden_size=hf.intermediate_size,
+            rope_theta=float(rope_theta),
+            rms_eps=hf.rms_norm_eps,
+            max_positions=hf.max_position_embeddings,
+            qkv_bias=kind == "qwen2",
+            qk_norm=kind in ("qwen3", "qwen3_moe"),
+            tied_embeddings=bool(hf.tie_word_embeddings),
+            **moe,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Model-parallel sizes; data parallelism is whatever the world size leaves."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+
+
+def check_parallel(arch: ModelArch, par: Parallel) -> None:
+    """Raise ConfigError when the model cannot be split as asked."""
+    if par.pp != 1:
+        raise ConfigError(
+            "pipeline parallel size > 1 is not supported by the trainer yet: set pp=1"
+        )
+    for what, n in (
+        ("attention heads", arch.num_heads),
+        ("kv heads", arch.num_kv_heads),
+        ("vocab size", arch.vocab_size),
+        ("ffn size", arch.ffn_hidden_size),
+    ):
+        if n % par.tp:
+            raise ConfigError(f"tp={par.tp} does not divide the model's {what} ({n})")
+    if par.ep > 1 and (not arch.is_moe or arch.num_experts % par.ep):
+        raise ConfigError(f"ep={par.ep} needs a MoE model whose expert count it divides")
