@@ -18,28 +18,14 @@ from pathlib import Path
 
 import anyio
 
-from agent_rl.config import Config, StoreConfig
-from agent_rl.errors import EngineError, SchemaBehindError
+from agent_rl.config import Config
+from agent_rl.errors import EngineError
 from agent_rl.rollout.scheduler import Scheduler, SchedulerStats
 from agent_rl.store import Store
-from agent_rl.store.db import engine_url
-from agent_rl.store.migrate import upgrade
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_DIR = Path("runs/model")
-
-
-async def open_store(cfg: StoreConfig) -> Store:
-    """Open the store; a SQLite database with no agent-rl schema yet (e.g. a new file) is
-    created at the head schema. A database behind its migrations is still refused."""
-    try:
-        return await Store.open(cfg)
-    except SchemaBehindError as e:
-        if engine_url(cfg.url).drivername != "sqlite" or "no agent-rl schema" not in str(e):
-            raise
-    await upgrade(cfg)
-    return await Store.open(cfg)
 
 
 def default_model(model: Path | None) -> Path:
@@ -58,16 +44,15 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
     """Run the rollout side until `max_episodes` are admitted and finished (None: until
     cancelled); returns the scheduler's statistics. `with_api` also serves the web API and
     viewer (on `api.port` when configured, else a free port) for as long as serve runs."""
+    from agent_rl import telemetry
     from agent_rl.engine.client import EngineClient
     from agent_rl.registry import make
     from agent_rl.rollout.render import ChatRenderer
     from agent_rl.rollout.runner import RunnerContext
 
-    from agent_rl import telemetry
-
     telemetry.configure(cfg.telemetry.exporter)
     model = default_model(cfg.engine.model)
-    store = await open_store(cfg.store)
+    store = await Store.open(cfg.store, create=True)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(store.close)
         tg = await stack.enter_async_context(anyio.create_task_group())

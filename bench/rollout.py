@@ -27,7 +27,8 @@ from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig  # 
 from agent_rl.engine.client import EngineClient  # noqa: E402
 from agent_rl.engine.launcher import EngineServer  # noqa: E402
 from agent_rl.models import init_model  # noqa: E402
-from agent_rl.serve import open_store, serve  # noqa: E402
+from agent_rl.serve import serve  # noqa: E402
+from agent_rl.store import Store  # noqa: E402
 from router.app import Router  # noqa: E402
 
 
@@ -66,7 +67,7 @@ async def main(episodes: int, concurrency: int) -> dict[str, float]:
                 t0 = time.perf_counter()
                 await serve(cfg, max_episodes=episodes)
                 serve_s = time.perf_counter() - t0
-            async with await open_store(cfg.store) as store:
+            async with await Store.open(cfg.store, create=True) as store:
                 run = await store.run_id(cfg.run.name)
                 generations = []
                 for e in await store.list_episodes(run_id=run, limit=100_000):

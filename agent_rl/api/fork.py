@@ -20,7 +20,6 @@ from typing import Any
 import anyio
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import Connection, insert
 
 from agent_rl.api.replay import env_kwargs_for
 from agent_rl.api.schemas import ForkOut
@@ -29,8 +28,6 @@ from agent_rl.engine.client import FinishReason, Generation, WeightSpan
 from agent_rl.errors import EngineError, EnvError
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
 from agent_rl.store import Store, TokenArrays
-from agent_rl.store.base import now
-from agent_rl.store.models import Episode, Group
 from agent_rl.tasks import Task
 
 
@@ -114,8 +111,9 @@ async def fork_episode(
         prefix.append((span, t.num_prompt_tokens, t.finish_reason))
     task_row = await store.get_task(parent.task_id)
     run = await store.get_run(parent.run_id)
-    group_id, fork_id = await store.run_in_transaction(
-        lambda conn: _admit_fork(conn, parent), write=True
+    group_id, (fork_id,) = await store.admit_group(
+        parent.run_id, parent.task_id, parent.env_id, 1, [parent.seed],
+        parent_episode_id=parent.id,
     )
     runner = ForkRunner(
         ctx,
@@ -140,34 +138,6 @@ async def fork_episode(
         status=forked.status,
         reward=result.reward if result.status == "completed" else None,
     )
-
-
-def _admit_fork(conn: Connection, parent: Any) -> tuple[int, int]:
-    """A group of one on the parent's task, its episode linked to the parent (one transaction,
-    so no fork exists without its link)."""
-    t = now()
-    group_id = conn.scalar(
-        insert(Group)
-        .values(
-            run_id=parent.run_id, task_id=parent.task_id, env_id=parent.env_id, size=1, created_at=t
-        )
-        .returning(Group.id)
-    )
-    fork_id = conn.scalar(
-        insert(Episode)
-        .values(
-            run_id=parent.run_id,
-            group_id=group_id,
-            task_id=parent.task_id,
-            env_id=parent.env_id,
-            index=0,
-            seed=parent.seed,
-            created_at=t,
-            parent_episode_id=parent.id,
-        )
-        .returning(Episode.id)
-    )
-    return group_id, fork_id
 
 
 def _slice(tokens: TokenArrays, lo: int, hi: int) -> TokenArrays:

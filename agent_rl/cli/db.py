@@ -38,7 +38,7 @@ def current_cmd(ctx: typer.Context) -> None:
 
         store = await Store.open(cfg, check=False)
         try:
-            return await anyio.to_thread.run_sync(current_revision, store.engine)
+            return await anyio.to_thread.run_sync(current_revision, store.db)
         finally:
             await store.close()
 

@@ -19,6 +19,7 @@ from agent_rl.store.queries import Queries
 from agent_rl.store.records import (
     Audit,
     Claim,
+    ClaimedEpisode,
     ClaimedGroup,
     EpisodeDetail,
     EpisodeSummary,
@@ -37,6 +38,7 @@ class Store(LifecycleWrites, Queries, Consumption):
 __all__ = [
     "Audit",
     "Claim",
+    "ClaimedEpisode",
     "ClaimedGroup",
     "EpisodeDetail",
     "EpisodeSummary",

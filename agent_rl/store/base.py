@@ -24,8 +24,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from agent_rl.config import StoreConfig
 from agent_rl.errors import StoreError
-from agent_rl.store.db import BEGIN_OPTION, SYNC_OPTION, create_engine, is_sqlite
-from agent_rl.store.migrate import check_schema
+from agent_rl.store.db import BEGIN_OPTION, SYNC_OPTION, create_database, is_sqlite
+from agent_rl.store.migrate import check_schema, create_if_new
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -37,39 +37,44 @@ def now() -> float:
 
 
 class StoreBase:
-    def __init__(self, engine: Engine, cfg: StoreConfig) -> None:
-        self.engine = engine
+    def __init__(self, db: Engine, cfg: StoreConfig) -> None:
+        self.db = db
+        """The SQLAlchemy engine (agent-rl's "engine" is the SGLang server)."""
         self.cfg = cfg
-        self.sqlite = is_sqlite(engine)
+        self.sqlite = is_sqlite(db)
         # At most as many transactions in flight as the pool has connections.
         self._limiter = anyio.CapacityLimiter(cfg.pool_size)
 
     @classmethod
-    async def open(cls: type[S], cfg: StoreConfig, *, check: bool = True) -> S:
-        """Connect, verify the schema is at head (unless `check=False`), and return the store."""
-        engine = create_engine(cfg)
+    async def open(cls: type[S], cfg: StoreConfig, *, check: bool = True, create: bool = False) -> S:
+        """Connect, verify the schema is at head (unless `check=False`), and return the store.
+        `create=True` first creates the schema in a SQLite database that has none yet (the
+        embedded default's new file); a database behind its migrations is still refused."""
+        if create:
+            await create_if_new(cfg)
+        db = create_database(cfg)
 
         def probe() -> None:
             if check:
-                check_schema(engine)
+                check_schema(db)
             else:
-                with engine.connect():
+                with db.connect():
                     pass
 
         try:
             await anyio.to_thread.run_sync(probe)
         except StoreError:
-            engine.dispose()
+            db.dispose()
             raise
         except (OperationalError, DBAPIError, OSError) as e:
-            engine.dispose()
+            db.dispose()
             raise StoreError(
                 f"cannot open the store at {cfg.url}: {_first_line(e)}; check store.url"
             ) from e
-        return cls(engine, cfg)
+        return cls(db, cfg)
 
     async def close(self) -> None:
-        await anyio.to_thread.run_sync(self.engine.dispose)
+        await anyio.to_thread.run_sync(self.db.dispose)
 
     async def __aenter__(self: S) -> S:
         return self
@@ -83,7 +88,7 @@ class StoreBase:
         """Run `fn(conn)` inside one transaction in a worker thread."""
 
         def run() -> R:
-            with self.engine.connect() as conn:
+            with self.db.connect() as conn:
                 if self.sqlite:
                     conn.execution_options(
                         **{

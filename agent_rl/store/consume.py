@@ -17,9 +17,10 @@ from sqlalchemy import Connection, bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import LeaseLostError, StoreError
-from agent_rl.store.base import StoreBase, now, write
+from agent_rl.store.base import StoreBase, now, read, write
 from agent_rl.store.models import Episode, Group, PolicyVersion
-from agent_rl.store.records import Claim, ClaimedGroup
+from agent_rl.store.queries import episode_streams
+from agent_rl.store.records import Claim, ClaimedEpisode, ClaimedGroup
 
 
 class Consumption(StoreBase):
@@ -76,6 +77,21 @@ class Consumption(StoreBase):
             groups=[ClaimedGroup(g.id, g.task_id, g.env_id, g.min_version, by_group.get(g.id, []))
                     for g in groups],
         )
+
+    @read
+    def claimed_episodes(self, conn: Connection, claim: Claim) -> list[ClaimedEpisode]:
+        """The claim's completed episodes in claim order, each with its reward and whole token
+        stream: everything one training step reads, in one transaction."""
+        ids = claim.episode_ids
+        if not ids:
+            return []
+        rows = {r.id: r for r in conn.execute(
+            select(Episode.id, Episode.group_id, Episode.reward)
+            .where(Episode.id.in_(ids), Episode.status == "completed")
+        )}
+        streams = episode_streams(conn, [i for i in ids if i in rows])
+        return [ClaimedEpisode(i, rows[i].group_id, float(rows[i].reward or 0.0), streams[i][0])
+                for i in ids if i in rows]
 
     @write()
     def filter_stale(self, conn: Connection, run_id: int, min_version: int) -> int:

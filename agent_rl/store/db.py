@@ -1,4 +1,5 @@
-"""Database engines for the store: URL normalization and SQLite's pragmas.
+"""The store's database connection (a SQLAlchemy `Engine`, called `db` here: in agent-rl
+"engine" is the SGLang server): URL normalization and SQLite's pragmas.
 
 SQLite runs in WAL mode with a busy timeout. Transactions that carry data (turns, terminal
 states, trainer commits) run with `synchronous=FULL`: once committed they survive a crash of the
@@ -42,29 +43,29 @@ def engine_url(url: str) -> URL:
     raise ConfigError(f"unsupported database {backend!r} in {url!r}: use sqlite or postgresql")
 
 
-def is_sqlite(engine: Engine) -> bool:
-    return engine.dialect.name == "sqlite"
+def is_sqlite(db: Engine) -> bool:
+    return db.dialect.name == "sqlite"
 
 
-def create_engine(cfg: StoreConfig) -> Engine:
-    """An engine for the configured store (does not connect yet)."""
+def create_database(cfg: StoreConfig) -> Engine:
+    """The SQLAlchemy engine of the configured store (does not connect yet)."""
     url = engine_url(cfg.url)
     if url.drivername == "sqlite":
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = sa_create_engine(
+        db = sa_create_engine(
             url,
             # Connections move between the store's worker threads, one transaction at a time.
             connect_args={"timeout": cfg.busy_timeout_s, "check_same_thread": False},
             pool_size=cfg.pool_size,
         )
-        _install_sqlite_hooks(engine, cfg.busy_timeout_s)
-        return engine
+        _install_sqlite_hooks(db, cfg.busy_timeout_s)
+        return db
     return sa_create_engine(url, pool_size=cfg.pool_size, pool_pre_ping=True)
 
 
-def _install_sqlite_hooks(engine: Engine, busy_timeout_s: float) -> None:
-    @event.listens_for(engine, "connect")
+def _install_sqlite_hooks(db: Engine, busy_timeout_s: float) -> None:
+    @event.listens_for(db, "connect")
     def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
         # Take transaction control from the driver so that BEGIN IMMEDIATE can be issued.
         dbapi_conn.isolation_level = None
@@ -74,7 +75,7 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_s: float) -> None:
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
-    @event.listens_for(engine, "begin")
+    @event.listens_for(db, "begin")
     def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
         options = conn.get_execution_options()
         # synchronous can only change between transactions, so each one sets its own.

@@ -64,9 +64,11 @@ class LifecycleWrites(StoreBase):
     @write(durable=False)
     def admit_group(
         self, conn: Connection, run_id: int, task_id: int, env_id: str, size: int,
-        seeds: list[int] | None = None,
+        seeds: list[int] | None = None, *, parent_episode_id: int | None = None,
     ) -> tuple[int, list[int]]:
-        """Create a group of `size` waiting episodes; returns (group id, episode ids)."""
+        """Create a group of `size` waiting episodes; returns (group id, episode ids).
+        `parent_episode_id` links each episode to the one it was forked from (in the same
+        transaction, so no fork exists without its link)."""
         if size < 1:
             raise ValueError("a group needs at least one episode")
         seeds = seeds if seeds is not None else [None] * size  # type: ignore[list-item]
@@ -80,7 +82,7 @@ class LifecycleWrites(StoreBase):
             insert(Episode).returning(Episode.id, sort_by_parameter_order=True),
             [
                 dict(run_id=run_id, group_id=group_id, task_id=task_id, env_id=env_id,
-                     index=i, seed=seeds[i], created_at=t)
+                     index=i, seed=seeds[i], created_at=t, parent_episode_id=parent_episode_id)
                 for i in range(size)
             ],
         )

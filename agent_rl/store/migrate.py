@@ -1,12 +1,16 @@
-"""Alembic, driven from Python: upgrade, current revision, and the schema-behind check.
+"""Alembic, driven from Python: upgrade, current revision, the schema-behind check, and the
+schema's creation on first use.
 
-The revisions live in the top-level `migrations` package. Every process that opens the store
-checks that the database is at the head revision and refuses to run otherwise, naming the
-command that fixes it.
+The revisions live in the top-level `migrations` folder (found by path, not imported: its
+`env.py` imports the store's models). Every process that opens the store checks that the
+database is at the head revision and refuses to run otherwise, naming the command that fixes
+it. The one exception is a SQLite database with no agent-rl schema at all (a new file of the
+embedded defaults), which `create_if_new` creates at the head schema.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import anyio
@@ -16,15 +20,21 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-import migrations
 from agent_rl.config import StoreConfig
 from agent_rl.errors import SchemaBehindError
-from agent_rl.store.db import engine_url
+from agent_rl.store.db import create_database, engine_url
+
+
+def migrations_dir() -> Path:
+    """Where the `migrations` package is installed (found without importing it)."""
+    spec = importlib.util.find_spec("migrations")
+    assert spec is not None and spec.origin is not None, "agent-rl's migrations are not installed"
+    return Path(spec.origin).parent
 
 
 def alembic_config(store: StoreConfig) -> AlembicConfig:
     cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.attributes["store_config"] = store
     cfg.attributes["url"] = engine_url(store.url).render_as_string(hide_password=False)
     return cfg
@@ -46,14 +56,14 @@ async def upgrade(store: StoreConfig, revision: str = "head") -> None:
     await anyio.to_thread.run_sync(lambda: command.upgrade(cfg, revision))
 
 
-def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
+def current_revision(db: Engine) -> str | None:
+    with db.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def check_schema(engine: Engine) -> None:
+def check_schema(db: Engine) -> None:
     """Raise SchemaBehindError unless the database is at the head revision."""
-    current = current_revision(engine)
+    current = current_revision(db)
     head = head_revision()
     if current == head:
         return
@@ -66,3 +76,17 @@ def check_schema(engine: Engine) -> None:
     raise SchemaBehindError(
         f"the database schema ({current}) is behind this agent-rl ({head}): run `agent-rl db upgrade`"
     )
+
+
+async def create_if_new(store: StoreConfig) -> None:
+    """Create the head schema in a SQLite database that has none yet (e.g. a new file); leave
+    every other database as it is (one behind its migrations is refused when opened)."""
+    db = create_database(store)
+    try:
+        fresh = db.dialect.name == "sqlite" and await anyio.to_thread.run_sync(
+            current_revision, db
+        ) is None
+    finally:
+        db.dispose()
+    if fresh:
+        await upgrade(store)

@@ -20,7 +20,6 @@ from sqlalchemy import (
     Double,
     ForeignKey,
     Index,
-    Integer,
     LargeBinary,
     String,
     Text,

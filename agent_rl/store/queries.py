@@ -166,30 +166,8 @@ class Queries(StoreBase):
     def _tokens(self, conn: Connection, episode_id: int) -> tuple[TokenArrays, np.ndarray | None]:
         if conn.scalar(select(Episode.id).where(Episode.id == episode_id)) is None:
             raise NotFoundError(f"episode {episode_id} does not exist")
-        turns = conn.execute(
-            select(Turn.codec, Turn.token_ids, Turn.logprobs, Turn.loss_mask, Turn.versions,
-                   Turn.routed_experts, Turn.experts_shape, Turn.trainer_logprobs)
-            .where(Turn.episode_id == episode_id).order_by(Turn.index)
-        ).all()
-        spans, trainer = [], []
-        for t in turns:
-            experts = None
-            if t.routed_experts is not None:
-                layers, topk = (int(x) for x in t.experts_shape.split(","))
-                experts = codec.decode(t.routed_experts, codec.EXPERT_DTYPE, t.codec, (-1, layers, topk))
-            spans.append(
-                TokenArrays(
-                    token_ids=codec.decode(t.token_ids, codec.TOKEN_DTYPE, t.codec),
-                    logprobs=codec.decode(t.logprobs, codec.LOGPROB_DTYPE, t.codec),
-                    loss_mask=codec.decode(t.loss_mask, codec.MASK_DTYPE, t.codec),
-                    versions=codec.decode(t.versions, codec.VERSION_DTYPE, t.codec),
-                    routed_experts=experts,
-                )
-            )
-            if t.trainer_logprobs is not None:
-                trainer.append(codec.decode(t.trainer_logprobs, codec.LOGPROB_DTYPE, t.codec))
-        full_trainer = np.concatenate(trainer) if trainer and len(trainer) == len(turns) else None
-        return TokenArrays.concat(spans), full_trainer
+        tokens, trainer = episode_streams(conn, [episode_id])[episode_id]
+        return tokens, trainer
 
     @read
     def get_task(self, conn: Connection, task_id: int) -> dict[str, Any]:
@@ -334,3 +312,40 @@ def _ledger(conn: Connection, run_id: int | None) -> Ledger:
         select(Episode.status, func.count()).where(*cond).group_by(Episode.status)
     ).all()
     return Ledger(**{status: int(n) for status, n in rows})
+
+
+def episode_streams(
+    conn: Connection, episode_ids: list[int]
+) -> dict[int, tuple[TokenArrays, np.ndarray | None]]:
+    """Each episode's whole token stream (its turns' spans joined in order) and the trainer's
+    logprobs for it (None unless recorded for every turn), from one query over all of them."""
+    rows = conn.execute(
+        select(Turn.episode_id, Turn.codec, Turn.token_ids, Turn.logprobs, Turn.loss_mask,
+               Turn.versions, Turn.routed_experts, Turn.experts_shape, Turn.trainer_logprobs)
+        .where(Turn.episode_id.in_(episode_ids)).order_by(Turn.episode_id, Turn.index)
+    ).all()
+    turns: dict[int, list[Any]] = {eid: [] for eid in episode_ids}
+    for t in rows:
+        turns[t.episode_id].append(t)
+    out = {}
+    for eid, rows_of in turns.items():
+        spans = [_span(t) for t in rows_of]
+        trainer = [codec.decode(t.trainer_logprobs, codec.LOGPROB_DTYPE, t.codec)
+                   for t in rows_of if t.trainer_logprobs is not None]
+        full = np.concatenate(trainer) if trainer and len(trainer) == len(rows_of) else None
+        out[eid] = (TokenArrays.concat(spans), full)
+    return out
+
+
+def _span(t: Any) -> TokenArrays:
+    experts = None
+    if t.routed_experts is not None:
+        layers, topk = (int(x) for x in t.experts_shape.split(","))
+        experts = codec.decode(t.routed_experts, codec.EXPERT_DTYPE, t.codec, (-1, layers, topk))
+    return TokenArrays(
+        token_ids=codec.decode(t.token_ids, codec.TOKEN_DTYPE, t.codec),
+        logprobs=codec.decode(t.logprobs, codec.LOGPROB_DTYPE, t.codec),
+        loss_mask=codec.decode(t.loss_mask, codec.MASK_DTYPE, t.codec),
+        versions=codec.decode(t.versions, codec.VERSION_DTYPE, t.codec),
+        routed_experts=experts,
+    )

@@ -199,6 +199,16 @@ class ClaimedGroup:
 
 
 @dataclass
+class ClaimedEpisode:
+    """One completed episode of a claim, as a training step consumes it."""
+
+    id: int
+    group_id: int
+    reward: float
+    tokens: TokenArrays
+
+
+@dataclass
 class Claim:
     """Groups held by one trainer under a lease until it commits or the lease expires."""
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.serve import open_store, serve
+from agent_rl.serve import serve
+from agent_rl.store import Store
 from tests.rollout.conftest import serve_config
 from tests.rollout.fault_envs import register_fault_envs
 
@@ -18,7 +19,7 @@ async def _served(tmp_path: Path, server, model: Path, env: str, n: int = 2):  #
     # A random model rarely ends its turn within a few tokens; a stop string makes it.
     cfg = serve_config(f"sqlite:///{tmp_path / 'store.db'}", server.url, model, env=env, stop=["e"])
     await serve(cfg, max_episodes=n)
-    store = await open_store(cfg.store)
+    store = await Store.open(cfg.store, create=True)
     run = await store.run_id(cfg.run.name)
     return store, run
 

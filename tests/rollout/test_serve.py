@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent_rl.rollout.render import ChatRenderer
-from agent_rl.serve import open_store, serve
+from agent_rl.serve import serve
+from agent_rl.store import Store
 from tests.rollout.conftest import serve_config
 from tests.rollout.invariants import check_episode
 
@@ -22,7 +23,7 @@ async def test_serve_each_builtin_env(env_id: str, tmp_path: Path, sglang_moe_se
     stats = await serve(cfg, max_episodes=4)
     assert stats.admitted == 4 and stats.completed + stats.failed == 4
     renderer = ChatRenderer(tiny_moe_model)
-    async with await open_store(cfg.store) as store:
+    async with await Store.open(cfg.store, create=True) as store:
         run = await store.run_id(cfg.run.name)
         ledger = await store.ledger(run)
         assert ledger.admitted == 4 and ledger.balances()

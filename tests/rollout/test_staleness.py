@@ -11,8 +11,8 @@ import pytest
 
 from agent_rl.engine.client import EngineClient
 from agent_rl.rollout.scheduler import Scheduler
-from agent_rl.serve import open_store, serve
-from agent_rl.store import Claim
+from agent_rl.serve import serve
+from agent_rl.store import Claim, Store
 from agent_rl.store.migrate import upgrade
 from tests.rollout.conftest import serve_config
 
@@ -38,7 +38,7 @@ async def test_admission_bounded_none_discarded(tmp_path: Path, sglang_moe_serve
         nonlocal bumped_after
         while not schedulers or schedulers[0].stats.admitted < 2:
             await anyio.sleep(0.05)
-        async with await open_store(cfg.store) as store:
+        async with await Store.open(cfg.store, create=True) as store:
             run = await store.run_id(cfg.run.name)
             bumped_after = schedulers[0].stats.admitted
             await store.commit(Claim("none", "trainer", 0.0, []), run, step=1, version=2)
@@ -58,7 +58,7 @@ async def test_admission_bounded_none_discarded(tmp_path: Path, sglang_moe_serve
             await client.update_weights_from_disk(tiny_moe_model, weight_version="default")
 
     assert stats.admitted == 8
-    async with await open_store(cfg.store) as store:
+    async with await Store.open(cfg.store, create=True) as store:
         run = await store.run_id(cfg.run.name)
         episodes = await store.list_episodes(run_id=run)
         # None discarded after admission: every episode ran to a terminal state of its own.

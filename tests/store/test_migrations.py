@@ -12,7 +12,7 @@ from sqlalchemy import text
 from agent_rl.config import StoreConfig
 from agent_rl.errors import SchemaBehindError
 from agent_rl.store import Store
-from agent_rl.store.db import create_engine
+from agent_rl.store.db import create_database
 from agent_rl.store.migrate import alembic_config, head_revision, upgrade
 from agent_rl.store.models import Base
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.anyio
 async def test_models_match_migrations(db_url: str) -> None:
     cfg = StoreConfig(url=db_url)
     await upgrade(cfg)
-    engine = create_engine(cfg)
+    engine = create_database(cfg)
     try:
         with engine.connect() as conn:
             diff = compare_metadata(
@@ -46,7 +46,7 @@ async def test_schema_behind_or_ahead_is_refused(db_url: str) -> None:
         await Store.open(cfg)
     await upgrade(cfg)
 
-    engine = create_engine(cfg)
+    engine = create_database(cfg)
     with engine.begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = 'ffff'"))
     engine.dispose()
