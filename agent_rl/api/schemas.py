@@ -1,16 +1,21 @@
 """Pydantic response models of the web API, separate from the store's records.
 
 The store hands out dataclasses shaped for its own callers; these models are the public,
-versioned contract under `/api/v1` and what `/openapi.json` documents. Floats that can be
+versioned contract under `/api/v1` and what `/openapi.json` documents. An episode's row and a
+turn are the store's records field for field, so their schemas are made from the records
+(`from_record`) rather than written twice. Floats that can be
 non-finite in the store (logprobs of -inf, NaN) are sent as null, since JSON has no such
 numbers. Every error is an `ErrorOut`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from agent_rl.store import EpisodeSummary, TurnView
 
 
 class Schema(BaseModel):
@@ -23,36 +28,27 @@ class ErrorOut(Schema):
     detail: str
 
 
-class EpisodeOut(Schema):
-    """An episode's row: where it is in its lifecycle, its reward and counters."""
+def from_record(record: type, doc: str, descriptions: dict[str, str]) -> type[Schema]:
+    """A response schema with exactly the fields and types of a store record (so the two can
+    never drift apart), documented for `/openapi.json` with `descriptions` per field."""
+    hints = get_type_hints(record)
+    fields: dict[str, Any] = {
+        f.name: (hints[f.name], Field(description=descriptions.get(f.name)))
+        for f in dataclasses.fields(record)
+    }
+    name = record.__name__.removesuffix("Summary").removesuffix("View") + "Out"
+    return create_model(name, __base__=Schema, __doc__=doc, __module__=__name__, **fields)
 
-    id: int
-    run_id: int
-    group_id: int
-    task_id: int
-    env_id: str
-    index: int = Field(description="Position within its group.")
-    seed: int | None
-    status: str = Field(description="waiting | running | completed | trained | filtered | failed")
-    reward: float | None
-    reward_details: dict[str, Any] | None
-    advantage: float | None = Field(description="Set when the trainer committed its group.")
-    num_turns: int
-    num_tokens: int
-    num_model_tokens: int
-    min_version: int | None
-    max_version: int | None
-    drift_count: int
-    tool_error_count: int
-    owner: str | None
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    filter_reason: str | None
-    error_type: str | None
-    error_cause: str | None
-    trained_step: int | None
-    parent_episode_id: int | None
+
+EpisodeOut = from_record(
+    EpisodeSummary,
+    "An episode's row: where it is in its lifecycle, its reward and counters.",
+    {
+        "index": "Position within its group.",
+        "status": "waiting | running | completed | trained | filtered | failed",
+        "advantage": "Set when the trainer committed its group.",
+    },
+)
 
 
 class EpisodePage(Schema):
@@ -85,15 +81,11 @@ class ToolCallOut(Schema):
     sandbox_error: str | None
 
 
-class TurnOut(Schema):
-    index: int
-    span_start: int
-    num_tokens: int
-    num_prompt_tokens: int
-    finish_reason: str | None
-    drift: bool
-    started_at: float
-    finished_at: float
+TurnOut = from_record(
+    TurnView,
+    "One turn: where its tokens start in the episode's stream, how many, and how it ended.",
+    {"num_prompt_tokens": "Leading tokens of the span that are prompt or observation (mask 0)."},
+)
 
 
 class TokenView(Schema):
