@@ -4,9 +4,8 @@ Worker management and the control fan-out need `Authorization: Bearer <admin tok
 is `[router] admin_token`; unset, empty or blank counts as no token, and then a random one is
 generated for the process, which is only allowed on a loopback bind: anywhere else the router
 refuses to start, since a token nobody configured is a token no remote caller can know, and an
-empty one would be no check at all. The comparison is `hmac.compare_digest` between the
-configured token and a non-empty credential, so `Authorization: Bearer` with nothing after it
-never passes.
+empty one would be no check at all. The token rules are the API's too
+(`agent_rl.config.access`): `Authorization: Bearer` with nothing after it never passes.
 
 `[router] tokenless_control` opens those endpoints without a token, for tools that send none
 (slime's rollout lists `GET /workers` and aborts through them). It is refused unless the router
@@ -17,32 +16,19 @@ The check wraps the control handlers only; proxied routes pay nothing for it.
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import secrets
 
 from aiohttp import web
 
 from agent_rl.config import RouterConfig
+from agent_rl.config.access import bearer_matches, is_loopback, token_value
 from agent_rl.errors import ConfigError
 from router.errors import Handler, error_response
 
 
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps the router reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a hostname (or "" for every interface) may resolve anywhere
-
-
 def configured_token(config: RouterConfig) -> str | None:
     """`[router] admin_token`, or None when it is unset, empty or only whitespace."""
-    if config.admin_token is None:
-        return None
-    return config.admin_token.get_secret_value().strip() or None
+    return token_value(config.admin_token)
 
 
 def check_exposure(config: RouterConfig) -> None:
@@ -73,12 +59,7 @@ class AdminGuard:
         """Tokenless control mode: the wrapper lets every call through."""
 
     def allows(self, authorization: str) -> bool:
-        scheme, _, credential = authorization.strip().partition(" ")
-        credential = credential.strip()
-        if scheme.lower() != "bearer" or not credential:
-            return False
-        # aiohttp decodes header bytes with surrogateescape; encode them back the same way.
-        return hmac.compare_digest(credential.encode("utf-8", "surrogateescape"), self.token.encode())
+        return bearer_matches(authorization, self.token)
 
     def wrap(self, handler: Handler) -> Handler:
         """`handler` behind the token (or as is, in tokenless control mode)."""

@@ -23,11 +23,12 @@ from anyio.abc import TaskStatus
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from agent_rl.api.deps import is_loopback
+from agent_rl.api.deps import TokenGate
 from agent_rl.api.errors import install_error_handlers
 from agent_rl.api.limits import BodySizeLimit
 from agent_rl.api.routes import api_router, viewer
 from agent_rl.config import ApiConfig, Config
+from agent_rl.config.access import is_loopback, token_value
 from agent_rl.errors import ConfigError
 from agent_rl.store import Store
 
@@ -80,6 +81,9 @@ def create_app(
     app.state.fork_contexts = {}
     app.add_middleware(BodySizeLimit, max_bytes=config.api.max_request_bytes)
     app.add_middleware(viewer.DropEmptyQueryParams)
+    if not is_loopback(config.api.host):
+        # Added last, so outermost: no route, spec or static file answers without the token.
+        app.add_middleware(TokenGate, token=config.api.token)
     install_error_handlers(app)
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(viewer.router, include_in_schema=False)
@@ -103,9 +107,9 @@ async def _close_fork_contexts(app: FastAPI) -> None:
 
 def check_exposure(api: ApiConfig) -> None:
     """Refuse to listen beyond loopback without a token: reads would be open to the network."""
-    if not is_loopback(api.host) and api.token is None:
+    if not is_loopback(api.host) and token_value(api.token) is None:
         raise ConfigError(
-            f"api.host is {api.host}, not loopback, and api.token is unset: set a token "
+            f"api.host is {api.host}, not loopback, and api.token is unset or blank: set a token "
             "(AGENT_RL_API__TOKEN), which every endpoint then requires, or bind 127.0.0.1"
         )
 

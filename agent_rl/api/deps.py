@@ -2,20 +2,23 @@
 
 `StoreDep` is the one Store the app's lifespan opened (or the one `serve` lent it); routes
 never open their own. Reads are open while the API binds loopback; on any other address they
-need the token too. `replay` and `fork` always need `Authorization: Bearer <api.token>`, and
+need the token too (`TokenGate`, in front of everything the app serves). `replay` and `fork`
+always need `Authorization: Bearer <api.token>`, and
 answer 403 with how to enable them when no token is configured.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import secrets
 from typing import Annotated, Any
 
 import anyio
-from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi import Depends, FastAPI, HTTPException, Request
+from pydantic import SecretStr
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_rl.config import Config
+from agent_rl.config.access import bearer_matches, token_value
 from agent_rl.store import Store
 
 
@@ -31,43 +34,45 @@ StoreDep = Annotated[Store, Depends(get_store)]
 ConfigDep = Annotated[Config, Depends(get_config)]
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def bearer_refusal(authorization: str, configured: SecretStr | None) -> tuple[int, str] | None:
+    """(status, message) when `authorization` does not carry the configured token, else None."""
+    token = token_value(configured)
+    if token is None:
+        return 403, ("this endpoint is disabled: set api.token (AGENT_RL_API__TOKEN) to enable "
+                     "it, then send Authorization: Bearer <token>")
+    if not bearer_matches(authorization, token):
+        return 401, "missing or wrong bearer token: send Authorization: Bearer <api.token>"
+    return None
 
 
 def _check_bearer(request: Request, cfg: Config) -> None:
-    token = cfg.api.token
-    if token is None:
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            "this endpoint is disabled: set api.token (AGENT_RL_API__TOKEN) to enable it, "
-            "then send Authorization: Bearer <token>",
-        )
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(
-        given.strip().encode(), token.get_secret_value().encode()
-    ):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "missing or wrong bearer token: send Authorization: Bearer <api.token>",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    refused = bearer_refusal(request.headers.get("authorization", ""), cfg.api.token)
+    if refused is not None:
+        raise HTTPException(refused[0], refused[1], headers={"WWW-Authenticate": "Bearer"})
+
+
+class TokenGate:
+    """On a bind beyond loopback, every request needs the token before anything answers: the
+    API, the viewer, `/openapi.json` and `/static` alike (ASGI middleware)."""
+
+    def __init__(self, app: ASGIApp, token: SecretStr | None) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"authorization", b"")
+            refused = bearer_refusal(header.decode("latin-1"), self.token)
+            if refused is not None:
+                response = JSONResponse({"detail": refused[1]}, status_code=refused[0],
+                                        headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def require_token(request: Request, cfg: ConfigDep) -> None:
     """Mutating endpoints: the configured bearer token, always."""
     _check_bearer(request, cfg)
-
-
-def read_access(request: Request, cfg: ConfigDep) -> None:
-    """Read endpoints: open on loopback, the bearer token elsewhere."""
-    if not is_loopback(cfg.api.host):
-        _check_bearer(request, cfg)
 
 
 TokenDep = Annotated[None, Depends(require_token)]

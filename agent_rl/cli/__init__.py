@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import click
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from agent_rl.cli.common import CliState, err_console
@@ -82,7 +83,8 @@ def main() -> None:
     try:
         app()
     except AgentRLError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # The message is text, not markup: "[router] admin_token" must print as written.
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("interrupted")

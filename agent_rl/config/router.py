@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field
 
+from agent_rl.config.access import BearerToken
 from agent_rl.config.base import Section
 
 
@@ -80,7 +81,7 @@ class RouterConfig(Section):
     max_body_mb: int = Field(default=256, ge=1)
     """Largest request body accepted, in MiB (long multi-turn prompts as token ids)."""
 
-    admin_token: SecretStr | None = None
+    admin_token: BearerToken = None
     """Bearer token for /workers and the control endpoints. Unset, empty or blank means none: on
     a loopback host a random token is then generated at start and printed once; on any other
     host the router refuses to start."""
@@ -88,11 +89,3 @@ class RouterConfig(Section):
     tokenless_control: bool = False
     """Let /workers and the control endpoints answer without the admin token, for tools that send
     none (slime's rollout); refused unless host is a loopback address."""
-
-    @field_validator("admin_token")
-    @classmethod
-    def _blank_is_none(cls, token: SecretStr | None) -> SecretStr | None:
-        # A header value cannot carry surrounding whitespace, and an empty token is no check.
-        if token is None or not token.get_secret_value().strip():
-            return None
-        return SecretStr(token.get_secret_value().strip())

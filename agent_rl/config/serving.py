@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 
+from agent_rl.config.access import BearerToken
 from agent_rl.config.base import Section
 
 
@@ -72,8 +73,9 @@ class ApiConfig(Section):
     port: int = Field(default=30200, ge=0, le=65535)
     """Port of the web API and viewer (0 picks a free one)."""
 
-    token: SecretStr | None = None
-    """Bearer token for the mutating endpoints (replay, fork); unset: they answer 403."""
+    token: BearerToken = None
+    """Bearer token for the mutating endpoints (replay, fork); unset, empty or blank: they
+    answer 403, and the API refuses to start on a non-loopback host."""
 
     max_page_size: int = Field(default=500, ge=1, le=10_000)
     """Most episodes one list request returns; larger `limit`s are clamped to it."""

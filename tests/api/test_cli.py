@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import httpx
 
 from tests._databases import fresh_database
@@ -45,9 +47,12 @@ def test_api_command_serves_and_stops_on_sigint(tmp_path: Path, tokenizer_dir: P
                 proc.wait()
 
 
-def test_api_command_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
+@pytest.mark.parametrize("token", [None, "", "   "], ids=["unset", "empty", "blank"])
+def test_api_command_refuses_a_public_address_without_a_token(tmp_path: Path, token: str | None) -> None:
     env = {**os.environ, "AGENT_RL_STORE__URL": f"sqlite:///{tmp_path / 'x.db'}"}
     env.pop("AGENT_RL_API__TOKEN", None)
+    if token is not None:
+        env["AGENT_RL_API__TOKEN"] = token
     start = time.monotonic()
     r = subprocess.run(
         [AGENT_RL, "api", "--host", "0.0.0.0", "--port", "0"],

@@ -9,6 +9,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from agent_rl.api import create_app, serve_api
 from agent_rl.api.app import check_exposure
@@ -42,5 +43,10 @@ def test_a_public_address_needs_a_token(tmp_path: Path) -> None:
     check_exposure(ApiConfig())
     check_exposure(ApiConfig(host="::1"))
     check_exposure(ApiConfig(host="0.0.0.0", token="t"))
-    with pytest.raises(ConfigError, match="not loopback"):
-        check_exposure(ApiConfig(host="0.0.0.0"))
+    for blank in (None, "", "  ", "\t\n"):
+        with pytest.raises(ConfigError, match="not loopback"):
+            check_exposure(ApiConfig(host="0.0.0.0", token=blank))
+    # A config made without validation (model_copy) is checked the same way.
+    unchecked = ApiConfig().model_copy(update={"host": "0.0.0.0", "token": SecretStr(" ")})
+    with pytest.raises(ConfigError, match="unset or blank"):
+        check_exposure(unchecked)

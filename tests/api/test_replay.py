@@ -99,10 +99,21 @@ def test_mutating_endpoints_need_the_token(filled: Filled) -> None:
     with TestClient(create_app(api_config(filled.url, token=None))) as c:
         r = c.post(path, headers=AUTH)
         assert r.status_code == 403 and "set api.token" in r.json()["detail"]
-    # Off loopback, reads need the token too.
+    # Off loopback, everything needs the token: reads, the viewer, the spec, static files.
     with TestClient(create_app(api_config(filled.url, host="0.0.0.0"))) as c:
-        assert c.get("/api/v1/runs").status_code == 401 and c.get("/").status_code == 401
-        assert c.get("/api/v1/runs", headers=AUTH).status_code == 200
+        for page in ("/api/v1/runs", "/", "/openapi.json", "/static/viewer.css"):
+            r = c.get(page)
+            assert r.status_code == 401 and "bearer token" in r.json()["detail"], page
+            assert c.get(page, headers=AUTH).status_code == 200, page
+        for header in ("Bearer", "Bearer ", "Bearer  \t", "bearer", TOKEN, f"Basic {TOKEN}"):
+            assert c.get("/api/v1/runs", headers={"Authorization": header}).status_code == 401
+    # An empty or blank configured token is no token: nothing matches it, not even an empty
+    # bearer (the comparison of "" with "" once let `Authorization: Bearer` through).
+    for blank in ("", "   "):
+        with TestClient(create_app(api_config(filled.url, token=blank))) as c:
+            for header in ("Bearer", "Bearer ", f"Bearer {blank}"):
+                r = c.post(path, headers={"Authorization": header})
+                assert r.status_code == 403 and "set api.token" in r.json()["detail"]
 
 
 def test_request_bodies_are_bounded(client: TestClient, filled: Filled) -> None:

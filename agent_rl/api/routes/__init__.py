@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
-from agent_rl.api.deps import read_access
 from agent_rl.api.errors import ERROR_RESPONSES
 from agent_rl.api.routes import episodes, events, fork, groups, replay, runs, stats
 
 api_router = APIRouter(responses=ERROR_RESPONSES)
-# Reads are open on loopback only; replay and fork add the bearer token on their own routes.
-for module in (episodes, groups, runs, stats, events):
-    api_router.include_router(module.router, dependencies=[Depends(read_access)])
-for module in (replay, fork):
+# Off loopback every request needs the token (app.TokenGate); replay and fork always do.
+for module in (episodes, groups, runs, stats, events, replay, fork):
     api_router.include_router(module.router)

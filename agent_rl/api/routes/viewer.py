@@ -12,19 +12,19 @@ from importlib.resources import files
 from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlencode
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_rl.api.convert import episode_out, json_safe, metric_series, transcript
-from agent_rl.api.deps import ConfigDep, StoreDep, read_access
+from agent_rl.api.deps import ConfigDep, StoreDep
 from agent_rl.api.filters import EpisodeQueryDep, fetch_page
 from agent_rl.api.stats import run_stats
 from agent_rl.api.tokens import token_view
 from agent_rl.api.viewer_data import MAX_STRIP_TOKENS, plot, token_strip
 
-router = APIRouter(dependencies=[Depends(read_access)], default_response_class=HTMLResponse)
+router = APIRouter(default_response_class=HTMLResponse)
 templates = Jinja2Templates(directory=str(files("agent_rl.api") / "templates"))
 templates.env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
 
