@@ -1,8 +1,9 @@
 """Host-side directories of sandboxes: a size-limited tmpfs work dir per sandbox, and cleanup.
 
 The work dir is a tmpfs mounted on the host (not inside the sandbox), so it survives the
-sandbox being killed and respawned, has a hard size limit (the disk limit), and its pages are
-charged to the memory cgroup of whoever wrote them. Mounting needs root (CAP_SYS_ADMIN).
+sandbox being killed and respawned, has a hard size limit (the disk limit) and an inode limit
+(empty files cost kernel memory the size limit does not see, and it outlives respawns), and its
+pages are charged to the memory cgroup of whoever wrote them. Mounting needs root (CAP_SYS_ADMIN).
 """
 
 from __future__ import annotations
@@ -16,13 +17,20 @@ from agent_rl.errors import SandboxError
 
 MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
+INODE_BYTES = 16 << 10
+"""Bytes of a tmpfs's size per inode it may hold: ext4's default ratio (256 MiB: 16384 files)."""
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def mount_tmpfs(path: Path, size_mb: int, uid: int, gid: int) -> None:
-    """Mount a fresh tmpfs of `size_mb` at `path`, owned by uid:gid, mode 0700."""
+def inodes(size_mb: int) -> int:
+    """The inode limit of a tmpfs of `size_mb`."""
+    return max(256, (size_mb << 20) // INODE_BYTES)
+
+
+def mount_tmpfs(path: Path, size_mb: int, uid: int, gid: int, mode: int = 0o700) -> None:
+    """Mount a fresh tmpfs of `size_mb` (and `inodes(size_mb)`) at `path`, owned by uid:gid."""
     path.mkdir(parents=True, exist_ok=True)
-    opts = f"size={size_mb}m,mode=0700,uid={uid},gid={gid}".encode()
+    opts = f"size={size_mb}m,nr_inodes={inodes(size_mb)},mode={mode:o},uid={uid},gid={gid}".encode()
     if _libc.mount(b"agent-rl-sandbox", str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts):
         err = ctypes.get_errno()
         raise SandboxError(
