@@ -1,21 +1,28 @@
 """The production backend: one Docker container per episode, served by the persistent worker.
 
 Each container runs worker.py as its main process (under docker-init) with no network
-(`network_mode="none"`), a read-only root, a sized private /tmp, memory limit = memory+swap
-limit, a pids limit, a CPU quota (`limits.cpus`), every capability dropped, no-new-privileges,
-and a non-root uid of its own. /work is a sized tmpfs mounted on the host and bound in, so it
-survives the container being replaced. The worker talks to the server over a unix socket the server
-listens on, in a small per-sandbox dir mounted read-only at /sbx (so the engine must run on this
-host); output is capped by the worker and every answer is bounded by the server, never read
-whole with `exec_run`. No image is pulled: the default image is imported from this host's
-Python (tools_sandbox.image). Containers carry labels naming the sandbox and the
-server process that owns it, which is how `reap` finds what a crashed server left.
+(`network_mode="none"`), a read-only root, a sized private /tmp (with an inode limit) and
+/dev/shm, memory limit = memory+swap limit, a pids limit, a CPU quota (`limits.cpus`),
+no-new-privileges and every capability dropped but CAP_SETUID/CAP_SETGID: the container starts
+as root only for the worker to take its two host uids (its own, and tool code's as effective
+uid) and drop those too before it serves (worker.py `become`). The worker then loads the same
+seccomp filter as bubblewrap's on top of Docker's profile, and /proc/cmdline (the host's boot
+arguments) is masked along with Docker's default masked paths. /work is a sized tmpfs with an
+inode limit mounted on the host and bound in, so it survives the container being replaced. The
+worker talks to the server over a unix socket the server listens on, in a small per-sandbox
+tmpfs mounted read-only at /sbx (its own mount, so no host path shows in the container's
+mountinfo; the engine must run on this host); output is capped by the worker and every answer
+is bounded by the server, never read whole with `exec_run`. No image is pulled: the default
+image is imported from this host's Python (tools_sandbox.image). Containers carry labels naming
+the sandbox and the server process that owns it, which is how `reap` finds what a crashed
+server left.
 """
 
 from __future__ import annotations
 
 import socket
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,10 +30,10 @@ from anyio.abc import SocketListener
 
 from agent_rl.config import SandboxConfig
 from agent_rl.errors import SandboxError
-from tools_sandbox import hostfs
+from tools_sandbox import hostfs, seccomp
 from tools_sandbox.backend import HERE, PreparedSandbox, WorkerBackend, compact_json
 from tools_sandbox.base import WORK_DIR, SandboxSpec
-from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
+from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag, tool_uid
 from tools_sandbox.image import ensure_image
 from tools_sandbox.session import Channel, worker_config
 
@@ -43,7 +50,9 @@ class DockerSandbox(PreparedSandbox):
         super().__init__(sandbox_id, spec, backend._forget)
         self.backend = backend
         self.uid = uid
+        self.tool_uid = tool_uid(uid)
         self.dir = backend.root / sandbox_id
+        self.sbx = self.dir / "sbx"
         self.container: Any = None
         self.listener: SocketListener | None = None
         self.generation = 0
@@ -55,40 +64,58 @@ class DockerSandbox(PreparedSandbox):
         """The socket dir and the work dir: they outlive container replacements."""
         self.dir.mkdir()
         (self.dir / "owner").write_text(self.backend.owner)
-        (self.dir / "worker.py").write_bytes(self.backend.worker.read_bytes())
-        (self.dir / "worker.py").chmod(0o644)
         self.dir.chmod(0o755)
+        hostfs.mount_tmpfs(self.sbx, 1, 0, 0, mode=0o755)
+        for name, data in (("worker.py", self.backend.worker.read_bytes()),
+                           ("seccomp.bpf", self.backend.filter_path(self.spec.network).read_bytes())):
+            (self.sbx / name).write_bytes(data)
+            (self.sbx / name).chmod(0o644)
         # a host tmpfs, bind-mounted: a tmpfs volume would be emptied with each container
-        hostfs.mount_tmpfs(self.dir / "work", self.spec.limits.disk_mb, self.uid, self.uid)
+        hostfs.mount_tmpfs(self.dir / "work", self.spec.limits.disk_mb, self.tool_uid,
+                           self.tool_uid)
 
     def _run_container(self, sock_name: str) -> Any:
         import docker.types
 
         spec, lim = self.spec, self.spec.limits
-        conf = worker_config(spec, WORK_DIR, connect=f"/sbx/{sock_name}")
+        ids = {"worker": [self.uid, self.uid], "tool": [self.tool_uid, self.tool_uid]}
+        conf = worker_config(spec, WORK_DIR, connect=f"/sbx/{sock_name}", ids=ids,
+                             seccomp="/sbx/seccomp.bpf")
         mounts = [docker.types.Mount(WORK_DIR, str(self.dir / "work"), type="bind"),
-                  docker.types.Mount("/sbx", str(self.dir), type="bind", read_only=True)]
+                  docker.types.Mount("/sbx", str(self.sbx), type="bind", read_only=True)]
         mounts += [docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
                    for m in spec.mounts]
         ulimits = [docker.types.Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile),
                    docker.types.Ulimit(name="core", soft=0, hard=0)]
-        return self.backend.client.containers.run(
-            spec.image or self.backend.image,
-            [self.backend.config.python, "-I", "/sbx/worker.py", compact_json(conf)],
-            name=f"{self.id}-{self.generation}", detach=True, init=True,
-            network_mode="bridge" if spec.network else "none",
+        api = self.backend.client.api
+        host_config = api.create_host_config(
+            init=True, network_mode="bridge" if spec.network else "none",
             mem_limit=lim.memory_mb << 20, memswap_limit=lim.memory_mb << 20,
             pids_limit=lim.pids, nano_cpus=int(lim.cpus * 1e9), read_only=True,
-            user=f"{self.uid}:{self.uid}", cap_drop=["ALL"], security_opt=["no-new-privileges"],
-            tmpfs={"/tmp": f"size={lim.tmp_mb}m,mode=1777"}, mounts=mounts,
-            working_dir=WORK_DIR, environment=conf["env"], ulimits=ulimits,
-            labels=self.labels(), hostname="sandbox",
+            cap_drop=["ALL"], cap_add=["SETUID", "SETGID"], security_opt=["no-new-privileges"],
+            tmpfs={"/tmp": f"size={lim.tmp_mb}m,nr_inodes={hostfs.inodes(lim.tmp_mb)},mode=1777"},
+            shm_size=lim.tmp_mb << 20, mounts=mounts, ulimits=ulimits,
         )
+        host_config["MaskedPaths"] = self.backend.masked_paths  # the SDK has no argument for it
+        created = api.create_container(
+            spec.image or self.backend.image,
+            [self.backend.config.python, "-I", "/sbx/worker.py", compact_json(conf)],
+            name=f"{self.id}-{self.generation}", user="0:0", working_dir="/",
+            environment=conf["env"], labels=self.labels(), hostname="sandbox",
+            host_config=host_config,
+        )
+        container = self.backend.client.containers.get(created["Id"])
+        try:
+            container.start()
+        except Exception:
+            _remove_container(container)
+            raise
+        return container
 
     async def _spawn(self) -> Channel:
         self.generation += 1
         sock_name = f"w{self.generation}.sock"
-        path = self.dir / sock_name
+        path = self.sbx / sock_name
         self.listener = await anyio.create_unix_listener(path, mode=0o666)
         self.container = await anyio.to_thread.run_sync(self._run_container, sock_name)
         stream = await self.listener.accept()
@@ -121,6 +148,18 @@ class DockerSandbox(PreparedSandbox):
     async def _destroy(self) -> None:
         await anyio.to_thread.run_sync(self.backend.remove_leftovers_of, self.id)
         self.backend.uids.give_back(self.uid)
+
+
+def _default_masked_paths(client: Any, image: str) -> list[str]:
+    """The paths this engine masks in a container by default (asked of an engine, not copied
+    from one: setting MaskedPaths replaces them). Reads them off a created, never started one."""
+    host_config = client.api.create_host_config(network_mode="none")
+    created = client.api.create_container(image, ["true"], host_config=host_config,
+                                          labels={LABEL: "masked-paths-probe"})
+    try:
+        return list(client.api.inspect_container(created["Id"])["HostConfig"]["MaskedPaths"] or [])
+    finally:
+        client.api.remove_container(created["Id"], force=True)
 
 
 def _remove_container(container: Any) -> None:
@@ -160,6 +199,14 @@ class DockerBackend(WorkerBackend[DockerSandbox]):
         self.owner = owner_tag()
         self.uids = UidPool(config.uid_base + 200_000)
         self.history: set[str] = set()
+        self._filters = {
+            net: seccomp.write_filter(self.root / f"seccomp{'-net' * net}.bpf", network=net)
+            for net in (False, True)
+        }
+        self.masked_paths = [*_default_masked_paths(self.client, self.image), "/proc/cmdline"]
+
+    def filter_path(self, network: bool) -> Path:
+        return self._filters[network]
 
     def _new(self, spec: SandboxSpec) -> DockerSandbox:
         if spec.rootfs:

@@ -2,8 +2,9 @@
 
 Every sandbox id starts with its backend's prefix and is used verbatim for its cgroups,
 containers and directories, which is how the reaper recognizes them. Each live sandbox of a
-process gets its own unprivileged host uid, so sandboxes cannot signal or read each other even
-where namespaces do not separate them (the rlimit backend).
+process gets its own pair of unprivileged host uids, one for its worker and the one above it for
+its tool code, so sandboxes cannot signal or read each other even where namespaces do not
+separate them (the rlimit backend), and tool code cannot signal or trace its own worker.
 """
 
 from __future__ import annotations
@@ -20,23 +21,29 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:12]}"
 
 
+def tool_uid(uid: int) -> int:
+    """The uid tool code runs under in the sandbox whose worker has `uid` (also its gid)."""
+    return uid + 1
+
+
 class UidPool:
-    """Unique uids for the live sandboxes of this process; random so that two processes
+    """Unique uid pairs for the live sandboxes of this process; random so that two processes
     sharing a host are unlikely to collide (and namespaces separate them when they do)."""
 
     def __init__(self, base: int) -> None:
         self.base = base
         self._used: set[int] = set()
         self.history: set[int] = set()
-        """Every uid ever handed out (to find what a sandbox left behind)."""
+        """Every uid ever handed out, tool code's included (to find what a sandbox left)."""
         self._rng = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "big"))
 
     def take(self) -> int:
+        """A worker's uid; `tool_uid(uid)` comes with it."""
         while True:
-            uid = self.base + self._rng.randrange(UID_SPAN)
+            uid = self.base + 2 * self._rng.randrange(UID_SPAN // 2)
             if uid not in self._used:
                 self._used.add(uid)
-                self.history.add(uid)
+                self.history |= {uid, tool_uid(uid)}
                 return uid
 
     def give_back(self, uid: int) -> None:

@@ -1,8 +1,10 @@
 """Host-side exec wrapper that puts a sandbox's first process in place (stdlib only).
 
 Run as `python -I -S launcher.py SPEC_JSON -- ARGV...` by the server, as root. It joins the
-sandbox's cgroups, drops to the sandbox's own unprivileged uid and gid, arms a parent-death
-signal, and execs ARGV (bwrap, or the worker itself for the rlimit backend). Doing this in a
+sandbox's cgroups, drops to the sandbox's own unprivileged uid and gid (with `euid`/`egid`: those
+as effective ids, the others as real and saved ones, which is how the rlimit backend's worker
+holds tool code's uid; see worker.py), arms a parent-death signal, and execs ARGV (bwrap, or
+the worker itself for the rlimit backend). Doing this in a
 separate process instead of a `preexec_fn` keeps the server's process creation thread-safe, and
 joining the cgroups before ARGV starts means nothing the sandbox forks can escape them.
 
@@ -40,9 +42,9 @@ def main() -> None:
             resource.setrlimit(getattr(resource, "RLIMIT_" + name.upper()), (value, value))
         if "gid" in spec:
             os.setgroups([])
-            os.setgid(spec["gid"])
+            os.setresgid(spec["gid"], spec.get("egid", spec["gid"]), spec["gid"])
         if "uid" in spec:
-            os.setuid(spec["uid"])
+            os.setresuid(spec["uid"], spec.get("euid", spec["uid"]), spec["uid"])
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             die(f"prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}")

@@ -5,8 +5,9 @@ For machines with neither bubblewrap nor Docker, and only when chosen explicitly
 whole filesystem (whatever its uid may read), the host's network and the host's processes.
 What it does bound: CPU time, address space, processes (RLIMIT_NPROC counts the sandbox's own
 uid), file size and descriptors, wall time and output (the worker), and, as root, a sized tmpfs
-work dir and a uid of its own so the sandbox cannot signal the server. Without root it runs
-as the server's uid, so it cannot even stop tool code from killing the server.
+work dir and uids of its own (the worker's, and tool code's, which cannot signal the worker) so
+the sandbox cannot signal the server. Without root it runs as the server's uid, so it cannot
+even stop tool code from killing the server. There is no seccomp filter.
 """
 
 from __future__ import annotations
@@ -32,25 +33,34 @@ from tools_sandbox.backend import (
     stop_process,
 )
 from tools_sandbox.base import SandboxSpec
-from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
+from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag, tool_uid
 from tools_sandbox.session import Channel, process_stderr, worker_config
 
 log = logging.getLogger(__name__)
 PREFIX = "rl-"
 
 
-def kill_uid(uid: int, wait_s: float = 5.0) -> bool:
-    """SIGKILL every process of `uid` until none is left; True if none is."""
+def real_uid(pid: str) -> int | None:
+    """A process's real uid (the owner of /proc/<pid> is its effective uid: the worker's is
+    tool code's)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def kill_uid(uids: set[int], wait_s: float = 5.0) -> bool:
+    """SIGKILL every process whose real uid is in `uids` until none is left; True if none is."""
     deadline = time.monotonic() + wait_s
     while True:
         found = False
         for name in os.listdir("/proc"):
-            if not name.isdigit():
+            if not name.isdigit() or real_uid(name) not in uids:
                 continue
             try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    os.kill(int(name), signal.SIGKILL)
-                    found = True
+                os.kill(int(name), signal.SIGKILL)
+                found = True
             except OSError:
                 continue
         if not found:
@@ -66,6 +76,7 @@ class RlimitSandbox(PreparedSandbox):
         super().__init__(sandbox_id, spec, backend._forget)
         self.backend = backend
         self.uid = uid
+        self.tool_uid = None if uid is None else tool_uid(uid)
         self.dir = backend.root / sandbox_id
         self.work = self.dir / "work"
         self.proc: Process | None = None
@@ -75,17 +86,21 @@ class RlimitSandbox(PreparedSandbox):
         (self.dir / "owner").write_text(owner_tag())
         if self.uid is not None:
             self.dir.chmod(0o711)
-            hostfs.mount_tmpfs(self.work, self.spec.limits.disk_mb, self.uid, self.uid)
+            hostfs.mount_tmpfs(self.work, self.spec.limits.disk_mb, self.tool_uid, self.tool_uid)
         else:
             self.work.mkdir(mode=0o700)
 
     async def _spawn(self) -> Channel:
         lim = self.spec.limits
-        conf = worker_config(self.spec, str(self.work), as_bytes=lim.memory_mb << 20,
-                             nproc=lim.pids, sweep=self.uid is not None)
-        launch: dict[str, object] = {"env": conf["env"]}
+        extra: dict[str, object] = {}
+        launch: dict[str, object] = {}
         if self.uid is not None:
-            launch.update(uid=self.uid, gid=self.uid)
+            tool = self.tool_uid
+            extra["ids"] = {"worker": [self.uid, self.uid], "tool": [tool, tool]}
+            launch.update(uid=self.uid, gid=self.uid, euid=tool, egid=tool)
+        conf = worker_config(self.spec, str(self.work), as_bytes=lim.memory_mb << 20,
+                             nproc=lim.pids, sweep=self.uid is not None, **extra)
+        launch["env"] = conf["env"]
         python = self.backend.python
         self.proc = await anyio.open_process(
             [sys.executable, "-I", "-S", str(HERE / "launcher.py"), compact_json(launch), "--",
@@ -98,7 +113,7 @@ class RlimitSandbox(PreparedSandbox):
     async def _kill(self) -> None:
         ok = True
         if self.uid is not None:
-            ok = await anyio.to_thread.run_sync(kill_uid, self.uid)
+            ok = await anyio.to_thread.run_sync(kill_uid, {self.uid, self.tool_uid})
         proc, self.proc = self.proc, None
         await stop_process(proc)
         if not ok:
@@ -161,9 +176,9 @@ class RlimitBackend(WorkerBackend[RlimitSandbox]):
                     pass
                 work = d / "work"
                 if self.as_root and work.exists():
-                    owner = work.stat().st_uid
-                    if owner >= self.config.uid_base:
-                        kill_uid(owner)
+                    owner = work.stat().st_uid  # tool code's; the worker's is the one below
+                    if owner > self.config.uid_base:
+                        kill_uid({owner - 1, owner})
                 hostfs.remove_tree(d)
                 n += 1
             return n

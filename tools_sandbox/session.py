@@ -3,9 +3,17 @@
 A backend supplies four hooks: start the worker and return a byte channel to it, kill every
 process of the sandbox, count its OOM kills, and remove its host resources. This class turns
 them into the `Sandbox` protocol: calls are serialized per sandbox, each answer is bounded in
-size and waited for at most the call's timeout plus a grace period, and when the worker dies,
-hangs or breaks the protocol the whole sandbox is killed and respawned (the work dir survives),
-so the failing call returns a result that says so and the next call works.
+size and waited for at most the call's timeout plus a grace period, and when the worker dies or
+hangs the whole sandbox is killed and respawned (the work dir survives), so the failing call
+returns a result that says so and the next call works.
+
+Every request carries a fresh random nonce that its answer must repeat. An answer that does
+not (or is oversized, or not a JSON object of the right shape) was not written by the worker in
+reply to this request: something in the sandbox forged it, or the worker is broken. That is a
+protocol violation: the sandbox is killed at once and the call raises `SandboxError`, so a
+forged result can never be read as the outcome of a call (a verifier's reward included).
+Input that cannot reach the worker intact (a NUL byte in a path or argument, a lone surrogate
+in text) is the caller's mistake, a `ToolError`, and never touches the sandbox.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import secrets
 import struct
 import time
 from abc import ABC, abstractmethod
@@ -37,22 +46,35 @@ START_TIMEOUT_S = 30.0
 """Time a fresh sandbox gets to answer its first ping (64 sandboxes starting on 2 cores)."""
 
 
+class ProtocolViolation(SandboxError):
+    """An answer the worker did not give to the request just sent (wrong nonce, oversized, not
+    a JSON object of the right shape): forged by something in the sandbox, or a broken worker."""
+
+
 class Channel:
-    """Length-prefixed JSON frames over a pair of anyio byte streams."""
+    """Length-prefixed JSON frames over a pair of anyio byte streams, one answer per request,
+    each matched to its request by a nonce."""
 
     def __init__(self, send: ByteSendStream, receive: ByteReceiveStream) -> None:
         self._send = send
         self._receive = BufferedByteReceiveStream(receive)
 
     async def request(self, obj: dict[str, Any], max_bytes: int) -> dict[str, Any]:
-        data = json.dumps(obj).encode()
+        """Send `obj`, return its answer; ProtocolViolation if the answer is not its own."""
+        nonce = secrets.token_hex(16)
+        data = json.dumps({**obj, "nonce": nonce}).encode()
         await self._send.send(struct.pack(">I", len(data)) + data)
         (size,) = struct.unpack(">I", await self._receive.receive_exactly(4))
         if size > max_bytes:
-            raise SandboxError(f"worker answered {size} bytes, more than the {max_bytes} allowed")
-        answer = json.loads(await self._receive.receive_exactly(size))
+            raise ProtocolViolation(f"an answer of {size} bytes, more than the {max_bytes} allowed")
+        try:
+            answer = json.loads(await self._receive.receive_exactly(size))
+        except ValueError as e:
+            raise ProtocolViolation(f"an answer that is not JSON ({e})") from e
         if not isinstance(answer, dict):
-            raise SandboxError("worker answered something other than a JSON object")
+            raise ProtocolViolation("an answer that is not a JSON object")
+        if answer.get("nonce") != nonce:
+            raise ProtocolViolation("an answer without this request's nonce (forged, or late)")
         return answer
 
 
@@ -178,27 +200,44 @@ class WorkerSandbox(ABC):
         self._chan = chan
 
     # ---- calls
+    async def _request(self, req: dict[str, Any], wait_s: float, max_answer: int) -> dict[str, Any]:
+        """One round trip, with the lock held: the worker respawned first if it is gone, the
+        sandbox killed if the caller is cancelled (a late answer must not answer the next call)
+        or if the answer breaks the protocol (then ProtocolViolation, a SandboxError)."""
+        if self._chan is None:
+            await self._respawn()
+        assert self._chan is not None
+        try:
+            with anyio.fail_after(wait_s):
+                return await self._chan.request(req, max_answer)
+        except ProtocolViolation as e:
+            with anyio.CancelScope(shield=True):
+                self._chan = None
+                await self._kill()
+            log.error("sandbox %s: protocol violation (%s); killed", self._id, e)
+            raise ProtocolViolation(
+                f"sandbox {self._id} broke the protocol with {e}; it was killed and the call has "
+                "no result (tool code may have tried to forge one)") from e
+        except anyio.get_cancelled_exc_class():
+            await self._abandon()
+            raise
+
     async def _call(self, req: dict[str, Any], timeout: float) -> ExecResult:
         if self._closed:
             raise SandboxError(f"sandbox {self._id} is closed")
-        cap = self._spec.limits.output_bytes
+        # stdout and stderr (base64) and the value (JSON) each at their cap, and the rest
+        max_answer = 4 * self._spec.limits.output_bytes + 65536
         async with self._lock:
-            if self._chan is None:
-                await self._respawn()
-            assert self._chan is not None
             before, t0 = self._oom_kills(), time.perf_counter()
             failure = ""
             try:
-                with anyio.fail_after(timeout + GRACE_S):
-                    answer = await self._chan.request({**req, "timeout": timeout}, 3 * cap + 65536)
+                answer = await self._request({**req, "timeout": timeout}, timeout + GRACE_S,
+                                             max_answer)
             except TimeoutError:
                 failure, answer = "the sandbox stopped answering and was restarted", {}
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                    anyio.IncompleteRead, OSError, ValueError, SandboxError) as e:
+                    anyio.IncompleteRead, OSError) as e:
                 failure, answer = f"the sandbox died ({type(e).__name__}) and was restarted", {}
-            except anyio.get_cancelled_exc_class():
-                await self._abandon()
-                raise
             oom = self._oom_kills() > before or bool(answer.get("oom"))
             if failure:
                 log.warning("sandbox %s: %s", self._id, failure)
@@ -206,8 +245,14 @@ class WorkerSandbox(ABC):
                 return ExecResult(exit_code=None, stderr=failure, restarted=True, oom_killed=oom,
                                   timed_out=time.perf_counter() - t0 >= timeout,
                                   duration_s=time.perf_counter() - t0)
-            if "exit_code" not in answer:
-                raise SandboxError(f"sandbox {self._id}: bad worker answer {answer!r:.200}")
+            return self._result(answer, oom, time.perf_counter() - t0)
+
+    def _result(self, answer: dict[str, Any], oom: bool, duration_s: float) -> ExecResult:
+        if "error" in answer:
+            raise SandboxError(f"sandbox {self._id}: the worker could not serve the call: "
+                               f"{answer.get('message', answer['error'])}")
+        cap = self._spec.limits.output_bytes
+        try:
             return ExecResult(
                 exit_code=answer["exit_code"],
                 stdout=base64.b64decode(answer.get("stdout", ""))[:cap].decode("utf-8", "replace"),
@@ -215,24 +260,24 @@ class WorkerSandbox(ABC):
                 timed_out=bool(answer.get("timed_out")),
                 truncated=bool(answer.get("truncated")),
                 oom_killed=oom,
-                value=answer.get("value"),
-                duration_s=time.perf_counter() - t0,
+                value=_valid_text(answer.get("value")),
+                duration_s=duration_s,
             )
+        except (KeyError, TypeError, ValueError) as e:  # ValueError: pydantic's, binascii's
+            raise SandboxError(f"sandbox {self._id}: bad worker answer {answer!r:.200}") from e
 
     def _timeout(self, timeout: float | None) -> float:
         wall = self._spec.limits.wall_s
         return wall if timeout is None else max(0.001, min(float(timeout), wall))
-
-    @staticmethod
-    def _b64(data: str | bytes) -> str:
-        return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
 
     async def exec(
         self, argv: Sequence[str], *, stdin: str | bytes = b"", timeout: float | None = None
     ) -> ExecResult:
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ToolError("argv must be a non-empty list of strings")
-        req = {"op": "exec", "argv": list(argv), "stdin": self._b64(stdin)}
+        for i, arg in enumerate(argv):
+            _no_nul(arg, f"argv[{i}]")
+        req = {"op": "exec", "argv": list(argv), "stdin": _b64(stdin, "stdin")}
         return await self._call(req, self._timeout(timeout))
 
     async def run_python(
@@ -243,25 +288,24 @@ class WorkerSandbox(ABC):
         timeout: float | None = None,
         persistent: bool = False,
     ) -> ExecResult:
-        req = {"op": "py", "code": code, "stdin": self._b64(stdin), "persistent": persistent}
+        _encoded(code, "code")
+        req = {"op": "py", "code": code, "stdin": _b64(stdin, "stdin"), "persistent": persistent}
         return await self._call(req, self._timeout(timeout))
 
     async def _file_op(self, req: dict[str, Any], max_answer: int) -> dict[str, Any]:
         if self._closed:
             raise SandboxError(f"sandbox {self._id} is closed")
         async with self._lock:
-            if self._chan is None:
-                await self._respawn()
-            assert self._chan is not None
             try:
-                with anyio.fail_after(self._spec.limits.wall_s + GRACE_S):
-                    answer = await self._chan.request(req, max_answer)
-            except anyio.get_cancelled_exc_class():
-                await self._abandon()
+                answer = await self._request(req, self._spec.limits.wall_s + GRACE_S, max_answer)
+            except ProtocolViolation:
                 raise
             except Exception as e:
                 await self._respawn()
                 raise SandboxError(f"sandbox {self._id}: file operation failed: {e}") from e
+        if answer.get("error") == "worker":
+            raise SandboxError(f"sandbox {self._id}: the worker could not serve {req['op']}: "
+                               f"{answer.get('message')}")
         if "error" in answer:
             why = answer.get("message", answer["error"])
             raise ToolError(f"{req['op']} {req['path']!r}: {why}")
@@ -269,9 +313,53 @@ class WorkerSandbox(ABC):
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         limit = self._spec.limits.output_bytes if max_bytes is None else max_bytes
-        answer = await self._file_op({"op": "read", "path": work_path(path), "max": limit},
+        answer = await self._file_op({"op": "read", "path": _work_path(path), "max": limit},
                                      2 * limit + 4096)
-        return base64.b64decode(answer["data"])[:limit]
+        try:
+            return base64.b64decode(answer["data"])[:limit]
+        except (KeyError, TypeError, ValueError) as e:
+            raise SandboxError(f"sandbox {self._id}: bad worker answer {answer!r:.200}") from e
 
     async def write_file(self, path: str, data: str | bytes) -> None:
-        await self._file_op({"op": "write", "path": work_path(path), "data": self._b64(data)}, 4096)
+        req = {"op": "write", "path": _work_path(path), "data": _b64(data, "content")}
+        await self._file_op(req, 4096)
+
+
+def _encoded(text: str | bytes, what: str) -> bytes:
+    """The bytes the sandbox gets for `text`; ToolError for a str that is not valid Unicode
+    (a lone surrogate such as '\\ud800' has no UTF-8 form)."""
+    if isinstance(text, bytes):
+        return text
+    try:
+        return text.encode()
+    except UnicodeEncodeError as e:
+        raise ToolError(
+            f"{what} is not valid text: {e.reason} at position {e.start} "
+            f"({text[e.start:e.end]!r}); pass valid Unicode (or bytes, where bytes are accepted)"
+        ) from None
+
+
+def _valid_text(value: object) -> object:
+    """A str from the sandbox with what has no UTF-8 form (lone surrogates, which JSON can
+    carry) replaced, so that no consumer on the host fails to encode it; anything else as is."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
+def _b64(data: str | bytes, what: str) -> str:
+    return base64.b64encode(_encoded(data, what)).decode()
+
+
+def _no_nul(text: str, what: str) -> str:
+    """A path or an argument: valid Unicode without NUL bytes (no OS call can take one)."""
+    _encoded(text, what)
+    if "\0" in text:
+        raise ToolError(f"{what} {text!r} contains a NUL byte, which no path or argument can hold")
+    return text
+
+
+def _work_path(path: str) -> str:
+    if not isinstance(path, str):
+        raise ToolError(f"path must be a string, not {type(path).__name__}")
+    return work_path(_no_nul(path, "path"))

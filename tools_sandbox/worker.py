@@ -2,7 +2,8 @@
 
 One worker per sandbox serves calls over a byte stream (its stdin/stdout, or a unix socket it
 connects to), so a call pays a fork, not a sandbox and interpreter start-up. Framing: a 4-byte
-big-endian length, then JSON; bytes travel base64-encoded. Requests:
+big-endian length, then JSON; bytes travel base64-encoded. Every request carries a `nonce` that
+its answer repeats, so the host can tell answers to its requests from anything else. Requests:
 
   {"op": "ping"}
   {"op": "exec", "argv": [...], "stdin": b64, "timeout": s}
@@ -11,18 +12,27 @@ big-endian length, then JSON; bytes travel base64-encoded. Requests:
 
 Each call runs in a forked child in its own process group with per-call rlimits, its output is
 read up to `cap` bytes, and past the deadline or the cap the group is killed. When a call ends,
-every other process of the sandbox's uid (double forks, setsid daemons) is killed too, so a call
-leaves nothing running. `persistent` Python runs in a long-lived REPL child whose globals
-survive across calls until one of them has to be killed.
+every other process of tool code's uid (double forks, setsid daemons) is killed too, so a call
+leaves nothing running. `persistent` Python runs in a long-lived session child whose globals
+survive across calls until one of them has to be killed. Between its calls the session is
+stopped (SIGSTOP): threads it started live on, but run only while a persistent call runs, never
+during another call or a file operation.
 
-This process sits inside the sandbox's trust boundary: tool code can kill or impersonate it. The
-host therefore bounds every answer and respawns the sandbox when the worker misbehaves.
+Tool code must not be able to impersonate the worker. Where the backend provides two ids
+(`ids`), the worker keeps its own as real and saved ids and holds tool code's as effective ids:
+it may signal tool code and use its files, while tool code may neither signal nor trace it. It
+holds no capabilities and is not dumpable (so nobody without CAP_SYS_PTRACE can reach its
+descriptors or memory; the session and Python calls are not dumpable either), and it closes its
+channels in every child. Input never kills it: a request it cannot serve gets an error answer.
+The host still bounds every answer, checks its nonce and respawns the sandbox when the worker
+misbehaves.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
+import ctypes
 import json
 import linecache
 import os
@@ -30,14 +40,82 @@ import resource
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
 import traceback
 
 DRAIN_S = 0.05  # how long output is still read after a call's main process has exited
-CONF: dict = {}  # set from argv: cap, work, cpu_s, nofile, fsize, as_bytes, nproc, env, sweep
-PRIVATE_FDS: list[int] = []  # the protocol stream and REPL socket: closed in every call's child
+FREEZE_S = 1.0  # how long the session may take to stop after a call before it is killed instead
+CONF: dict = {}  # set from argv: cap, work, cpu_s, nofile, fsize, as_bytes, nproc, env, sweep,
+#                  ids ({"worker": [uid, gid], "tool": [uid, gid]}), seccomp (a BPF file to load)
+PRIVATE_FDS: list[int] = []  # the protocol stream, the session's socket and pidfd: closed in
+#                              every call's child
+
+PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 22, 38, 47
+PR_CAP_AMBIENT_CLEAR_ALL, SECCOMP_MODE_FILTER = 4, 2
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
+    args = [ctypes.c_ulong(a) for a in (arg2, arg3, 0, 0)]
+    if LIBC.prctl(ctypes.c_int(option), *args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+
+
+def become() -> None:
+    """The worker's identity, taken before it serves: its ids, no capabilities, not dumpable,
+    no new privileges, and the seccomp filter where the backend has the worker load it."""
+    ids = CONF.get("ids")
+    if ids:
+        (wuid, wgid), (tuid, tgid) = ids["worker"], ids["tool"]
+        if os.getgroups():
+            os.setgroups([])
+        # (exec makes the saved ids the effective ones: set them back to the worker's, or tool
+        # code, with its effective uid equal to our saved one, could signal us)
+        if os.getresgid() != (wgid, tgid, wgid):
+            os.setresgid(wgid, tgid, wgid)
+        if os.getresuid() != (wuid, tuid, wuid):
+            os.setresuid(wuid, tuid, wuid)
+    try:
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    except OSError:
+        pass  # a kernel without ambient capabilities has none to clear
+    if LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), (_CapData * 2)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    with open("/proc/self/status") as f:
+        held = [line.split()[0] for line in f
+                if line.startswith(("CapPrm", "CapEff", "CapAmb")) and int(line.split()[1], 16)]
+    if held:
+        raise OSError(f"capabilities survived the drop: {held}")
+    prctl(PR_SET_DUMPABLE, 0)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if CONF.get("seccomp"):
+        with open(CONF["seccomp"], "rb") as f:
+            code = f.read()
+        buf = ctypes.create_string_buffer(code, len(code))
+        prog = _Fprog(len(code) // 8, ctypes.addressof(buf))
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog))
+
+
+def tool_ids() -> tuple[int, int]:
+    ids = CONF.get("ids")
+    return tuple(ids["tool"]) if ids else (os.getuid(), os.getgid())  # type: ignore[return-value]
 
 
 def read_msg(f):
@@ -57,31 +135,41 @@ def frame(data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + data
 
 
-def recv_frame(sock: socket.socket, first: bytes) -> bytes:
+def recv_frame(sock: socket.socket, first: bytes, limit: int = 1 << 31) -> bytes:
     """The rest of a length-prefixed frame whose first bytes were already received."""
     buf = bytearray(first)
     while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", bytes(buf[:4]))[0]:
+        if len(buf) >= 4 and struct.unpack(">I", bytes(buf[:4]))[0] > limit:
+            raise EOFError("frame larger than allowed")
         chunk = sock.recv(65536)
         if not chunk:
-            raise EOFError("REPL socket closed")
+            raise EOFError("session socket closed")
         buf += chunk
     return bytes(buf[4:])
 
 
 def child_setup() -> None:
-    """Per-call limits, applied in the forked child only, so the worker itself is never capped.
-    Also closes the worker's own channels, so tool code cannot forge answers through them."""
+    """A call's child (or the session) before tool code runs: the worker's channels closed, a
+    process group and session of its own, tool code's ids, per-call limits (the worker itself
+    is never capped), and not dumpable, so no other process of tool code can reach its memory."""
     for fd in PRIVATE_FDS:
         try:
             os.close(fd)
         except OSError:
             pass
-    os.setpgid(0, 0)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the worker ignores it; tool code should not
+    os.setsid()  # a process group, and a session: SIGCONT is allowed within one, whatever the uid
+    if CONF.get("ids"):
+        uid, gid = tool_ids()
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    prctl(PR_SET_DUMPABLE, 1)  # /proc/self is root's while not dumpable: make it writable
     try:  # be the first victim of the OOM killer, so the worker survives a memory hog
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
     except OSError:
         pass
+    prctl(PR_SET_DUMPABLE, 0)  # (exec makes a program dumpable again, as usual)
     limits = [(resource.RLIMIT_CPU, CONF["cpu_s"]), (resource.RLIMIT_NOFILE, CONF["nofile"]),
               (resource.RLIMIT_FSIZE, CONF["fsize"]), (resource.RLIMIT_CORE, 0)]
     if CONF.get("as_bytes"):  # the rlimit backend has no cgroups: per-process caps instead
@@ -105,20 +193,39 @@ def oom_count() -> int:
     return 0
 
 
+def proc_state(pid: str) -> tuple[int, str] | None:
+    """Real uid and state letter of a process; None once it is gone. (The owner of /proc/<pid>
+    is its effective uid: tool code's for the worker itself.)"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            text = f.read()
+    except OSError:
+        return None
+    state = "?"
+    for line in text.splitlines():
+        if line.startswith("State:"):
+            state = line.split()[1]
+        elif line.startswith("Uid:"):
+            return int(line.split()[1]), state
+    return None
+
+
 def kill_strays(keep: set[int]) -> None:
-    """Kill every process of our uid except `keep`, until none is left (fork bombs refill)."""
-    uid, me = os.getuid(), os.getpid()
+    """Kill every process of tool code's uid except `keep`, until none is left (fork bombs
+    refill)."""
+    uid = tool_ids()[0]
     if uid == 0 or not CONF.get("sweep", True):  # never sweep the server's own uid or root's
         return
-    keep = keep | {1, me, os.getppid()}
+    keep = keep | {1, os.getpid(), os.getppid()}
     for _ in range(300):
         found = False
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) in keep:
                 continue
+            owner = proc_state(name)
+            if owner is None or owner[0] != uid or owner[1] == "Z":  # zombies: nothing to kill
+                continue
             try:
-                if os.stat("/proc/" + name).st_uid != uid or _zombie(name):
-                    continue
                 os.kill(int(name), signal.SIGKILL)
                 found = True
             except OSError:
@@ -127,12 +234,6 @@ def kill_strays(keep: set[int]) -> None:
         if not found:
             return
         time.sleep(0.005)
-
-
-def _zombie(pid: str) -> bool:
-    """Dead, waiting for its parent to reap it: nothing left to kill."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def kill_group(pgid: int, status: list[int]) -> None:
@@ -166,6 +267,26 @@ def reap() -> None:
         pass
 
 
+def cap_value(text: object) -> str | None:
+    """A value for the answer: a str whose JSON form fits in `cap` bytes (the longest prefix
+    that does), None for anything else. Escaping makes one character up to 12 bytes, so a cap
+    on characters alone let a non-ASCII value overflow the host's bound on the answer."""
+    if not isinstance(text, str):
+        return None
+    limit = CONF["cap"]
+    if len(text) * 12 + 2 <= limit:
+        return text
+    text = text[:limit]
+    lo, hi = 0, len(text)
+    while lo < hi:  # the longest prefix that fits; encoded size grows with the prefix
+        mid = (lo + hi + 1) // 2
+        if len(json.dumps(text[:mid])) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]
+
+
 def run_code(code: str, ns: dict) -> str | None:
     """Exec `code` in `ns`; if it ends with an expression, return the repr of its value."""
     linecache.cache["<tool>"] = (len(code), None, code.splitlines(True), "<tool>")
@@ -175,7 +296,7 @@ def run_code(code: str, ns: dict) -> str | None:
     if last is None:
         return None
     value = eval(compile(ast.Expression(last.value), "<tool>", "eval"), ns)
-    return None if value is None else repr(value)[:CONF["cap"]]
+    return None if value is None else cap_value(repr(value))
 
 
 def python_main(code: str, ns: dict) -> tuple[int, str | None]:
@@ -227,14 +348,16 @@ def spawn(target) -> tuple[int, int, list[int], int]:
     return pid, i_w, [o_r, e_r], s_r
 
 
-def collect(fds: list[int], deadline: float, done, wake: int) -> dict:
+def collect(fds: list[int], deadline: float, done, wake: int, status_fd: int = -1) -> dict:
     """Read `fds` until EOF on all and done() is true, the deadline passes, or the cap is hit.
 
     `wake` (a pidfd or a socket) becomes readable when done() may have turned true. Once it is
     true, a process the call left behind may still hold the pipes open: reading stops after
-    DRAIN_S then, and the caller kills the stragglers."""
+    DRAIN_S then, and the caller kills the stragglers. `status_fd` (a Python call's result) is
+    read alongside, so a large result cannot block its writer, and kept apart from the output."""
     out = {fd: bytearray() for fd in fds}
-    open_fds, cap = list(fds), CONF["cap"]
+    status = bytearray()
+    open_fds, cap = list(fds) + ([status_fd] if status_fd >= 0 else []), CONF["cap"]
     timed_out = truncated = False
     drain_until = None
     while True:
@@ -255,28 +378,33 @@ def collect(fds: list[int], deadline: float, done, wake: int) -> dict:
             chunk = os.read(fd, 65536)
             if not chunk:
                 open_fds.remove(fd)
-                continue
-            out[fd] += chunk
+            elif fd == status_fd:
+                status += chunk if len(status) <= cap + 64 else b""
+            else:
+                out[fd] += chunk
         if sum(map(len, out.values())) > cap:
             truncated = True
             break
-    return {"out": out, "timed_out": timed_out, "truncated": truncated}
+    return {"out": out, "timed_out": timed_out, "truncated": truncated, "status": bytes(status)}
 
 
 class Repl:
-    """A long-lived forked child holding Python globals; gets each call's stdio by SCM_RIGHTS."""
+    """The persistent session: a long-lived forked child holding Python globals, which gets each
+    call's stdio by SCM_RIGHTS and is stopped whenever none of its calls runs."""
 
     def __init__(self) -> None:
         self.sock, child = socket.socketpair()
-        PRIVATE_FDS.append(self.sock.fileno())
         self.pid = os.fork()
         if self.pid == 0:
             try:
+                self.sock.close()
                 child_setup()
                 self.serve(child)
             finally:
                 os._exit(0)
         child.close()
+        self.pidfd = os.pidfd_open(self.pid)  # signals by pidfd: the pid may be reused
+        PRIVATE_FDS.extend((self.sock.fileno(), self.pidfd))
 
     @staticmethod
     def serve(sock: socket.socket) -> None:
@@ -297,21 +425,57 @@ class Repl:
                 os.dup2(null, target)
             sock.sendall(frame(json.dumps({"status": status, "value": value}).encode()))
 
+    def alive(self) -> bool:
+        return bool(self.pid) and not select.select([self.pidfd], [], [], 0)[0]
+
+    def stopped(self) -> bool:
+        """Every thread of the session is stopped (or gone)."""
+        try:
+            tids = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return True
+        return all((proc_state(f"{self.pid}/task/{tid}") or (0, "X"))[1] in "TtZX" for tid in tids)
+
+    def freeze(self) -> None:
+        """Stop the session until its next call; kill it if it does not stop in FREEZE_S."""
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGSTOP)
+        except OSError:
+            return
+        deadline = time.monotonic() + FREEZE_S
+        while not self.stopped():
+            if time.monotonic() > deadline:
+                self.kill()
+                return
+            time.sleep(0.0005)
+
     def call(self, code: str, stdin: bytes, deadline: float) -> dict:
+        request = frame(code.encode())  # before anything else: the session stays as it is
+        try:  # what the session wrote while it last ran would be taken for this call's answer
+            while self.sock.recv(65536, socket.MSG_DONTWAIT):
+                pass
+        except OSError:  # nothing more (BlockingIOError), or the session died (seen below)
+            pass
         i_r, i_w = os.pipe()
         o_r, o_w = os.pipe()
         e_r, e_w = os.pipe()
-        socket.send_fds(self.sock, [frame(code.encode())], [i_r, o_w, e_w])
+        answer: dict = {}
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGCONT)
+            socket.send_fds(self.sock, [request], [i_r, o_w, e_w], socket.MSG_NOSIGNAL)
+        except OSError:  # the session died since the last look
+            answer["status"] = None
         for fd in (i_r, o_w, e_w):
             os.close(fd)
         feed(i_w, stdin)
-        answer: dict = {}
 
         def done() -> bool:
             if not answer and select.select([self.sock], [], [], 0)[0]:
-                try:
-                    answer.update(json.loads(recv_frame(self.sock, b"")))
-                except (OSError, ValueError, EOFError):
+                try:  # the session is tool code: take only an int status and a str value
+                    got = json.loads(recv_frame(self.sock, b"", CONF["cap"] + 65536))
+                    status = got["status"] if type(got.get("status")) is int else None
+                    answer.update(status=status, value=cap_value(got.get("value")))
+                except (OSError, ValueError, EOFError, AttributeError):
                     answer["status"] = None
             return bool(answer)
 
@@ -327,16 +491,45 @@ class Repl:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:
             pass
-        PRIVATE_FDS.remove(self.sock.fileno())
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        for fd in (self.sock.fileno(), self.pidfd):
+            PRIVATE_FDS.remove(fd)
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
         self.sock.close()
+        os.close(self.pidfd)
         self.pid = 0
 
 
 REPL: list[Repl] = []
+
+
+def session() -> Repl | None:
+    """The persistent session if it is alive."""
+    if REPL and REPL[0].pid and not REPL[0].alive():
+        REPL[0].kill()
+    return REPL[0] if REPL and REPL[0].pid else None
+
+
+def settle() -> None:
+    """After every call: the session stopped and every other process of tool code killed. A
+    stray could wake the session up while it is being killed, hence the second look."""
+    for _ in range(10):
+        repl = session()
+        if repl is not None:
+            repl.freeze()
+            repl = session()
+        kill_strays({repl.pid} if repl else set())
+        if repl is None or repl.stopped():
+            return
+    repl = session()
+    if repl is not None:
+        repl.kill()
 
 
 def feed(fd: int, data: bytes) -> None:
@@ -362,10 +555,12 @@ def run_call(req: dict) -> dict:
     stdin = base64.b64decode(req.get("stdin", ""))
     oom_before = oom_count()
     if req["op"] == "py" and req.get("persistent"):
-        if not REPL or not REPL[0].pid:
-            REPL[:] = [Repl()]
-        r = REPL[0].call(req["code"], stdin, deadline)
-        kill_strays({REPL[0].pid} if REPL[0].pid else set())
+        repl = session()
+        if repl is None:
+            repl = Repl()
+            REPL[:] = [repl]
+        r = repl.call(req["code"], stdin, deadline)
+        settle()
         return decode_result(r, list(r["out"]), r["exit_code"], r["value"],
                              oom_count() > oom_before or r["exit_code"] == 137)
 
@@ -378,7 +573,7 @@ def run_call(req: dict) -> dict:
     else:
         def target(status_fd: int) -> None:
             status, value = python_main(req["code"], {"__name__": "__main__"})
-            os.write(status_fd, json.dumps({"value": value}).encode()[: CONF["cap"] + 64])
+            os.write(status_fd, json.dumps({"value": value}).encode())
             os._exit(status)
 
     pid, stdin_w, fds, status_r = spawn(target)
@@ -393,15 +588,13 @@ def run_call(req: dict) -> dict:
         return bool(status)
 
     pidfd = os.pidfd_open(pid)
-    got = collect(fds, deadline, done, pidfd)
+    got = collect(fds, deadline, done, pidfd, status_r)
     os.close(pidfd)
     kill_group(pid, status)
-    keep = {REPL[0].pid} if REPL and REPL[0].pid else set()
-    kill_strays(keep)  # daemons the call detached (setsid, double fork)
-    os.set_blocking(status_r, False)
-    try:
-        value = json.loads(os.read(status_r, CONF["cap"] + 64) or b"{}").get("value")
-    except (OSError, ValueError):
+    settle()  # daemons the call detached (setsid, double fork); the session, if it woke up
+    try:  # the result pipe is tool code's too: take only a str value
+        value = cap_value(json.loads(got["status"] or b"{}").get("value"))
+    except (ValueError, AttributeError):
         value = None
     for fd in (*fds, status_r):
         os.close(fd)
@@ -410,20 +603,38 @@ def run_call(req: dict) -> dict:
 
 
 def file_op(req: dict) -> dict:
-    path = os.path.realpath(os.path.join(CONF["work"], req["path"]))
-    if not path.startswith(os.path.realpath(CONF["work"]) + os.sep):
-        return {"error": "outside", "message": "path resolves outside the work dir"}
+    """Read or write a regular file in the work dir, with tool code's permissions (the worker's
+    effective ids). Never follows the path out of the work dir, never blocks on a FIFO."""
     try:
+        path = os.path.realpath(os.path.join(CONF["work"], req["path"]))
+        if not path.startswith(os.path.realpath(CONF["work"]) + os.sep):
+            return {"error": "outside", "message": "path resolves outside the work dir"}
         if req["op"] == "read":
-            with open(path, "rb") as f:
-                data = f.read(int(req["max"]) + 1)
-            return {"data": base64.b64encode(data).decode()}
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
+            flags = os.O_RDONLY
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "rb" if req["op"] == "read" else "wb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return {"error": "not_a_file", "message": "not a regular file"}
+            if req["op"] == "read":
+                return {"data": base64.b64encode(f.read(int(req["max"]) + 1)).decode()}
             f.write(base64.b64decode(req["data"]))
         return {"ok": True}
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte or an unencodable path
         return {"error": type(e).__name__, "message": str(e)}
+
+
+def handle(req: dict) -> dict:
+    op = req.get("op")
+    if op == "ping":
+        return {"ok": True, "pid": os.getpid()}
+    if op in ("exec", "py"):
+        return run_call(req)
+    if op in ("read", "write"):
+        return file_op(req)
+    return {"error": "protocol", "message": f"unknown op {op!r}"}
 
 
 def serve(fin, fout) -> None:
@@ -431,22 +642,19 @@ def serve(fin, fout) -> None:
         req = read_msg(fin)
         if req is None:
             return
-        op = req.get("op")
-        if op == "ping":
-            resp = {"ok": True, "pid": os.getpid()}
-        elif op in ("exec", "py"):
-            resp = run_call(req)
-        elif op in ("read", "write"):
-            resp = file_op(req)
-        else:
-            resp = {"error": "protocol", "message": f"unknown op {op!r}"}
+        try:
+            resp = handle(req)
+        except Exception as e:  # the worker must outlive any request; the host decides
+            resp = {"error": "worker", "message": f"{type(e).__name__}: {e}"}
+        resp["nonce"] = req.get("nonce") if isinstance(req, dict) else None
         write_msg(fout, resp)
 
 
 def main() -> None:
     CONF.update(json.loads(sys.argv[1]))
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.closerange(3, 1 << 16)  # what the sandbox's setup left open (bwrap's pipes) is not ours
     os.umask(0o022)
+    become()
     if CONF.get("connect"):
         sock = socket.socket(socket.AF_UNIX)
         sock.connect(CONF["connect"])

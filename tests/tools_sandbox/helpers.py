@@ -9,18 +9,37 @@ from pathlib import Path
 from tools_sandbox.base import SandboxBackend
 
 
+def real_uid(pid: str) -> int | None:
+    """A process's real uid; not the owner of /proc/<pid>, which is its effective uid (tool
+    code's for the worker)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def uid_processes(uids: set[int]) -> list[str]:
     """Host processes running as one of `uids`."""
-    found = []
+    return [f"pid {name} uid {real_uid(name)}" for name in os.listdir("/proc")
+            if name.isdigit() and real_uid(name) in uids]
+
+
+def worker_pid(sandbox: object) -> int:
+    """The host pid of a sandbox's worker: a Python running worker.py as the sandbox's uid."""
+    uid = getattr(sandbox, "uid")  # noqa: B009 (every root-run backend's sandbox has one)
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                uid = os.stat(f"/proc/{name}").st_uid
-            except OSError:
-                continue
-            if uid in uids:
-                found.append(f"pid {name} uid {uid}")
-    return found
+        if not name.isdigit() or real_uid(name) != uid:
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().decode().split("\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]).startswith("python") and any(
+                a.endswith("worker.py") for a in argv):
+            return int(name)
+    raise AssertionError(f"no worker process of uid {uid}")
 
 
 def leftovers(backend: SandboxBackend, settle_s: float = 3.0) -> list[str]:

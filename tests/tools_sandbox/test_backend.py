@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import anyio
 import pytest
 
@@ -9,7 +12,7 @@ from agent_rl.errors import SandboxError, ToolError
 from tools_sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 
 from .conftest import small_limits
-from .helpers import leftovers
+from .helpers import leftovers, worker_pid
 
 pytestmark = pytest.mark.anyio
 SPEC = SandboxSpec(limits=small_limits(), env=(("GREETING", "hello"),))
@@ -70,6 +73,9 @@ async def test_failures_are_results_and_the_next_call_works(backend: SandboxBack
         r = await sb.run_python("import sys\nwhile True: sys.stdout.write('y' * 4096)")
         assert r.truncated and len(r.stdout) <= SPEC.limits.output_bytes
         r = await sb.run_python("import os, signal; os.kill(os.getppid(), signal.SIGKILL)")
+        assert "PermissionError" in r.stderr and not r.restarted  # tool code is not its uid
+        os.kill(worker_pid(sb), signal.SIGKILL)  # the host can kill it: then it is respawned
+        r = await sb.run_python("print(1)")
         assert r.restarted and r.exit_code is None
         await sb.write_file("kept.txt", "still here")
         r = await sb.run_python("import os, signal; os.kill(-1, signal.SIGKILL)")

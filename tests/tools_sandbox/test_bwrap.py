@@ -15,6 +15,7 @@ from tools_sandbox.bwrap import BwrapBackend
 from tools_sandbox.image import build_rootfs
 
 from .conftest import backend_or_skip, small_limits
+from .helpers import real_uid, worker_pid
 
 pytestmark = pytest.mark.anyio
 SPEC = SandboxSpec(limits=small_limits())
@@ -32,7 +33,10 @@ async def test_host_uid_cgroups_and_limits(bwrap: BwrapBackend) -> None:
     async with await bwrap.create(SPEC) as sb:
         pids = sb.cgroup.pids()  # type: ignore[attr-defined]
         assert pids, "the sandbox's processes are not in its cgroup"
-        assert {os.stat(f"/proc/{p}").st_uid for p in pids} == {sb.uid}  # type: ignore[attr-defined]
+        assert {real_uid(str(p)) for p in pids} == {sb.uid}  # type: ignore[attr-defined]
+        with open(f"/proc/{worker_pid(sb)}/status") as f:
+            uids = next(line.split()[1:4] for line in f if line.startswith("Uid:"))
+        assert uids == [str(sb.uid), str(sb.tool_uid), str(sb.uid)]  # type: ignore[attr-defined]
         mem = Path(sb.cgroup.dirs[0])  # type: ignore[attr-defined]
         limit_file = "memory.max" if bwrap.layout.v2 else "memory.limit_in_bytes"
         assert int((mem / limit_file).read_text()) == SPEC.limits.memory_mb << 20
@@ -43,14 +47,15 @@ async def test_host_uid_cgroups_and_limits(bwrap: BwrapBackend) -> None:
             assert int((cpu[0] / "cpu.cfs_quota_us").read_text()) == 100_000  # limits.cpus = 1
         r = await sb.run_python(
             "import os, socket\n"
-            "print(os.getuid(), os.path.exists('/sys/class/net'))\n"
-            "print(open('/proc/1/environ').read().split('\\0'))\n"
+            "print(os.getresuid(), os.path.exists('/sys/class/net'))\n"
+            "try:\n    print(open('/proc/1/environ').read().split('\\0'))\n"
+            "except OSError as e:\n    print('environ', e.errno)\n"
             "try:\n    socket.socket(socket.AF_INET)\n"
             "except OSError as e:\n    print('inet', e.errno)\n"
             "s = socket.socket(socket.AF_UNIX); print('unix ok')")
         lines = r.stdout.splitlines()
-        assert lines[0] == "1000 False"  # the sandbox's uid; no /sys at all
-        assert lines[1] == "['PATH=/usr/local/bin:/usr/bin:/bin', '']"  # pid 1: nothing of ours
+        assert lines[0] == "(1001, 1001, 1001) False"  # tool code's uid, not the worker's; no /sys
+        assert lines[1] == "environ 13"  # pid 1 (bwrap) is the worker's uid: out of reach
         assert lines[2] == "inet 97" and lines[3] == "unix ok"  # EAFNOSUPPORT from seccomp
 
 
