@@ -5,10 +5,13 @@ answers, a host process it tried to kill still runs, nothing was written outside
 the next call in the same sandbox works, and once the sandbox is closed nothing of it is left
 (processes, cgroups, mounts, dirs, containers). The rlimit backend is not isolation; the attacks
 it does not contain are marked xfail(strict), so the day it contains one, the suite says so.
+Attacks on the integrity of results (forged answers, a session that outlives its call, input
+that kills the worker) are in test_integrity.py.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 import subprocess
@@ -137,6 +140,35 @@ def attack(h: Host, other_file: str) -> dict[str, str]:
             if r == 0:
                 os._exit(0 if libc.ptrace(0, 0, None, None) == 0 else 1)  # PTRACE_TRACEME
             print('traceme', os.waitpid(r, 0)[1])"""),
+        "sigstop_the_worker": textwrap.dedent("""
+            import os, signal
+            for pid in os.listdir('/proc'):  # the worker, the sandbox's init, anything it sees
+                if pid.isdigit() and int(pid) != os.getpid():
+                    try: os.kill(int(pid), signal.SIGSTOP); print('stopped', pid)
+                    except OSError: pass
+            print('done')"""),
+        "other_socket_families": textwrap.dedent("""
+            import socket
+            # vsock (ports shared with the host), alg, netlink, packet, inet, inet6, tipc,
+            # bluetooth, rds, xdp, can, key, ieee802154, qipcrtr
+            for fam in (40, 38, 16, 17, 2, 10, 30, 31, 21, 44, 29, 15, 36, 42):
+                for kind in (1, 2, 3, 5):
+                    try: socket.socket(fam, kind).close(); print('ESCAPED family', fam, kind)
+                    except OSError: pass
+            socket.socket(socket.AF_UNIX).close(); socket.socketpair(); print('unix ok')"""),
+        "shm_flood": textwrap.dedent(f"""
+            mib = b'x' * (1 << 20)
+            for i in range(64):
+                try:
+                    with open('/dev/shm/{SHM_PREFIX}-%d' % i, 'wb') as f: f.write(mib)
+                except OSError as e: print('wrote', i, 'MiB, stopped', e.errno); break
+            else: print('wrote 64 MiB')"""),
+        "inode_flood": textwrap.dedent("""
+            import os
+            os.mkdir('many')  # in the work dir (rlimit's is not /work)
+            for i in range(1_000_000):
+                try: os.close(os.open('many/%d' % i, os.O_CREAT | os.O_WRONLY))
+                except OSError as e: print('created', i, 'files, stopped', e.errno); break"""),
     }
 
 
@@ -158,19 +190,33 @@ def check(name: str, backend: str, r: ExecResult, h: Host) -> None:
         assert r.truncated and len(r.stdout) <= SPEC.limits.output_bytes and r.duration_s < 10
     elif name == "ptrace_mount_unshare" and backend == "bwrap":
         assert "ptrace attached" not in r.stdout and "traceme 0" not in r.stdout  # seccomp
+    elif name == "sigstop_the_worker":  # it must not be able to: the call ends as usual
+        assert r.ok and r.stdout.endswith("done\n") and not r.restarted and r.duration_s < 1.5, r
+    elif name == "other_socket_families":
+        assert r.ok and r.stdout == "unix ok\n", r
+    elif name == "shm_flood":  # /dev/shm is sized like /tmp
+        assert "stopped 28" in r.stdout, r
+        assert int(r.stdout.split()[1]) <= SPEC.limits.tmp_mb, r
+    elif name == "inode_flood":  # the work dir holds a file per 16 KiB of its size, no more
+        assert "stopped 28" in r.stdout, r
+        assert int(r.stdout.split()[1]) <= (SPEC.limits.disk_mb << 20) // (16 << 10), r
 
 
 NOT_CONTAINED_BY_RLIMIT = {
     "write_outside_work_dir": "rlimit shares the host's filesystem (/tmp is world-writable)",
     "connect_to_host_loopback": "rlimit shares the host's network",
     "ptrace_mount_unshare": "rlimit lets tool code create user namespaces",
+    "other_socket_families": "rlimit has no seccomp filter",
+    "shm_flood": "rlimit shares the host's /dev/shm",
 }
 ATTACKS = [
     "read_etc_shadow", "read_other_sandbox", "read_server_environ", "write_outside_work_dir",
     "connect_to_host_loopback", "fork_bomb", "memory_hog", "stdout_flood_1gb", "disk_flood",
     "infinite_loop", "eight_spinning_processes", "sleep_forever", "detach_setsid_double_fork",
     "kill_parent_and_everything", "signal_host_process", "ptrace_mount_unshare",
+    "sigstop_the_worker", "other_socket_families", "shm_flood", "inode_flood",
 ]
+SHM_PREFIX = f"agent-rl-test-flood-{os.getpid()}"
 
 
 @pytest.mark.parametrize("name", ATTACKS)
@@ -204,8 +250,9 @@ async def test_attack_is_contained(
         finally:
             if other is not None:
                 await other.close()
-            if os.path.exists(host.marker):
-                os.remove(host.marker)
+            for path in [host.marker, *glob.glob(f"/dev/shm/{SHM_PREFIX}-*")]:  # rlimit's
+                if os.path.exists(path):
+                    os.remove(path)
     assert leftovers(backend) == []
 
 
