@@ -66,9 +66,9 @@ class DockerSandbox(PreparedSandbox):
         (self.dir / "owner").write_text(self.backend.owner)
         self.dir.chmod(0o755)
         hostfs.mount_tmpfs(self.sbx, 1, 0, 0, mode=0o755)
-        for name, data in (("worker.py", self.backend.worker.read_bytes()),
-                           ("seccomp.bpf", self.backend.filter_path(self.spec.network).read_bytes())):
-            (self.sbx / name).write_bytes(data)
+        for name, source in (("worker.py", self.backend.worker),
+                             ("seccomp.bpf", self.backend.filter_path(self.spec.network))):
+            (self.sbx / name).write_bytes(source.read_bytes())
             (self.sbx / name).chmod(0o644)
         # a host tmpfs, bind-mounted: a tmpfs volume would be emptied with each container
         hostfs.mount_tmpfs(self.dir / "work", self.spec.limits.disk_mb, self.tool_uid,

@@ -74,9 +74,9 @@ def _refused_families(seccomp: object, allowed: tuple[int, ...]) -> list[object]
     """Argument conditions, one per rule, that together match every family not in `allowed`:
     each gap between allowed values, and everything above the largest (the whole 64-bit
     register is compared, so high bits set on an allowed value are refused too)."""
-    Arg = seccomp.Arg  # type: ignore[attr-defined]
+    Arg, EQ, GT = seccomp.Arg, seccomp.EQ, seccomp.GT  # type: ignore[attr-defined]
     rules, low = [], 0
     for family in sorted(allowed):
-        rules += [Arg(0, seccomp.EQ, value) for value in range(low, family)]  # type: ignore[attr-defined]
+        rules += [Arg(0, EQ, value) for value in range(low, family)]
         low = family + 1
-    return [*rules, Arg(0, seccomp.GT, max(allowed))]  # type: ignore[attr-defined]
+    return [*rules, Arg(0, GT, max(allowed))]

@@ -1,4 +1,4 @@
-"""The persistent worker that runs inside every sandbox (stdlib only, ctypes included; Python >= 3.9).
+"""The persistent worker that runs inside every sandbox (stdlib and ctypes only, Python >= 3.9).
 
 One worker per sandbox serves calls over a byte stream (its stdin/stdout, or a unix socket it
 connects to), so a call pays a fork, not a sandbox and interpreter start-up. Framing: a 4-byte

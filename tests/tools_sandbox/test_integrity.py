@@ -115,8 +115,9 @@ REACH = textwrap.dedent("""
     if any(libc.syscall(438, pidfd, fd, 0) >= 0 for fd in range(16)):
         print('REACHED its descriptors (pidfd_getfd)')
     for what in ('fd', 'mem', 'environ'):
+        path = f'/proc/{worker}/{what}'
         try:
-            os.listdir(f'/proc/{worker}/fd') if what == 'fd' else open(f'/proc/{worker}/{what}', 'rb')
+            os.listdir(path) if what == 'fd' else open(path, 'rb')
             print('REACHED /proc/<worker>/' + what)
         except OSError:
             pass
@@ -204,10 +205,11 @@ async def test_a_session_thread_runs_only_inside_persistent_calls(backend: Sandb
         r = await sb.run_python(code, persistent=True)
         assert r.ok and not r.restarted, r
         ticks = len(await sb.read_file("ticks"))
+        count = "import time\ntime.sleep(0.2)\nprint(len(open('ticks').read()))"
         for _ in range(3):
             await anyio.sleep(0.2)
             assert len(await sb.read_file("ticks")) == ticks  # not between calls
-            r = await sb.run_python("import time; time.sleep(0.2); print(len(open('ticks').read()))")
+            r = await sb.run_python(count)
             assert r.ok and not r.restarted and int(r.stdout) == ticks, r  # nor during others
         procs = tool_processes(sb)  # the stopped session, and nothing else (but the zombies
         assert [s for s in procs.values() if s != "Z"] == ["T"], procs  # it reaps when it runs)
@@ -247,11 +249,12 @@ async def test_the_worker_never_dies_of_input(backend: SandboxBackend) -> None:
     async with await backend.create(SPEC) as sb:
         assert (await sb.run_python("x = 42", persistent=True)).ok
         pid = worker_pid(sb)
+        file_op = sb._file_op  # type: ignore[attr-defined]
         for path in ("a\0b", "\ud800"):
             with pytest.raises(ToolError):
-                await sb._file_op({"op": "read", "path": path, "max": 10}, 4096)  # type: ignore[attr-defined]
+                await file_op({"op": "read", "path": path, "max": 10}, 4096)
             with pytest.raises(ToolError):
-                await sb._file_op({"op": "write", "path": path, "data": ""}, 4096)  # type: ignore[attr-defined]
+                await file_op({"op": "write", "path": path, "data": ""}, 4096)
         for req in ({"op": "py", "code": "'\ud800'", "persistent": True},
                     {"op": "py", "code": 7, "persistent": True}, {"op": "exec"},
                     {"op": "exec", "argv": ["ls"], "stdin": "not base64!"}, {"op": "nonsense"}):
