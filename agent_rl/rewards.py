@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from agent_rl.errors import EnvError
+from agent_rl.errors import EnvError, ToolError
 
 if TYPE_CHECKING:
     from agent_rl.sandbox import Sandbox
@@ -139,7 +139,11 @@ async def run_json_program(
     the last line it printed as JSON. A timeout or a death without a result line is `ok=False`
     with the reason (the model's code can cause both); a broken sandbox raises `SandboxError`."""
     for path, text in (files or {}).items():
-        await sandbox.write_file(path, text)
+        try:
+            await sandbox.write_file(path, text)
+        except ToolError as e:
+            # The model may have put a directory there, or filled /work: its doing, scored 0.
+            return SandboxRun(ok=False, detail=f"the sandbox refused the verifier's file {path!r}: {e}")
     res = await sandbox.run_python(program, timeout=timeout)
     lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
     if lines and not res.timed_out:
@@ -161,9 +165,14 @@ async def verify_in_sandbox(
 ) -> Reward:
     """Run a verifier program whose last stdout line is a JSON `Reward`; 0 if it gave none.
 
-    The program's output is trusted. If it also runs the model's code in its own process, that
-    code can print a result line itself; verifiers that must resist that (code-tests) instead
-    let the sandbox only compute outputs and compare them with expected values on the host.
+    The program runs in a fresh interpreter after the model's calls have ended: no process or
+    thread of theirs runs meanwhile and no answer but the worker's is accepted (a forged one
+    raises SandboxError), so what this returns is what the program printed. That output is as
+    trustworthy as the program and what it reads: files the model left in the work dir are the
+    model's, and model code the program runs in its own process, or lets write to its stdout
+    (a subprocess inherits it), can print a result line too. Verifiers that must resist that
+    (code-tests) let the sandbox only compute outputs and compare them with expected values on
+    the host. None of this holds on the rlimit backend.
     """
     run = await run_json_program(sandbox, program, files=files, timeout=timeout)
     if run.ok:

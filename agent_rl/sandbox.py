@@ -6,7 +6,7 @@ An episode's sandbox tools and verifiers run in a `Sandbox`, made by a backend f
 output truncated, killed for memory, restarted). A misbehaving call is data, not an exception:
 it costs one turn, and the next call in the same sandbox works, because a backend respawns its
 sandbox when a call had to kill it. Exceptions (`SandboxError`) are reserved for the
-infrastructure failing.
+infrastructure failing, and for an answer that broke the protocol (the call then has no result).
 
 Files live in the sandbox's work dir (`/work` inside the sandbox), which survives a respawn;
 `read_file`/`write_file` take paths relative to it (or absolute under `/work`) and refuse to
@@ -120,7 +120,8 @@ class ExecResult(BaseModel):
     """A process of the sandbox was killed for exceeding the memory limit during the call."""
 
     value: str | None = None
-    """repr() of the value of the code's last expression (Python calls only), like a REPL."""
+    """repr() of the value of the code's last expression (Python calls only), like a REPL; cut
+    to the longest prefix whose JSON fits `output_bytes`."""
 
     restarted: bool = False
     """The sandbox had to be killed and was respawned; state outside /work was lost."""
@@ -169,15 +170,18 @@ class Sandbox(Protocol):
     ) -> ExecResult:
         """Run Python source. `persistent=True` runs it in the sandbox's REPL, whose globals
         survive across calls (until a call has to be killed); otherwise every call starts from a
-        fresh, pre-imported interpreter."""
+        fresh, pre-imported interpreter. Threads a persistent call starts survive with the REPL
+        but are stopped between its calls."""
         ...
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        """Bytes of a file in the work dir; raises ToolError if missing or outside it."""
+        """Bytes of a file in the work dir; raises ToolError if missing, outside it, not a
+        regular file, or a path that cannot be encoded (NUL, lone surrogate)."""
         ...
 
     async def write_file(self, path: str, data: str | bytes) -> None:
-        """Create or replace a file in the work dir (parents created)."""
+        """Create or replace a file in the work dir (parents created); ToolError for a path or
+        text that cannot be encoded (NUL, lone surrogate) or a path that is not a regular file."""
         ...
 
     async def close(self) -> None:
