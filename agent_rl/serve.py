@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from dataclasses import dataclass
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import anyio
 from agent_rl.config import Config
 from agent_rl.errors import EngineError
 from agent_rl.rollout.scheduler import Scheduler, SchedulerStats
-from agent_rl.store import Store
+from agent_rl.store import Endings, Ledger, Store
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,37 @@ def default_model(model: Path | None) -> Path:
     return DEFAULT_MODEL_DIR
 
 
-async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool = False) -> SchedulerStats:
+@dataclass
+class ServeSummary:
+    """What one serve process did, as the store records it (never in-process counters)."""
+
+    run_id: int
+    owner: str
+    ledger: Ledger
+    """Where the episodes this process ran are now."""
+    endings: Endings
+    """How they ended, by reason."""
+    run_ledger: Ledger
+    """Where every episode of the run is (all serves')."""
+    scheduler: SchedulerStats
+
+    @property
+    def admitted(self) -> int:
+        return self.ledger.admitted
+
+    @property
+    def completed(self) -> int:
+        """Episodes that ended with a reward (some may be trained or filtered since)."""
+        return self.ledger.completed + self.ledger.trained + self.ledger.filtered
+
+    @property
+    def failed(self) -> int:
+        return self.ledger.failed
+
+
+async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool = False) -> ServeSummary:
     """Run the rollout side until `max_episodes` are admitted and finished (None: until
-    cancelled); returns the scheduler's statistics. `with_api` also serves the web API and
+    cancelled); returns what the store says of the episodes this process ran. `with_api` also serves the web API and
     viewer (on `api.port` when configured, else a free port) for as long as serve runs."""
     from agent_rl import telemetry
     from agent_rl.engine.client import EngineClient
@@ -84,13 +113,27 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
             log.info("web API and viewer at http://%s:%d/", api_cfg.host, port)
         scheduler = Scheduler(
             ctx, env_id=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
-            max_staleness=cfg.trainer.max_staleness,
+            max_staleness=cfg.trainer.max_staleness, max_untrained_groups=untrained_groups_bound(cfg),
             run_config=cfg.model_dump(mode="json"),
         )
         with anyio.CancelScope() as scope:
             tg.start_soon(_drain_on_sigterm, scheduler, scope)
             await scheduler.run(max_episodes)
-    return scheduler.stats
+        run_id = scheduler.run_id
+        assert run_id is not None
+        return ServeSummary(
+            run_id=run_id, owner=ctx.owner, ledger=await store.ledger(run_id, owner=ctx.owner),
+            endings=await store.endings(run_id, owner=ctx.owner),
+            run_ledger=await store.ledger(run_id), scheduler=scheduler.stats,
+        )  # fmt: skip
+
+
+def untrained_groups_bound(cfg: Config) -> int:
+    """`rollout.max_untrained_groups`, its default worked out (0: no bound)."""
+    bound = cfg.rollout.max_untrained_groups
+    if bound is None:
+        return (cfg.trainer.max_staleness + 1) * cfg.trainer.groups_per_step
+    return bound
 
 
 async def _drain_on_sigterm(scheduler: Scheduler, scope: anyio.CancelScope) -> None:

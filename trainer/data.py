@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from agent_rl.store import Claim, Store, TokenArrays
+from agent_rl.store.staleness import Measure
+from agent_rl.store.staleness import staleness as staleness_of
 from trainer.batch import Batch
 from trainer.loss import grpo_advantages
 
@@ -28,9 +30,9 @@ class TrainingData:
     batch: Batch
     episode_ids: list[int]
     advantages: dict[int, float]
-    staleness: list[int]
-    """Per episode: the current policy version (before this step) minus the oldest version that
-    sampled one of its tokens (0: fully on-policy)."""
+    staleness: list[float]
+    """Per episode: the current policy version (before this step) minus its sampling version
+    (`agent_rl.store.staleness`; 0: fully on-policy)."""
     model_tokens: int
     lengths: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
@@ -59,6 +61,7 @@ async def load_batch(
     claim: Claim,
     version: int,
     *,
+    measure: Measure = "tokens",
     std_normalize: bool = True,
     use_experts: bool = True,
 ) -> TrainingData:
@@ -72,10 +75,10 @@ async def load_batch(
         torch.tensor(rewards), torch.tensor([e.group_id for e in episodes]),
         std_normalize=std_normalize,
     ).tolist()
-    staleness = []
-    for a in arrays:
-        sampled = a.versions[a.versions >= 0]
-        staleness.append(version - int(sampled.min()) if sampled.size else 0)
+    staleness = [
+        0.0 if e.sampled.get(measure) is None else staleness_of(version, e.sampled[measure])
+        for e in episodes
+    ]
     episode_ids = [e.id for e in episodes]
     return TrainingData(
         batch=to_batch(arrays, adv, use_experts),

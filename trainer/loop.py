@@ -35,6 +35,7 @@ from agent_rl.config import Config
 from agent_rl.engine.client import EngineClient
 from agent_rl.errors import EngineError, LeaseLostError
 from agent_rl.store import Claim, Store
+from agent_rl.store.staleness import bucket
 from trainer.data import TrainingData, load_batch
 from trainer.learner import Learner, latest_checkpoint
 
@@ -185,7 +186,8 @@ class TrainLoop:
         t0 = time.monotonic()
         # Once per step, not per poll: a write transaction each poll would contend with serve.
         if floor > 0:
-            dropped = self._call(self.store.filter_stale(self.run_id, floor))
+            dropped = self._call(
+                self.store.filter_stale(self.run_id, floor, self.tcfg.staleness_measure))
             if dropped:
                 self.log(f"filtered {dropped} groups sampled below policy version {floor} (stale)")
         while True:
@@ -193,6 +195,7 @@ class TrainLoop:
                 raise _StopRequested
             claim = self._call(
                 self.store.claim(self.run_id, self.trainer_id, need, min_version=floor,
+                                 measure=self.tcfg.staleness_measure,
                                  lease_s=self.tcfg.claim_lease_s)
             )
             if len(claim.groups) >= need:
@@ -216,6 +219,7 @@ class TrainLoop:
             claim, waited = self._wait_for_claim()
             data = self._call(
                 load_batch(self.store, claim, self.stats.version,
+                           measure=self.tcfg.staleness_measure,
                            std_normalize=self.tcfg.advantage_std_normalize,
                            use_experts=self.learner.replay is not None)
             )
@@ -235,7 +239,8 @@ class TrainLoop:
             episodes=len(data.episode_ids),
             reward_mean=sum(data.rewards) / len(data.rewards),
             staleness_mean=sum(data.staleness) / len(data.staleness),
-            staleness_histogram={str(k): v for k, v in sorted(Counter(data.staleness).items())},
+            staleness_histogram={str(k): v for k, v in
+                                 sorted(Counter(map(bucket, data.staleness)).items())},
         )
         checkpoint = self._checkpoint() if step % self.tcfg.checkpoint_every == 0 else None
         committed = False
@@ -286,7 +291,8 @@ class TrainLoop:
             self._call(
                 self.store.commit(claim, self.run_id, step=step, version=version,
                                   checkpoint=str(checkpoint) if checkpoint else None,
-                                  metrics=metrics, advantages=data.advantages)
+                                  metrics=metrics, advantages=data.advantages,
+                                  measure=self.tcfg.staleness_measure)
             )
         except LeaseLostError as e:
             self.stats.lost_leases += 1

@@ -2,7 +2,7 @@
 
 The fork is a real episode run by the episode runner (`agent_rl.rollout.runner`), on the
 parent's task and seed, in a fresh environment (and sandbox). Its first k generations are not
-sampled: `ForkRunner` answers them with the parent's recorded completions, the exact token ids
+sampled: the runner answers them (its `prefix`) with the parent's recorded completions, the exact token ids
 with their logprobs, policy versions and routed experts, so the runner steps the environment
 through the same states and persists the same spans it persisted for the parent. From turn k
 on it generates through the engine with the policy served now.
@@ -18,80 +18,16 @@ import time
 from typing import Any
 
 import anyio
-import numpy as np
 from pydantic import ValidationError
 
 from agent_rl.api.replay import env_kwargs_for
 from agent_rl.api.schemas import ForkOut
 from agent_rl.config import Config, RolloutConfig
-from agent_rl.engine.client import FinishReason, Generation, WeightSpan
 from agent_rl.errors import EngineError, EnvError
+from agent_rl.rollout.recorded import recorded_turns
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
-from agent_rl.store import Store, TokenArrays
+from agent_rl.store import Store
 from agent_rl.tasks import Task
-
-
-def recorded_generation(
-    span: TokenArrays, num_prompt: int, finish_reason: str | None, rid: str
-) -> tuple[Generation, np.ndarray | None]:
-    """The parent's completion of one turn as the engine returned it, and the span's experts."""
-    ids = span.token_ids[num_prompt:]
-    versions = span.versions[num_prompt:].tolist()
-    spans, start = [], 0
-    for i in range(1, len(versions) + 1):
-        if i == len(versions) or versions[i] != versions[start]:
-            spans.append(WeightSpan(version=str(versions[start]), start=start, end=i))
-            start = i
-    gen = Generation(
-        rid=rid,
-        output_ids=ids.tolist(),
-        text="",
-        finish_reason=FinishReason(type=finish_reason) if finish_reason else None,
-        logprobs=span.logprobs[num_prompt:].tolist(),
-        weight_version=str(versions[-1]) if versions else None,
-        weight_spans=spans,
-        prompt_tokens=num_prompt,
-        completion_tokens=len(ids),
-        cached_tokens=0,
-    )
-    return gen, span.routed_experts
-
-
-class ForkRunner(EpisodeRunner):
-    """An EpisodeRunner whose first generations are the parent's recorded ones."""
-
-    def __init__(
-        self,
-        ctx: RunnerContext,
-        episode_id: int,
-        env_id: str,
-        task: Task,
-        seed: int | None,
-        env_kwargs: dict[str, Any],
-        prefix: list[tuple[TokenArrays, int, str | None]],
-    ) -> None:
-        super().__init__(ctx, episode_id, env_id, task, seed, env_kwargs)
-        self.prefix = prefix
-        """(span, number of prompt tokens, finish reason) of each copied turn."""
-
-    async def _generate(
-        self, input_ids: list[int], max_new: int, turn: int, persisted: int
-    ) -> Generation:
-        if turn >= len(self.prefix):
-            return await super()._generate(input_ids, max_new, turn, persisted)
-        span, num_prompt, finish = self.prefix[turn]
-        gen, experts = recorded_generation(
-            span, num_prompt, finish, f"fork-{self.episode_id}-{turn}"
-        )
-        if (
-            len(input_ids) - persisted == num_prompt
-            and experts is not None
-            and self.ctx.routed_experts
-        ):
-            gen.routed_experts = (
-                experts  # same prompt span: the parent's routing applies row for row
-            )
-        return gen
 
 
 async def fork_episode(
@@ -104,25 +40,16 @@ async def fork_episode(
         raise EnvError(
             f"episode {episode_id} has {parent.num_turns} turns: fork from a turn in 0..{parent.num_turns - 1}"
         )
-    tokens = await store.episode_tokens(episode_id)
-    prefix = []
-    for t in detail.turns[:turn]:
-        span = _slice(tokens, t.span_start, t.span_start + t.num_tokens)
-        prefix.append((span, t.num_prompt_tokens, t.finish_reason))
+    prefix = await recorded_turns(store, episode_id, upto=turn)
     task_row = await store.get_task(parent.task_id)
     run = await store.get_run(parent.run_id)
     group_id, (fork_id,) = await store.admit_group(
         parent.run_id, parent.task_id, parent.env_id, 1, [parent.seed],
         parent_episode_id=parent.id,
     )
-    runner = ForkRunner(
-        ctx,
-        fork_id,
-        parent.env_id,
-        Task(id=task_row["key"], data=task_row["payload"]),
-        parent.seed,
-        env_kwargs_for(cfg, run.get("config"), parent.env_id),
-        prefix,
+    runner = EpisodeRunner(
+        ctx, fork_id, parent.env_id, Task(id=task_row["key"], data=task_row["payload"]),
+        parent.seed, env_kwargs_for(cfg, run.get("config"), parent.env_id), prefix=prefix,
     )
     with anyio.fail_after(cfg.api.replay_timeout_s):
         result = await runner.run()
@@ -137,17 +64,6 @@ async def fork_episode(
         from_turn=turn,
         status=forked.status,
         reward=result.reward if result.status == "completed" else None,
-    )
-
-
-def _slice(tokens: TokenArrays, lo: int, hi: int) -> TokenArrays:
-    experts = None if tokens.routed_experts is None else tokens.routed_experts[lo:hi]
-    return TokenArrays(
-        tokens.token_ids[lo:hi],
-        tokens.logprobs[lo:hi],
-        tokens.loss_mask[lo:hi],
-        tokens.versions[lo:hi],
-        experts,
     )
 
 

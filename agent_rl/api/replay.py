@@ -27,6 +27,7 @@ from agent_rl.env import Env
 from agent_rl.errors import EnvError, StoreError
 from agent_rl.registry import make
 from agent_rl.rollout.episode_env import episode_sandbox
+from agent_rl.rollout.recorded import split_transcript
 from agent_rl.store import Store
 from agent_rl.tasks import Task
 from agent_rl.tool_calls import parse_completion
@@ -45,22 +46,6 @@ def env_kwargs_for(cfg: Config, run_config: dict[str, Any] | None, env_id: str) 
     if cfg.rollout.env == env_id:
         return dict(cfg.rollout.env_kwargs)
     return {}
-
-
-def split_transcript(
-    messages: list[dict[str, Any]],
-) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], list[dict[str, Any]]]]]:
-    """(initial messages, [(assistant message, the observations that followed it)])."""
-    initial: list[dict[str, Any]] = []
-    turns: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-    for m in messages:
-        if m["role"] == "assistant":
-            turns.append((m, []))
-        elif turns:
-            turns[-1][1].append(m)
-        else:
-            initial.append(m)
-    return initial, turns
 
 
 def _key(m: dict[str, Any]) -> tuple[str, str, str | None]:

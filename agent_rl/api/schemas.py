@@ -47,6 +47,9 @@ EpisodeOut = from_record(
         "index": "Position within its group.",
         "status": "waiting | running | completed | trained | filtered | failed",
         "advantage": "Set when the trainer committed its group.",
+        "staleness": "Set when trained: the trainer's version before the step minus the "
+        "episode's token-weighted sampling version.",
+        "resumes": "Times a serve resumed it after the serve running it died.",
     },
 )
 
@@ -170,16 +173,30 @@ class ToolLatency(Percentiles):
     errors: int
 
 
+class EndingsOut(Schema):
+    """How episodes ended, counted by reason over the run."""
+
+    truncated: dict[str, int] = Field(
+        description="Completed by a budget: max_turns, max_tokens, max_new_tokens, deadline, env."
+    )
+    filtered: dict[str, int] = Field(
+        description="Filtered, by kind: stale, zero_variance, group_reward_failed, fork, other."
+    )
+    failed: dict[str, int] = Field(description="Failed, by error type (Interrupted, EngineError, ...).")
+
+
 class StatsOut(Schema):
     """Where episodes are, how fast they come, how stale they were, how long things take."""
 
     run_id: int | None
     ledger: dict[str, int]
+    endings: EndingsOut
     throughput: dict[str, float | None] = Field(
         description="Over the sampled window: episodes_per_s and model_tokens_per_s."
     )
     staleness: dict[str, int] = Field(
-        description="Trained episodes by (version trained at - oldest version that sampled them)."
+        description="Trained episodes by staleness, as the trainer counted it against its bound: "
+        "its version before the step minus the episode's sampling version, rounded."
     )
     episode_latency_s: dict[str, Percentiles] = Field(description="Per env: episode wall time.")
     tool_latency_s: dict[str, ToolLatency] = Field(description="Per tool: call wall time.")

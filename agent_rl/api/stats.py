@@ -2,19 +2,22 @@
 
 Computed from the newest finished episodes and tool calls (`store.recent_activity`, a bounded
 window), so the cost of `/stats` does not grow with the age of the run. Staleness of a trained
-episode is the policy version its training step published minus the oldest version that
-sampled any of its tokens: how far behind the trainer its data was.
+episode is the one the trainer recorded when it trained it (`agent_rl.store.staleness`: the
+trainer's version before the step minus the episode's sampling version), so the histogram and
+the trainer's bound agree. How episodes ended, by reason, is counted over the whole run.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from agent_rl.api.schemas import Percentiles, StatsOut, ToolLatency
+from agent_rl.api.schemas import EndingsOut, Percentiles, StatsOut, ToolLatency
 from agent_rl.store import Store
+from agent_rl.store.staleness import bucket
 
 WINDOW = 5000
 """Episodes and tool calls the statistics are computed over (the newest ones)."""
@@ -39,18 +42,9 @@ def summarize(activity: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         name = c["name"] or "(malformed)"
         by_tool[name].append(float(c["duration_s"]))
         errors[name] += c["status"] != "ok"
-    version_of_step = {
-        (v["run_id"], v["trainer_step"]): v["version"]
-        for v in activity["versions"]
-        if v["trainer_step"] is not None
-    }
-    staleness: Counter[str] = Counter()
-    for e in episodes:
-        if e["trained_step"] is None or e["min_version"] is None:
-            continue
-        trained_at = version_of_step.get((e["run_id"], e["trained_step"]))
-        if trained_at is not None:
-            staleness[str(max(0, trained_at - e["min_version"]))] += 1
+    staleness: Counter[str] = Counter(
+        str(bucket(e["staleness"])) for e in episodes if e["staleness"] is not None
+    )
     finished = [e["finished_at"] for e in episodes if e["finished_at"] is not None]
     span = (max(finished) - min(finished)) if len(finished) > 1 else 0.0
     tokens = sum(e["num_model_tokens"] for e in episodes)
@@ -72,5 +66,7 @@ def summarize(activity: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 async def run_stats(store: Store, run_id: int | None) -> StatsOut:
     ledger = await store.ledger(run_id)
+    endings = await store.endings(run_id)
     activity = await store.recent_activity(run_id, limit=WINDOW)
-    return StatsOut(run_id=run_id, ledger=ledger.as_dict(), **summarize(activity))
+    return StatsOut(run_id=run_id, ledger=ledger.as_dict(), endings=EndingsOut(**asdict(endings)),
+                    **summarize(activity))

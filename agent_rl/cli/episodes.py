@@ -54,7 +54,8 @@ def list_cmd(
     table = Table("id", "env", "group", "status", "reward", "turns", "tokens", "versions", "cause")
     for e in episodes:
         versions = "" if e.min_version is None else f"{e.min_version}-{e.max_version}"
-        cause = e.error_cause or e.filter_reason or ""
+        truncated = (e.reward_details or {}).get("truncated")
+        cause = e.error_cause or e.filter_reason or (f"truncated: {truncated}" if truncated else "")
         table.add_row(
             str(e.id), e.env_id, str(e.group_id), e.status,
             "" if e.reward is None else f"{e.reward:.3g}", str(e.num_turns), str(e.num_tokens),

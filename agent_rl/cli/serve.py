@@ -6,13 +6,16 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import anyio
 import typer
 from rich.table import Table
 
 from agent_rl.cli.common import console, state
+
+if TYPE_CHECKING:
+    from agent_rl.serve import ServeSummary
 
 
 def serve(
@@ -29,7 +32,6 @@ def serve(
 ) -> None:
     """Run the scheduler and episode runners; by default with an embedded router and engine."""
     from agent_rl.serve import serve as run_serve
-    from agent_rl.store import Store
 
     cfg = state(ctx).config()
     updates = {}
@@ -40,23 +42,32 @@ def serve(
         updates["engine"] = cfg.engine.model_copy(update={"model": model})
     cfg = cfg.model_copy(update=updates)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stats = anyio.run(lambda: run_serve(cfg, max_episodes=max_episodes, with_api=api))
+    summary = anyio.run(lambda: run_serve(cfg, max_episodes=max_episodes, with_api=api))
     # Every episode is recorded by now: a SIGTERM (e.g. the second of a drain that just ended)
     # only cuts the summary short, instead of killing the process with a signal status.
     signal.signal(signal.SIGTERM, _exit_quietly)
-
-    async def ledger():  # type: ignore[no-untyped-def]
-        async with await Store.open(cfg.store) as store:
-            return await store.ledger(await store.run_id(cfg.run.name))
-
-    table = Table("admitted", "completed", "failed", "groups ready", "groups filtered", "mean reward")
-    mean = sum(stats.rewards) / len(stats.rewards) if stats.rewards else float("nan")
-    table.add_row(str(stats.admitted), str(stats.completed), str(stats.failed),
-                  str(stats.groups_ready), str(stats.groups_filtered), f"{mean:.3f}")
-    console.print(table)
-    console.print("ledger: " + ", ".join(f"{k}={v}" for k, v in anyio.run(ledger).as_dict().items()))
+    print_summary(summary)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the interpreter's teardown has nothing to stop
 
 
 def _exit_quietly(signum: int, frame: object) -> None:
     sys.exit(0)
+
+
+def print_summary(summary: ServeSummary) -> None:
+    """This serve's episodes as the store has them, and how they ended (from the store)."""
+    ledger, endings = summary.ledger, summary.endings
+    table = Table("episodes run", "trained", "awaiting training", "filtered", "failed",
+                  "not ended", "mean reward", title="this serve's episodes (from the store)")
+    mean = "-" if ledger.mean_reward is None else f"{ledger.mean_reward:.3f}"
+    table.add_row(str(ledger.admitted), str(ledger.trained), str(ledger.completed),
+                  str(ledger.filtered), str(ledger.failed), str(ledger.running + ledger.waiting),
+                  mean)
+    console.print(table)
+    for what, counts in (("truncated", endings.truncated), ("filtered", endings.filtered),
+                         ("failed", endings.failed)):
+        if counts:
+            console.print(f"{what}: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())),
+                          highlight=False)
+    console.print("ledger of the run: " + ", ".join(
+        f"{k}={v}" for k, v in summary.run_ledger.as_dict().items()), highlight=False)

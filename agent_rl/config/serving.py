@@ -30,6 +30,13 @@ class RolloutConfig(Section):
     max_concurrent_episodes: int = Field(default=32, ge=1)
     """Episodes running at once in one serve process."""
 
+    max_untrained_groups: int | None = Field(default=None, ge=0)
+    """Admission bounds staleness at consumption: a group is admitted only while fewer groups
+    of the run are admitted and not yet trained (or filtered, or failed) than this, across
+    every serve. None: (trainer.max_staleness + 1) x trainer.groups_per_step, so that what
+    rollout has in flight can still be trained within the staleness bound when the trainer is
+    the slower side; 0: no bound (admission then checks only the served version)."""
+
     max_turns: int = Field(default=8, ge=1)
     """Assistant turns before the runner truncates an episode (reward 0, recorded why)."""
 
@@ -62,7 +69,12 @@ class RolloutConfig(Section):
     """How often a serve process marks its running episodes alive."""
 
     stale_after_s: float = Field(default=60.0, gt=0)
-    """A running episode whose process has not beaten for this long is resolved as interrupted."""
+    """A running episode whose process has not beaten for this long belongs to a process that
+    died: it is resumed by a live serve, or failed as interrupted if it cannot be."""
+
+    max_resumes: int = Field(default=2, ge=0)
+    """Times one episode may be resumed after its serve died; past that it fails as
+    interrupted (0: never resume)."""
 
 
 class ApiConfig(Section):

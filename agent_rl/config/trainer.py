@@ -94,6 +94,12 @@ class TrainerConfig(Section):
     max_staleness: int = Field(default=4, ge=0)
     """eta: train only on episodes sampled by a policy at most this many versions old."""
 
+    staleness_measure: Literal["tokens", "oldest"] = "tokens"
+    """How a group's sampling version is counted against `max_staleness`: the token-weighted
+    version of its stalest episode (a long episode that ran across weight updates is judged by
+    where its tokens came from), or the oldest token it holds (the rule before, which filters
+    long episodes first; kept for comparison)."""
+
     router_url: str | None = None
     """Router (or single SGLang server) that loads each export via /update_weights_from_disk;
     unset: `rollout.router_url`; neither: weights are exported but not synced."""

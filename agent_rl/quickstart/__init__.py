@@ -33,7 +33,14 @@ async def run_quickstart(
     from agent_rl.quickstart.pipeline import Quickstart, export_path
     from agent_rl.quickstart.processes import Supervisor
     from agent_rl.quickstart.recipe import BASE_MODEL, SFT_MODEL
-    from agent_rl.quickstart.report import PLOT_FILE, RESULTS_FILE, print_report, summarize, write_plot, write_results
+    from agent_rl.quickstart.report import (
+        PLOT_FILE,
+        RESULTS_FILE,
+        print_report,
+        summarize,
+        write_plot,
+        write_results,
+    )
     from agent_rl.store import Store
 
     qs = Quickstart(opts, workdir, console)

@@ -6,10 +6,13 @@ persisted as it completes with its span of tokens (new prompt/observation tokens
 0, then the completion with mask 1, its logprobs, the policy version of every token, and MoE
 routed experts when asked). Tool calls run through the environment, in the episode's sandbox.
 
-Outcomes: the env terminates or truncates -> `completed` with its reward; the runner's own
-limits (turns, tokens, deadline, a completion cut at max_new_tokens) -> `completed` with reward
-0 and the reason in the reward details, since running out of budget is the policy's doing; an
-infrastructure or user-code error -> `failed` with its cause, never a reward.
+Outcomes, every one written by `_end` (the episode's last turn and its terminal state in ONE
+store transaction, `Store.end_episode`): the env terminates or truncates -> `completed` with its
+reward; the runner's own limits (`max_turns`, `max_tokens`, a completion cut at
+`max_new_tokens`, the deadline) -> `completed` with reward 0 and `truncated: <limit>` in the
+reward details, since running out of budget is the policy's doing; an infrastructure or
+user-code error -> `failed` with its cause, never a reward; cancellation -> `failed` as
+interrupted.
 """
 
 from __future__ import annotations
@@ -38,8 +41,16 @@ from agent_rl.errors import EngineError, EngineUnavailableError, EnvError, Sandb
 from agent_rl.messages import AssistantTurn, Message
 from agent_rl.registry import make
 from agent_rl.rollout.episode_env import episode_sandbox
+from agent_rl.rollout.recorded import RecordedTurn, recorded_generation
 from agent_rl.rollout.render import ChatRenderer, Conversation
-from agent_rl.store import MessageRecord, Store, TokenArrays, ToolCallRecord, TurnRecord
+from agent_rl.store import (
+    EpisodeEnd,
+    MessageRecord,
+    Store,
+    TokenArrays,
+    ToolCallRecord,
+    TurnRecord,
+)
 from agent_rl.tasks import Task
 from agent_rl.tool_calls import parse_completion
 
@@ -71,11 +82,8 @@ class EpisodeResult:
     cause: str | None = None
 
 
-class _Finished(Exception):
-    """Ends the turn loop with the episode's reward (raised from inside it)."""
-
-    def __init__(self, reward: float, details: dict[str, Any]) -> None:
-        self.reward, self.details = reward, details
+class NotResumable(Exception):
+    """A resumed episode's replay did not reproduce what the store holds."""
 
 
 def policy_version(label: str | None) -> int:
@@ -87,44 +95,67 @@ def policy_version(label: str | None) -> int:
 
 
 class EpisodeRunner:
+    """Runs one episode to exactly one recorded end (see the module docstring).
+
+    `prefix` turns are answered from their records instead of the engine, exactly as the engine
+    produced them: a fork copies its parent's first turns (and persists them as its own); a
+    resumed episode (`resume=True`) replays the turns it already persisted before its serve
+    died, checking that the environment gives back the stored observations and the chat
+    template the stored prompt tokens, and then generates on from where it stopped.
+    """
+
     def __init__(self, ctx: RunnerContext, episode_id: int, env_id: str, task: Task,
-                 seed: int | None, env_kwargs: dict[str, Any] | None = None) -> None:
+                 seed: int | None, env_kwargs: dict[str, Any] | None = None, *,
+                 prefix: list[RecordedTurn] | None = None, resume: bool = False) -> None:  # fmt: skip
         self.ctx, self.episode_id, self.env_id = ctx, episode_id, env_id
         self.task, self.seed, self.env_kwargs = task, seed, env_kwargs or {}
+        self.prefix, self.resume = prefix or [], resume
 
     async def run(self) -> EpisodeResult:
         """Run the episode; returns how it ended (the store already says so)."""
-        store = self.ctx.store
-        await store.start_episode(self.episode_id, self.ctx.owner)
+        await self.ctx.store.start_episode(self.episode_id, self.ctx.owner)
         with telemetry.invoke_agent(self.env_id, self.episode_id, self.ctx.run_name) as span:
             try:
                 with anyio.fail_after(self.ctx.cfg.episode_timeout_s):
-                    result = await self._run()
+                    end = await self._run()
             except TimeoutError:
-                result = await self._finish_truncated("deadline")
-            except (EnvError, SandboxError, EngineError) as e:
-                result = await self._fail(e)
+                end = _truncated("deadline")
+            except NotResumable as e:
+                end = EpisodeEnd("failed", error_type="Interrupted",
+                                 error_cause=f"Interrupted: not resumable ({e})")
             except anyio.get_cancelled_exc_class():
-                with anyio.CancelScope(shield=True):
-                    await self._record_failure("Interrupted", "interrupted: serve shut down")
+                await self._end(EpisodeEnd("failed", error_type="Interrupted",
+                                           error_cause="interrupted: serve shut down"))
                 raise
             except StoreError:
                 raise
-            except Exception as e:  # a bug of ours: still one recorded state, with the traceback
-                result = await self._fail(e)
+            except Exception as e:  # env, sandbox, engine, or a bug of ours: with its cause
+                end = _failure(e, self.episode_id)
+            result = await self._end(end)
             span.set_attribute("agent_rl.episode.status", result.status)
             return result
 
-    async def _run(self) -> EpisodeResult:
+    async def _end(self, end: EpisodeEnd) -> EpisodeResult:
+        """Write the episode's end: the one place every exit goes through (shielded, so a
+        cancellation cannot leave the episode without its terminal state)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.ctx.store.end_episode(self.episode_id, end)
+            except StoreError as e:
+                if end.error_type != "Interrupted":
+                    raise
+                log.info("episode %d: %s", self.episode_id, e)  # already ended before a cancel
+        if end.status == "completed":
+            return EpisodeResult("completed", end.reward)
+        return EpisodeResult("failed", cause=end.error_cause)
+
+    async def _run(self) -> EpisodeEnd:
         env: Env = make(self.env_id, **self.env_kwargs)
         async with episode_sandbox(env, self.ctx.sandbox_backend) as sandbox:
             first = await env.reset(self.task, self.seed, sandbox=sandbox)
-            try:
-                return await self._loop(env, list(first.messages), first.tools)
-            except _Finished as done:
-                return EpisodeResult("completed", done.reward)
+            return await self._loop(env, list(first.messages), first.tools)
 
-    async def _loop(self, env: Env, messages: list[Message], tools: list[dict[str, Any]]) -> EpisodeResult:
+    async def _loop(self, env: Env, messages: list[Message], tools: list[dict[str, Any]]) -> EpisodeEnd:
         cfg = self.ctx.cfg
         conv = Conversation(self.ctx.renderer, tools)
         pending = conv.start(messages)  # ids not yet persisted (mask 0)
@@ -132,46 +163,56 @@ class EpisodeRunner:
         drift = False
         for t in range(cfg.max_turns):
             budget = cfg.max_tokens - len(conv.ids)
-            if budget <= 0:
-                await self._persist_tail(pending, new_messages)
-                raise _Finished(0.0, {"truncated": "max_tokens"})
+            if budget <= 0:  # the prompt alone fills the budget
+                return _truncated("max_tokens", messages=[_record(m) for m in new_messages])
             started = time.time()
-            gen = await self._generate(conv.ids, min(cfg.max_new_tokens, budget), t, len(conv.ids) - len(pending))
+            max_new = min(cfg.max_new_tokens, budget)
+            gen = await self._generate(conv.ids, max_new, t, pending)
             ids = gen.output_ids
             text = self.ctx.renderer.decode(ids)
             content = text[: -len(self.ctx.renderer.eos_text)] if text.endswith(self.ctx.renderer.eos_text) else text
             turn = parse_completion(content, id_prefix=f"call_{t}_")
             cut = gen.finish_reason is not None and gen.finish_reason.type == "length"
-            result: StepResult | None = None
-            if not cut:
-                result = await env.step(turn)
+            result = None if cut else await env.step(turn)
             step_messages = [turn.to_message(), *(result.observations if result else [])]
             messages.extend(step_messages)
             new_messages.extend(step_messages)
-            span = self._span(pending, gen)
-            records = _tool_records(turn, result)
-            finished = cut or (result is not None and (result.terminated or result.truncated))
-            turn_record = TurnRecord(
-                tokens=span, num_prompt_tokens=len(pending), started_at=started, finished_at=time.time(),
-                messages=[_record(m) for m in new_messages], tool_calls=records,
+            record = TurnRecord(
+                tokens=self._span(pending, gen), num_prompt_tokens=len(pending),
+                started_at=started, finished_at=time.time(),
+                messages=[_record(m) for m in new_messages], tool_calls=_tool_records(turn, result),
                 finish_reason=gen.finish_reason.type if gen.finish_reason else None, drift=drift,
             )
-            if finished:
-                reward = 0.0 if cut or result is None else result.reward
-                details = {"truncated": "max_new_tokens"} if cut else _details(result)
-                await self.ctx.store.append_turn(self.episode_id, turn_record, final_reward=reward,
-                                                 reward_details=details)
-                return EpisodeResult("completed", reward)
-            await self.ctx.store.append_turn(self.episode_id, turn_record)
-            new_messages = []
+            if self.resume and t < len(self.prefix):
+                _check_observations(t, self.prefix[t], result)
+                unwritten = None  # replayed: the store holds this turn already
+            else:
+                unwritten = record
+            if result is None:  # cut at the token limit: never stepped
+                why = "max_new_tokens" if max_new == cfg.max_new_tokens else "max_tokens"
+                return _truncated(why, turn=unwritten)
+            if result.terminated or result.truncated:
+                return EpisodeEnd("completed", reward=result.reward,
+                                  reward_details=_details(result), turn=unwritten)
+            if t + 1 == cfg.max_turns:
+                return _truncated("max_turns", turn=unwritten, result=result)
             pending, drift = conv.add_turn(ids, messages)
             if drift:
                 log.warning("episode %d turn %d: carried tokens drifted from the chat template",
                             self.episode_id, t)
-        await self._persist_tail(pending, new_messages)
-        raise _Finished(0.0, {"truncated": "max_turns"})
+            if len(conv.ids) >= cfg.max_tokens:
+                return _truncated("max_tokens", turn=unwritten, result=result)
+            if unwritten is not None:
+                await self.ctx.store.append_turn(self.episode_id, unwritten)
+            new_messages = []
+        raise AssertionError("unreachable: the last turn always ends the episode")  # pragma: no cover
 
-    async def _generate(self, input_ids: list[int], max_new: int, turn: int, persisted: int) -> Generation:
+    async def _generate(self, input_ids: list[int], max_new: int, turn: int,
+                        pending: list[int]) -> Generation:  # fmt: skip
+        """The turn's completion: from the engine, or from its record (a prefix turn)."""
+        if turn < len(self.prefix):
+            return self._recorded(turn, pending)
+        persisted = len(input_ids) - len(pending)  # routed experts already known for these
         cfg = self.ctx.cfg
         # A 503 means no engine took the request (e.g. one restarting after a crash): nothing
         # was generated, so waiting and sending it again is safe; the episode deadline bounds it.
@@ -229,34 +270,46 @@ class EpisodeRunner:
             routed_experts=experts,
         )
 
-    async def _persist_tail(self, pending: list[int], new_messages: list[Message]) -> None:
-        """Nothing to persist as tokens past the last turn; observations stay as messages."""
-        if new_messages:
-            await self.ctx.store.add_messages(self.episode_id, [_record(m) for m in new_messages])
+    def _recorded(self, turn: int, pending: list[int]) -> Generation:
+        """Turn `turn` of the prefix, as the engine returned it when it was generated."""
+        recorded = self.prefix[turn]
+        if self.resume and pending != recorded.span.token_ids[: recorded.num_prompt].tolist():
+            raise NotResumable(f"turn {turn} differs: its prompt tokens render differently")
+        gen = recorded_generation(recorded, f"replay-{self.episode_id}-{turn}")
+        if len(pending) == recorded.num_prompt and self.ctx.routed_experts:
+            gen.routed_experts = recorded.span.routed_experts  # same span: routing row for row
+        return gen
 
-    async def _finish_truncated(self, why: str) -> EpisodeResult:
-        with anyio.CancelScope(shield=True):
-            await self.ctx.store.finish_episode(self.episode_id, 0.0, {"truncated": why})
-        return EpisodeResult("completed", 0.0)
 
-    async def _fail(self, e: BaseException) -> EpisodeResult:
-        kind = next((b.__name__ for b in (EnvError, SandboxError, EngineError) if isinstance(e, b)),
-                    type(e).__name__)
-        if isinstance(e, EnvCodeError):
-            cause = f"{e}\n{e.traceback}"
-        elif isinstance(e, (EnvError, SandboxError, EngineError)):
-            cause = str(e)
-        else:
-            cause = "".join(traceback.format_exception(e))
-        log.warning("episode %d failed: %s: %s", self.episode_id, kind, cause.splitlines()[0] if cause else "")
-        await self._record_failure(kind, cause)
-        return EpisodeResult("failed", cause=cause)
+def _check_observations(turn: int, recorded: RecordedTurn, result: StepResult | None) -> None:
+    """Resume: the replayed step must give back the observations the store holds."""
+    if recorded.observations is None:
+        return
+    replayed = [] if result is None else list(result.observations)
+    key = lambda m: (m["role"], m.get("content") or "", m.get("name"))  # noqa: E731
+    if [key(m) for m in replayed] != [key(m) for m in recorded.observations]:
+        raise NotResumable(f"turn {turn} differs: the environment observed something else")
 
-    async def _record_failure(self, kind: str, cause: str) -> None:
-        try:
-            await self.ctx.store.fail_episode(self.episode_id, kind, cause)
-        except StoreError as e:  # already terminal (e.g. completed just before a cancel)
-            log.info("episode %d: %s", self.episode_id, e)
+
+def _truncated(why: str, *, turn: TurnRecord | None = None, result: StepResult | None = None,
+               messages: list[MessageRecord] | None = None) -> EpisodeEnd:  # fmt: skip
+    """Ended by a budget (the policy's doing): completed with reward 0 and the reason."""
+    details = {**_details(result), "truncated": why}
+    return EpisodeEnd("completed", reward=0.0, reward_details=details, turn=turn,
+                      messages=messages or [])
+
+
+def _failure(e: BaseException, episode_id: int) -> EpisodeEnd:
+    kind = next((b.__name__ for b in (EnvError, SandboxError, EngineError) if isinstance(e, b)),
+                type(e).__name__)
+    if isinstance(e, EnvCodeError):
+        cause = f"{e}\n{e.traceback}"
+    elif isinstance(e, (EnvError, SandboxError, EngineError)):
+        cause = str(e)
+    else:
+        cause = "".join(traceback.format_exception(e))
+    log.warning("episode %d failed: %s: %s", episode_id, kind, cause.splitlines()[0] if cause else "")
+    return EpisodeEnd("failed", error_type=kind, error_cause=cause)
 
 
 def _record(m: Message) -> MessageRecord:
@@ -288,7 +341,8 @@ def _tool_records(turn: AssistantTurn, result: StepResult | None) -> list[ToolCa
 def _details(result: StepResult | None) -> dict[str, Any]:
     if result is None:
         return {}
-    details: dict[str, Any] = {"terminated": result.terminated, "truncated": result.truncated}
+    details: dict[str, Any] = {"terminated": result.terminated,
+                               "truncated": "env" if result.truncated else False}
     if result.info.reward is not None:
         details["reward"] = result.info.reward.model_dump(mode="json")
     return details

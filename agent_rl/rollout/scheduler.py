@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -26,6 +26,7 @@ from agent_rl.env import Env
 from agent_rl.errors import EngineError, EnvError, StoreError
 from agent_rl.registry import make
 from agent_rl.rewards import EpisodeOutcome
+from agent_rl.rollout.recorded import recorded_turns
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
 from agent_rl.tasks import Task
 
@@ -34,23 +35,26 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SchedulerStats:
+    """What this process did, for tests of admission; how its episodes ended is the store's
+    to say (`Store.ledger(run, owner=...)`), never these counters."""
+
     admitted: int = 0
-    completed: int = 0
-    failed: int = 0
-    groups_ready: int = 0
-    groups_filtered: int = 0
     waits_for_staleness: int = 0
-    rewards: list[float] = field(default_factory=list)
+    resumed: int = 0
 
 
 class Scheduler:
     def __init__(self, ctx: RunnerContext, *, env_id: str, max_staleness: int,
-                 env_kwargs: dict[str, Any] | None = None, run_config: dict[str, Any] | None = None,
-                 version_poll_s: float = 0.5) -> None:
+                 max_untrained_groups: int = 0, env_kwargs: dict[str, Any] | None = None,
+                 run_config: dict[str, Any] | None = None, version_poll_s: float = 0.5) -> None:
+        """`max_untrained_groups`: admit only while fewer of the run's groups are admitted and
+        not yet decided for training (0: no bound); see `RolloutConfig.max_untrained_groups`."""
         self.ctx = ctx
         self.env_id = env_id
         self.env_kwargs = env_kwargs or {}
         self.max_staleness = max_staleness
+        self.max_untrained_groups = max_untrained_groups
+        self._told_capacity = False
         self.run_config = run_config or {}
         self.version_poll_s = version_poll_s
         self.stats = SchedulerStats()
@@ -75,13 +79,11 @@ class Scheduler:
 
     async def run(self, max_episodes: int | None = None) -> SchedulerStats:
         """Admit and run episodes until `max_episodes` have been admitted (None: forever)."""
-        store, cfg = self.ctx.store, self.ctx.cfg
-        self.run_id = run_id = await store.ensure_run(self.ctx.run_name, self.run_config)
-        resolved = await store.resolve_interrupted(stale_after_s=cfg.stale_after_s, run_id=run_id)
-        if resolved:
-            log.warning("resolved %d episodes left running by a stopped process", len(resolved))
+        store = self.ctx.store
+        self.run_id = await store.ensure_run(self.ctx.run_name, self.run_config)
+        await self._reap_dead(resume=True)  # `_resume` below runs what goes back to waiting
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._heartbeat)
+            tg.start_soon(self._heartbeat, tg)
             resumed = await self._resume(tg)
             budget = None if max_episodes is None else max(max_episodes - resumed, 0)
             await self._admit_loop(tg, budget)
@@ -101,18 +103,51 @@ class Scheduler:
                 continue
             if not g["waiting"]:
                 continue  # still running in another serve process
-            task_row = await store.get_task(g["task_id"])
-            task = Task(id=task_row["key"], data=task_row["payload"])
-            for _ in g["waiting"]:
-                await self._slots.acquire()
-            summaries = {e.id: e for e in await store.group_episodes(g["group_id"])}
             # Only the episodes this process runs: one still "running" belongs to a process that
             # stopped, and is resolved by the heartbeat's reaper, which then decides the group.
-            self._pending[g["group_id"]] = len(g["waiting"])
-            for eid in g["waiting"]:
-                tg.start_soon(self._run_episode, g["group_id"], eid, task, summaries[eid].seed)
+            await self._start_waiting(tg, g["group_id"], g["waiting"])
             resumed += len(g["waiting"])
         return resumed
+
+    async def _start_waiting(self, tg: anyio.abc.TaskGroup, group_id: int, waiting: list[int]) -> None:
+        """Run admitted episodes that no process runs: never started, or resumed after their
+        serve died (those replay their persisted turns first)."""
+        store = self.ctx.store
+        summaries = {e.id: e for e in await store.group_episodes(group_id)}
+        task_row = await store.get_task(summaries[waiting[0]].task_id)
+        task = Task(id=task_row["key"], data=task_row["payload"])
+        for eid in waiting:
+            self._pending[group_id] = self._pending.get(group_id, 0) + 1
+            resume = summaries[eid].num_turns > 0
+            self.stats.resumed += resume
+            tg.start_soon(self._take_slot_and_run, group_id, eid, task, summaries[eid].seed, resume)
+
+    async def _take_slot_and_run(self, group_id: int, episode_id: int, task: Task,
+                                 seed: int | None, resume: bool) -> None:  # fmt: skip
+        await self._slots.acquire()  # released by `_run_episode`
+        await self._run_episode(group_id, episode_id, task, seed, resume)
+
+    async def _reap_dead(self, tg: anyio.abc.TaskGroup | None = None, *, resume: bool) -> bool:
+        """Episodes of a serve that died (silent for `stale_after_s`): with `resume`, resumable
+        ones go back to waiting (and, with `tg`, this process resumes them now); the rest fail
+        as interrupted. True if there were any."""
+        store, cfg, run_id = self.ctx.store, self.ctx.cfg, self.run_id
+        assert run_id is not None
+        resumable = resume and cfg.max_resumes > 0 and make(self.env_id, **self.env_kwargs).resumable
+        back = await store.resume_interrupted(
+            stale_after_s=cfg.stale_after_s, run_id=run_id, env_ids=[self.env_id],
+            max_resumes=cfg.max_resumes) if resumable else []  # fmt: skip
+        failed = await store.resolve_interrupted(stale_after_s=cfg.stale_after_s, run_id=run_id)
+        if back or failed:
+            log.warning("a stopped process left %d episodes running: %d resumed here, %d failed "
+                        "as interrupted", len(back) + len(failed), len(back), len(failed))
+        if back and tg is not None:
+            by_group: dict[int, list[int]] = {}
+            for e in await store.episodes_by_id(back):
+                by_group.setdefault(e.group_id, []).append(e.id)
+            for group_id, ids in by_group.items():
+                await self._start_waiting(tg, group_id, ids)
+        return bool(back or failed)
 
     async def _admit_loop(self, tg: anyio.abc.TaskGroup, budget: int | None) -> None:
         store, cfg, run_id = self.ctx.store, self.ctx.cfg, self.run_id
@@ -153,9 +188,10 @@ class Scheduler:
                 yield index, task
 
     async def _wait_within_staleness(self) -> None:
-        """Block while the served policy is more than eta versions behind the newest one, or
-        while no engine answers (a crashed engine being restarted): new episodes wait for it
-        instead of failing one after another."""
+        """Block while the served policy is more than eta versions behind the newest one, while
+        the run already holds `max_untrained_groups` groups the trainer has yet to take (what is
+        admitted now would age past the bound before its turn), or while no engine answers (a
+        crashed engine being restarted): new episodes wait instead of failing one after another."""
         unavailable = False
         while True:
             latest = await self.ctx.store.latest_version(self.run_id)  # type: ignore[arg-type]
@@ -164,13 +200,25 @@ class Scheduler:
                 if not unavailable:
                     log.warning("no engine answers; admission waits for one")
                     unavailable = True
-            elif served >= latest - self.max_staleness:
+            elif served < latest - self.max_staleness or await self._at_capacity():
+                self.stats.waits_for_staleness += 1
+            else:
                 if unavailable:
                     log.info("an engine answers again; admission resumes")
                 return
-            else:
-                self.stats.waits_for_staleness += 1
             await anyio.sleep(self.version_poll_s)
+
+    async def _at_capacity(self) -> bool:
+        if not self.max_untrained_groups:
+            return False
+        untrained = await self.ctx.store.untrained_groups(self.run_id)  # type: ignore[arg-type]
+        full = untrained >= self.max_untrained_groups
+        if full and not self._told_capacity:
+            log.info("admission waits: %d groups await training (rollout.max_untrained_groups); "
+                     "is `agent-rl train` running? Set rollout.max_untrained_groups = 0 to collect "
+                     "episodes without training", untrained)
+        self._told_capacity = full
+        return full
 
     async def _served_version(self) -> int | None:
         """The policy version the engines serve, or None if none answers."""
@@ -183,15 +231,12 @@ class Scheduler:
             return None
         return policy_version(info.get("weight_version"))
 
-    async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None) -> None:
+    async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None,
+                           resume: bool = False) -> None:  # fmt: skip
         try:
-            result = await EpisodeRunner(self.ctx, episode_id, self.env_id, task, seed,
-                                         self.env_kwargs).run()
-            if result.status == "completed":
-                self.stats.completed += 1
-                self.stats.rewards.append(result.reward or 0.0)
-            else:
-                self.stats.failed += 1
+            prefix = await recorded_turns(self.ctx.store, episode_id, observations=True) if resume else None
+            await EpisodeRunner(self.ctx, episode_id, self.env_id, task, seed, self.env_kwargs,
+                                prefix=prefix, resume=resume).run()
         except StoreError as e:
             # Another serve process started it first, or the store refused a write: the episode
             # is that process's, or is resolved as interrupted when its heartbeat goes stale.
@@ -225,34 +270,29 @@ class Scheduler:
         if filter_reason is None and cfg.filter_zero_variance and len(values) > 1 and max(values) == min(values):
             filter_reason = f"zero reward variance (all {values[0]:g})"
         try:
-            status = await store.complete_group(group_id, filter_reason=filter_reason, rewards=rewards)
+            await store.complete_group(group_id, filter_reason=filter_reason, rewards=rewards)
         except StoreError as e:
-            log.warning("group %d: %s", group_id, e)
-            return
-        if status == "ready":
-            self.stats.groups_ready += 1
-        elif status == "filtered":
-            self.stats.groups_filtered += 1
+            # Another process still runs some of its episodes (e.g. one resumed after a crash):
+            # whoever ends the last one decides the group.
+            log.info("group %d: %s", group_id, e)
 
     async def _drain(self) -> None:
         while self._pending:
             await anyio.sleep(0.05)
 
-    async def _heartbeat(self) -> None:
+    async def _heartbeat(self, tg: anyio.abc.TaskGroup) -> None:
         """Beat for this process's episodes, and reap other processes': episodes silent for
-        `stale_after_s` (their serve died; another serve, or this one restarted, runs on) end as
-        interrupted, and groups left with no running episode are decided."""
+        `stale_after_s` (their serve died) are resumed here, or end as interrupted, and groups
+        left with no running episode are decided."""
         store, run_id = self.ctx.store, self.run_id
         assert run_id is not None
         while True:
             await anyio.sleep(self.ctx.cfg.heartbeat_s)
             try:
                 await store.heartbeat(self.ctx.owner)
-                resolved = await store.resolve_interrupted(
-                    stale_after_s=self.ctx.cfg.stale_after_s, run_id=run_id)
-                if not resolved:
+                # A draining serve takes on no new work: it fails what it cannot finish.
+                if not await self._reap_dead(tg, resume=not self._stopping):
                     continue
-                log.warning("resolved %d episodes left running by a stopped process", len(resolved))
                 # Only after a death: a live serve decides its own groups.
                 for group_id in await store.groups_to_complete(run_id):
                     if group_id not in self._pending:

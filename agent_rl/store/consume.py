@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, or_, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, case, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import LeaseLostError, StoreError
@@ -21,6 +21,7 @@ from agent_rl.store.base import StoreBase, now, read, write
 from agent_rl.store.models import Episode, Group, PolicyVersion
 from agent_rl.store.queries import episode_streams
 from agent_rl.store.records import Claim, ClaimedEpisode, ClaimedGroup
+from agent_rl.store.staleness import TOKEN_VERSION, Measure, episode_version, group_version
 
 
 class Consumption(StoreBase):
@@ -33,11 +34,14 @@ class Consumption(StoreBase):
         max_groups: int,
         *,
         min_version: int | None = None,
+        measure: Measure = "tokens",
         lease_s: float = 300.0,
     ) -> Claim:
-        """Claim up to `max_groups` ready groups; the claim may hold fewer (or none)."""
+        """Claim up to `max_groups` ready groups whose version (by `measure`) is at least
+        `min_version`, oldest ready first; the claim may hold fewer (or none)."""
         t = now()
         claim_id = uuid.uuid4().hex
+        version = group_version(measure)
         candidates = (
             select(Group.id)
             .where(
@@ -49,7 +53,7 @@ class Consumption(StoreBase):
             .limit(max_groups)
         )
         if min_version is not None:
-            candidates = candidates.where(Group.min_version >= min_version)
+            candidates = candidates.where(version >= min_version)
         if not self.sqlite:
             candidates = candidates.with_for_update(skip_locked=True)
         # One statement picks and marks the groups, so a claim costs two round trips in all.
@@ -86,27 +90,36 @@ class Consumption(StoreBase):
         if not ids:
             return []
         rows = {r.id: r for r in conn.execute(
-            select(Episode.id, Episode.group_id, Episode.reward)
+            select(Episode.id, Episode.group_id, Episode.reward, Episode.min_version,
+                   TOKEN_VERSION.label("token_version"))
             .where(Episode.id.in_(ids), Episode.status == "completed")
         )}
         streams = episode_streams(conn, [i for i in ids if i in rows])
-        return [ClaimedEpisode(i, rows[i].group_id, float(rows[i].reward or 0.0), streams[i][0])
-                for i in ids if i in rows]
+        return [
+            ClaimedEpisode(
+                i, rows[i].group_id, float(rows[i].reward or 0.0), streams[i][0],
+                sampled={"tokens": rows[i].token_version, "oldest": rows[i].min_version},
+            )
+            for i in ids if i in rows
+        ]
 
     @write()
-    def filter_stale(self, conn: Connection, run_id: int, min_version: int) -> int:
+    def filter_stale(
+        self, conn: Connection, run_id: int, min_version: int, measure: Measure = "tokens"
+    ) -> int:
         """Filter ready groups sampled below `min_version` (no claim can take them any more,
         since the floor only rises) with the reason; returns how many groups."""
         t = now()
+        version = group_version(measure)
         stale = conn.execute(
-            select(Group.id, Group.min_version).where(
-                Group.run_id == run_id, Group.min_version < min_version,
+            select(Group.id, version).where(
+                Group.run_id == run_id, version < min_version,
                 or_(Group.status == "ready",
                     (Group.status == "claimed") & (Group.lease_expires_at < t)),
             )
         ).all()
-        for gid, version in stale:
-            reason = (f"stale: sampled from policy version {version}, below the trainer's "
+        for gid, sampled in stale:
+            reason = (f"stale: sampled from policy version {sampled:.2f}, below the trainer's "
                       f"staleness floor {min_version}")
             conn.execute(update(Group).where(Group.id == gid)
                          .values(status="filtered", filter_reason=reason, claim_id=None,
@@ -154,9 +167,11 @@ class Consumption(StoreBase):
         checkpoint: str | None = None,
         metrics: dict[str, Any] | None = None,
         advantages: dict[int, float] | None = None,
+        measure: Measure = "tokens",
     ) -> None:
         """Mark the claim's groups and episodes trained by `step` and publish `version`, all or
-        nothing."""
+        nothing; each episode records its staleness (by `measure`) against the version the step
+        trained from, `version - 1`."""
         latest = conn.scalar(
             select(PolicyVersion.version).where(PolicyVersion.run_id == run_id)
             .order_by(PolicyVersion.version.desc()).limit(1)
@@ -179,7 +194,8 @@ class Consumption(StoreBase):
             conn.execute(
                 update(Episode)
                 .where(Episode.group_id.in_(claim.group_ids), Episode.status == "completed")
-                .values(status="trained", trained_step=step)
+                .values(status="trained", trained_step=step,
+                        staleness=_staleness_sql(version - 1, episode_version(measure)))
             )
             if advantages:
                 # executemany of one prebuilt statement: building a 256-way CASE per step cost
@@ -205,3 +221,9 @@ class Consumption(StoreBase):
 _SET_ADVANTAGE = (
     update(Episode).where(Episode.id == bindparam("eid")).values(advantage=bindparam("adv"))
 )
+
+
+def _staleness_sql(trainer_version: int, sampled: ColumnElement[float]) -> ColumnElement[float]:
+    """`staleness.staleness` in SQL, for every episode of a commit at once."""
+    behind = trainer_version - sampled
+    return case((behind < 0, 0.0), else_=behind)

@@ -9,10 +9,11 @@ group is terminal, the scheduler decides the group: `ready` for the trainer, or 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import NotFoundError, StoreError
@@ -29,7 +30,8 @@ from agent_rl.store.models import (
     ToolCall,
     Turn,
 )
-from agent_rl.store.records import MessageRecord, TurnRecord
+from agent_rl.store.records import EpisodeEnd, MessageRecord, TurnRecord
+from agent_rl.store.staleness import TOKEN_VERSION
 
 
 class LifecycleWrites(StoreBase):
@@ -103,6 +105,61 @@ class LifecycleWrites(StoreBase):
     ) -> int:
         """Persist one completed turn atomically; returns its index. With `final_reward`, the
         episode is completed in the same transaction (one durable commit for its last turn)."""
+        if final_reward is None:
+            return self._append(conn, episode_id, turn)
+        end = EpisodeEnd("completed", reward=final_reward, reward_details=reward_details, turn=turn)
+        return self._end(conn, episode_id, end) - 1
+
+    @write()
+    def add_messages(self, conn: Connection, episode_id: int, messages: list[MessageRecord]) -> None:
+        """Record messages outside a turn (e.g. the environment's final observation)."""
+        self._add_messages(conn, episode_id, messages)
+
+    @write()
+    def end_episode(self, conn: Connection, episode_id: int, end: EpisodeEnd) -> int:
+        """The one way an episode ends: its last turn and trailing messages (if any) and its
+        terminal state, in one transaction; returns its number of turns. `completed` needs a
+        running episode, `failed` a waiting or running one; otherwise StoreError."""
+        return self._end(conn, episode_id, end)
+
+    @write()
+    def finish_episode(
+        self, conn: Connection, episode_id: int, reward: float,
+        reward_details: dict[str, Any] | None = None,
+    ) -> None:
+        """running -> completed with its reward (`end_episode` without a last turn)."""
+        self._end(conn, episode_id, EpisodeEnd("completed", reward, reward_details))
+
+    @write()
+    def fail_episode(self, conn: Connection, episode_id: int, error_type: str, cause: str) -> None:
+        """waiting|running -> failed, with the error's type and a readable cause."""
+        self._end(conn, episode_id, EpisodeEnd("failed", error_type=error_type, error_cause=cause))
+
+    def _end(self, conn: Connection, episode_id: int, end: EpisodeEnd) -> int:
+        if end.turn is not None:
+            self._append(conn, episode_id, end.turn)
+        if end.messages:
+            self._add_messages(conn, episode_id, end.messages)
+        if end.status == "completed":
+            values: dict[str, Any] = dict(reward=float(end.reward or 0.0),
+                                          reward_details=end.reward_details)
+            allowed: tuple[str, ...] = ("running",)
+        elif end.status == "failed":
+            values = dict(error_type=end.error_type, error_cause=_text(end.error_cause))
+            allowed = ("waiting", "running")
+        else:
+            raise ValueError(f"an episode ends completed or failed, not {end.status!r}")
+        res = conn.execute(
+            update(Episode)
+            .where(Episode.id == episode_id, Episode.status.in_(allowed))
+            .values(status=end.status, finished_at=now(), **values)
+            .returning(Episode.num_turns)
+        ).one_or_none()
+        if res is None:
+            _raise_state(conn, episode_id, " or ".join(allowed))
+        return int(res.num_turns)
+
+    def _append(self, conn: Connection, episode_id: int, turn: TurnRecord) -> int:
         tokens = turn.tokens
         model = tokens.loss_mask.astype(bool)
         model_versions = tokens.versions[model]
@@ -144,7 +201,6 @@ class LifecycleWrites(StoreBase):
             )
         lo = [v for v in (row.min_version, _min(model_versions)) if v is not None]
         hi = [v for v in (row.max_version, _max(model_versions)) if v is not None]
-        final = final_reward is not None
         conn.execute(
             _UPDATE_AFTER_TURN,
             dict(
@@ -157,18 +213,13 @@ class LifecycleWrites(StoreBase):
                 max_version=max(hi) if hi else None,
                 drift_count=row.drift_count + int(turn.drift),
                 tool_error_count=row.tool_error_count + sum(c.status != "ok" for c in turn.tool_calls),
+                version_sum=row.version_sum + int(model_versions.astype(np.int64).sum()),
                 heartbeat_at=turn.finished_at,
-                status="completed" if final else "running",
-                reward=float(final_reward) if final else None,
-                reward_details=reward_details,
-                finished_at=now() if final else None,
             ),
         )
         return index
 
-    @write()
-    def add_messages(self, conn: Connection, episode_id: int, messages: list[MessageRecord]) -> None:
-        """Record messages outside a turn (e.g. the environment's final observation)."""
+    def _add_messages(self, conn: Connection, episode_id: int, messages: list[MessageRecord]) -> None:
         row = conn.execute(
             select(Episode.num_turns, Episode.num_messages).where(Episode.id == episode_id)
         ).one_or_none()
@@ -180,30 +231,6 @@ class LifecycleWrites(StoreBase):
             .values(num_messages=row.num_messages + len(messages))
         )
 
-    @write()
-    def finish_episode(
-        self, conn: Connection, episode_id: int, reward: float,
-        reward_details: dict[str, Any] | None = None,
-    ) -> None:
-        """running -> completed with its reward."""
-        res = conn.execute(
-            _FINISH,
-            {"eid": episode_id, "reward": float(reward), "details": reward_details, "t": now()},
-        )
-        if res.rowcount != 1:
-            _raise_state(conn, episode_id, "running")
-
-    @write()
-    def fail_episode(self, conn: Connection, episode_id: int, error_type: str, cause: str) -> None:
-        """waiting|running -> failed, with the error's type and a readable cause."""
-        res = conn.execute(
-            update(Episode)
-            .where(Episode.id == episode_id, Episode.status.in_(("waiting", "running")))
-            .values(status="failed", error_type=error_type, error_cause=_text(cause), finished_at=now())
-        )
-        if res.rowcount != 1:
-            _raise_state(conn, episode_id, "waiting or running")
-
     @write(durable=False)
     def heartbeat(self, conn: Connection, owner: str) -> None:
         """Mark `owner`'s running episodes as alive."""
@@ -214,19 +241,34 @@ class LifecycleWrites(StoreBase):
         )
 
     @write()
+    def resume_interrupted(
+        self, conn: Connection, *, run_id: int, env_ids: Collection[str], max_resumes: int,
+        owner: str | None = None, stale_after_s: float | None = None,
+    ) -> list[int]:
+        """Give running episodes of these envs whose process is gone (by owner, or silent for
+        `stale_after_s`) back to `waiting`, each at most `max_resumes` times, to be resumed by
+        a live serve from the turns they persisted; returns their ids. `resolve_interrupted`
+        then fails what is left."""
+        cond = _gone(owner, stale_after_s) + [
+            Episode.run_id == run_id, Episode.env_id.in_(list(env_ids)),
+            Episode.resumes < max_resumes,
+        ]
+        ids = list(conn.scalars(select(Episode.id).where(*cond).order_by(Episode.id)).all())
+        if ids:
+            conn.execute(
+                update(Episode).where(Episode.id.in_(ids), Episode.status == "running")
+                .values(status="waiting", owner=None, resumes=Episode.resumes + 1)
+            )
+        return ids
+
+    @write()
     def resolve_interrupted(
         self, conn: Connection, *, owner: str | None = None, stale_after_s: float | None = None,
         run_id: int | None = None,
     ) -> list[int]:
         """Fail running episodes whose process is gone (by owner, or silent for `stale_after_s`)
         with cause "interrupted"; returns their ids. Their turns so far stay for inspection."""
-        if owner is None and stale_after_s is None:
-            raise ValueError("give the owner that stopped or a staleness threshold")
-        cond = [Episode.status == "running"]
-        if owner is not None:
-            cond.append(Episode.owner == owner)
-        if stale_after_s is not None:
-            cond.append(Episode.heartbeat_at < now() - stale_after_s)
+        cond = _gone(owner, stale_after_s)
         if run_id is not None:
             cond.append(Episode.run_id == run_id)
         ids = list(conn.scalars(select(Episode.id).where(*cond).order_by(Episode.id)).all())
@@ -261,7 +303,8 @@ class LifecycleWrites(StoreBase):
                 .values(reward=float(reward))
             )
         rows = conn.execute(
-            select(Episode.status, Episode.min_version).where(Episode.group_id == group_id)
+            select(Episode.status, Episode.min_version, TOKEN_VERSION.label("token_version"))
+            .where(Episode.group_id == group_id)
         ).all()
         pending = [r for r in rows if r.status not in TERMINAL_EPISODE_STATUSES]
         if pending:
@@ -275,9 +318,11 @@ class LifecycleWrites(StoreBase):
             )
             new, values = "filtered", {"filter_reason": filter_reason}
         elif completed:
-            versions = [r.min_version for r in completed if r.min_version is not None]
+            oldest = [r.min_version for r in completed if r.min_version is not None]
+            weighted = [r.token_version for r in completed if r.token_version is not None]
             new = "ready"
-            values = {"ready_at": now(), "min_version": min(versions) if versions else None}
+            values = {"ready_at": now(), "min_version": min(oldest) if oldest else None,
+                      "token_version": min(weighted) if weighted else None}
         else:
             new, values = "failed", {}
         conn.execute(update(Group).where(Group.id == group_id).values(status=new, **values))
@@ -318,13 +363,14 @@ class LifecycleWrites(StoreBase):
 _START = (
     update(Episode)
     .where(Episode.id == bindparam("eid"), Episode.status == "waiting")
-    .values(status="running", owner=bindparam("owner"), started_at=bindparam("t"),
-            heartbeat_at=bindparam("t"))
+    # A resumed episode keeps the start of its first run.
+    .values(status="running", owner=bindparam("owner"),
+            started_at=func.coalesce(Episode.started_at, bindparam("t")), heartbeat_at=bindparam("t"))
 )
 _EPISODE_FOR_TURN = select(
     Episode.status, Episode.num_turns, Episode.num_tokens, Episode.num_messages,
     Episode.num_model_tokens, Episode.drift_count, Episode.tool_error_count,
-    Episode.min_version, Episode.max_version,
+    Episode.min_version, Episode.max_version, Episode.version_sum,
 ).where(Episode.id == bindparam("eid"))
 _INSERT_TURN = insert(Turn)
 _INSERT_MESSAGE = insert(Message)
@@ -335,19 +381,10 @@ _UPDATE_AFTER_TURN = (
     .values(
         {name: bindparam(name) for name in (
             "num_turns", "num_messages", "num_tokens", "num_model_tokens", "min_version",
-            "max_version", "drift_count", "tool_error_count", "heartbeat_at", "status", "reward",
-            "reward_details", "finished_at",
+            "max_version", "drift_count", "tool_error_count", "version_sum", "heartbeat_at",
         )}
     )
 )
-_FINISH = (
-    update(Episode)
-    .where(Episode.id == bindparam("eid"), Episode.status == "running")
-    .values(status="completed", reward=bindparam("reward"), reward_details=bindparam("details"),
-            finished_at=bindparam("t"))
-)
-
-
 def _insert_messages(
     conn: Connection, episode_id: int, turn_index: int, start: int, messages: list[MessageRecord]
 ) -> None:
@@ -366,6 +403,18 @@ def _text(value: str | None) -> str | None:
     """Text as stored: PostgreSQL text cannot hold NUL, which a model can generate, so NUL is
     stored as U+FFFD on every backend (the token arrays keep the exact ids)."""
     return value.replace("\x00", "\ufffd") if value else value
+
+
+def _gone(owner: str | None, stale_after_s: float | None) -> list[Any]:
+    """Running episodes whose process stopped: by its owner name, or silent for a while."""
+    if owner is None and stale_after_s is None:
+        raise ValueError("give the owner that stopped or a staleness threshold")
+    cond: list[Any] = [Episode.status == "running"]
+    if owner is not None:
+        cond.append(Episode.owner == owner)
+    if stale_after_s is not None:
+        cond.append(Episode.heartbeat_at < now() - stale_after_s)
+    return cond
 
 
 def _raise_state(conn: Connection, episode_id: int, expected: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Double,
     ForeignKey,
@@ -87,6 +88,10 @@ class Group(Base):
     status: Mapped[str] = mapped_column(String(16), default="open")
     filter_reason: Mapped[str | None] = mapped_column(Text)
     min_version: Mapped[int | None]
+    """The oldest policy version that sampled a token of its completed episodes."""
+    token_version: Mapped[float | None]
+    """The lowest token-weighted policy version among its completed episodes (see
+    `Episode.version_sum`): what the staleness bound compares by default."""
     claim_id: Mapped[str | None] = mapped_column(String(64))
     claimed_by: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[float | None]
@@ -100,6 +105,7 @@ class Episode(Base):
     __table_args__ = (
         Index("ix_episodes_run_status", "run_id", "status"),
         Index("ix_episodes_group", "group_id"),
+        Index("ix_episodes_finished", "finished_at"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -120,6 +126,14 @@ class Episode(Base):
     num_model_tokens: Mapped[int] = mapped_column(default=0)
     min_version: Mapped[int | None]
     max_version: Mapped[int | None]
+    version_sum: Mapped[int] = mapped_column(BigInteger, default=0)
+    """Sum of the policy versions that sampled its model tokens; / num_model_tokens is its
+    token-weighted version."""
+    staleness: Mapped[float | None]
+    """Set when trained: the trainer's policy version before the step minus the episode's
+    token-weighted version (the one definition of staleness, see agent_rl.store.consume)."""
+    resumes: Mapped[int] = mapped_column(default=0)
+    """Times a serve resumed it after the serve running it died."""
     drift_count: Mapped[int] = mapped_column(default=0)
     tool_error_count: Mapped[int] = mapped_column(default=0)
     owner: Mapped[str | None] = mapped_column(String(200))

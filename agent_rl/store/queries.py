@@ -7,14 +7,14 @@ from dataclasses import fields
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, and_, func, or_, select
+from sqlalchemy import Connection, and_, case, func, or_, select
 
 from agent_rl.errors import NotFoundError
 from agent_rl.store import arrays as codec
 from agent_rl.store.arrays import TokenArrays
 from agent_rl.store.base import StoreBase, read
 from agent_rl.store.models import Episode, Group, Message, PolicyVersion, Run, Task, ToolCall, Turn
-from agent_rl.store.records import Audit, EpisodeDetail, EpisodeSummary, Ledger, TurnView
+from agent_rl.store.records import Audit, Endings, EpisodeDetail, EpisodeSummary, Ledger, TurnView
 
 _SUMMARY_COLUMNS = [getattr(Episode, f.name) for f in fields(EpisodeSummary)]
 # Sort keys of `list_episodes` (None: the id itself). Missing values sort as the lowest, through
@@ -28,6 +28,17 @@ SORT_KEYS = {
     "created_at": Episode.created_at,
     "finished_at": func.coalesce(Episode.finished_at, NULL_KEY),
 }
+
+
+# Filter reasons by kind. The texts come from the scheduler (zero variance, a failed group
+# hook), the trainer's stale filter (`consume.filter_stale`) and forks (`api/fork.py`).
+_FILTER_KIND = case(
+    (Episode.filter_reason.like("stale%"), "stale"),
+    (Episode.filter_reason.like("zero reward variance%"), "zero_variance"),
+    (Episode.filter_reason.like("group reward hook failed%"), "group_reward_failed"),
+    (Episode.filter_reason.like("fork of episode%"), "fork"),
+    else_="other",
+)
 
 
 class Queries(StoreBase):
@@ -208,6 +219,22 @@ class Queries(StoreBase):
         return out
 
     @read
+    def untrained_groups(self, conn: Connection, run_id: int) -> int:
+        """The run's groups admitted and not yet trained, filtered or failed."""
+        return int(conn.scalar(
+            select(func.count()).select_from(Group)
+            .where(Group.run_id == run_id, Group.status.in_(("open", "ready", "claimed")))
+        ))
+
+    @read
+    def episodes_by_id(self, conn: Connection, ids: list[int]) -> list[EpisodeSummary]:
+        """These episodes' rows, by id (missing ids are left out)."""
+        rows = conn.execute(
+            select(*_SUMMARY_COLUMNS).where(Episode.id.in_(ids)).order_by(Episode.id)
+        ).all()
+        return [EpisodeSummary(*r) for r in rows]
+
+    @read
     def group_episodes(self, conn: Connection, group_id: int) -> list[EpisodeSummary]:
         """The episodes of one group, by index."""
         rows = conn.execute(
@@ -216,8 +243,10 @@ class Queries(StoreBase):
         return [EpisodeSummary(*r) for r in rows]
 
     @read
-    def ledger(self, conn: Connection, run_id: int | None = None) -> Ledger:
-        return _ledger(conn, run_id)
+    def ledger(self, conn: Connection, run_id: int | None = None, *, owner: str | None = None) -> Ledger:
+        """Where the run's episodes are (all runs' without `run_id`; with `owner`, only the
+        episodes that process ran, e.g. one serve's for its summary)."""
+        return _ledger(conn, run_id, owner)
 
     @read
     def audit(self, conn: Connection, run_id: int) -> Audit:
@@ -277,6 +306,34 @@ class Queries(StoreBase):
         return dict(row)
 
     @read
+    def endings(self, conn: Connection, run_id: int | None = None, *, owner: str | None = None) -> Endings:
+        """How the run's episodes ended, counted by reason (see `Endings`); with `owner`, only
+        those that process ran."""
+        cond = [] if run_id is None else [Episode.run_id == run_id]
+        if owner is not None:
+            cond.append(Episode.owner == owner)
+        truncated = Episode.reward_details["truncated"].as_string()
+        out = Endings()
+        for reason, n in conn.execute(
+            select(truncated, func.count()).where(
+                *cond, Episode.status.in_(("completed", "trained", "filtered")),
+                truncated.is_not(None), truncated.not_in(("false", "0")),  # SQLite: false is 0
+            ).group_by(truncated)
+        ):
+            out.truncated[str(reason)] = int(n)
+        for kind, n in conn.execute(
+            select(_FILTER_KIND, func.count()).where(*cond, Episode.status == "filtered")
+            .group_by(_FILTER_KIND)
+        ):
+            out.filtered[str(kind)] = int(n)
+        for error_type, n in conn.execute(
+            select(Episode.error_type, func.count()).where(*cond, Episode.status == "failed")
+            .group_by(Episode.error_type)
+        ):
+            out.failed[str(error_type)] = int(n)
+        return out
+
+    @read
     def recent_activity(self, conn: Connection, run_id: int | None = None,
                         limit: int = 5000) -> dict[str, list[dict[str, Any]]]:
         """The newest `limit` finished episodes and tool calls (for throughput, staleness and
@@ -287,7 +344,7 @@ class Queries(StoreBase):
         episodes = conn.execute(
             select(Episode.run_id, Episode.env_id, Episode.status, Episode.started_at, Episode.finished_at,
                    Episode.num_tokens, Episode.num_model_tokens, Episode.min_version,
-                   Episode.trained_step)
+                   Episode.trained_step, Episode.staleness)
             .where(*ep_cond).order_by(Episode.finished_at.desc()).limit(limit)
         ).mappings().all()
         calls = select(ToolCall.name, ToolCall.status, ToolCall.duration_s)
@@ -306,12 +363,25 @@ class Queries(StoreBase):
         }
 
 
-def _ledger(conn: Connection, run_id: int | None) -> Ledger:
+def _ledger(conn: Connection, run_id: int | None, owner: str | None = None) -> Ledger:
     cond = [] if run_id is None else [Episode.run_id == run_id]
+    if owner is not None:
+        cond.append(Episode.owner == owner)
     rows = conn.execute(
-        select(Episode.status, func.count()).where(*cond).group_by(Episode.status)
+        select(Episode.status, func.count(), func.avg(Episode.reward))
+        .where(*cond).group_by(Episode.status)
     ).all()
-    return Ledger(**{status: int(n) for status, n in rows})
+    counts = {status: int(n) for status, n, _ in rows}
+    rewarded = [(int(n), float(r)) for status, n, r in rows if r is not None and status != "failed"]
+    total = sum(n for n, _ in rewarded)
+    mean = sum(n * r for n, r in rewarded) / total if total else None
+    if owner is None:
+        # Counted from the groups as admitted, not from the episode rows: a lost row shows.
+        group_cond = [] if run_id is None else [Group.run_id == run_id]
+        admitted = int(conn.scalar(select(func.coalesce(func.sum(Group.size), 0)).where(*group_cond)))
+    else:
+        admitted = sum(counts.values())  # the episodes it ran: its share of admission
+    return Ledger(admitted=admitted, mean_reward=mean, **counts)
 
 
 def episode_streams(

@@ -53,6 +53,26 @@ class TurnRecord:
 
 
 @dataclass
+class EpisodeEnd:
+    """How an episode ended, with what of it is still unwritten (`Store.end_episode`)."""
+
+    status: str
+    """completed | failed."""
+    reward: float | None = None
+    reward_details: dict[str, Any] | None = None
+    """For a truncation: `{"truncated": "max_turns" | "max_tokens" | "max_new_tokens" |
+    "deadline" | "env"}` (the env cut it at its own limit), plus the env's reward breakdown."""
+    error_type: str | None = None
+    """failed: the boundary the failure crossed (EnvError, SandboxError, EngineError,
+    Interrupted, or the exception's type for a bug of ours)."""
+    error_cause: str | None = None
+    turn: TurnRecord | None = None
+    """The last turn, when it is written together with the end."""
+    messages: list[MessageRecord] = field(default_factory=list)
+    """Observations after the last turn (not part of any generation)."""
+
+
+@dataclass
 class EpisodeSummary:
     """An episode's row: status, reward, counters, versions, timings, cause."""
 
@@ -83,6 +103,8 @@ class EpisodeSummary:
     error_cause: str | None
     trained_step: int | None
     parent_episode_id: int | None
+    staleness: float | None
+    resumes: int
 
 
 @dataclass
@@ -109,27 +131,32 @@ class EpisodeDetail:
 
 @dataclass
 class Ledger:
-    """Where every admitted episode is. `in_flight` counts episodes being generated or
-    generated and awaiting training, so admitted = trained + filtered + failed + in_flight
-    + waiting holds at every moment."""
+    """Where every admitted episode is. `admitted` is counted independently of the rows (from
+    the groups as admitted, `size` episodes each), so the ledger balances only if no episode
+    was lost: admitted = trained + filtered + failed + in_flight + waiting, at every moment.
+    `in_flight` counts episodes being generated or generated and awaiting training."""
 
+    admitted: int = 0
     waiting: int = 0
     running: int = 0
     completed: int = 0
     trained: int = 0
     filtered: int = 0
     failed: int = 0
+    mean_reward: float | None = None
+    """Mean reward of the episodes that ended with one (completed, trained or filtered)."""
 
     @property
     def in_flight(self) -> int:
         return self.running + self.completed
 
     @property
-    def admitted(self) -> int:
-        return self.waiting + self.running + self.completed + self.trained + self.filtered + self.failed
+    def accounted(self) -> int:
+        """Episodes found in some state."""
+        return self.trained + self.filtered + self.failed + self.in_flight + self.waiting
 
     def balances(self) -> bool:
-        return self.admitted == self.trained + self.filtered + self.failed + self.in_flight + self.waiting
+        return self.admitted == self.accounted
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -142,6 +169,17 @@ class Ledger:
             "running": self.running,
             "awaiting_training": self.completed,
         }
+
+
+@dataclass
+class Endings:
+    """How episodes ended, by reason: truncations (completed by a budget: `max_turns`,
+    `max_tokens`, `max_new_tokens`, `deadline`, `env`), filters by kind (`stale`,
+    `zero_variance`, `group_reward_failed`, `fork`, `other`) and failures by error type."""
+
+    truncated: dict[str, int] = field(default_factory=dict)
+    filtered: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -206,6 +244,8 @@ class ClaimedEpisode:
     group_id: int
     reward: float
     tokens: TokenArrays
+    sampled: dict[str, float | None] = field(default_factory=dict)
+    """Its sampling version by each staleness measure (`agent_rl.store.staleness`)."""
 
 
 @dataclass

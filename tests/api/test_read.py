@@ -119,8 +119,11 @@ def test_group_runs_and_stats(client: TestClient, filled: Filled) -> None:
         "running": 1,
         "awaiting_training": 3,
     }
-    # Trained at version 1; their oldest tokens came from version 0.
-    assert stats["staleness"] == {"1": 2}
+    # Trained by the step from version 0 (it published 1) on tokens of versions 0 and 1: as the
+    # trainer counts it against its bound, staleness 0 (the old count said 1, the published
+    # version minus the oldest token, which disagreed with the bound by one).
+    assert stats["staleness"] == {"0": 2}
+    assert stats["endings"] == {"truncated": {}, "filtered": {}, "failed": {"EngineError": 1}}
     assert stats["episode_latency_s"]["calculator"]["count"] == 6
     assert (
         stats["tool_latency_s"]["calc"]["count"] == 6

@@ -1,4 +1,5 @@
-"""Environments that fail on purpose, to show each failure is recorded where it belongs.
+"""Environments that fail (or never end) on purpose, to show each ending is recorded where it
+belongs.
 
 They run with the real engine: the model's (random) text is what they receive. `ToolRaisesEnv`
 and `RawJsonCallEnv` decide how a completion becomes a tool call themselves, because a random
@@ -7,7 +8,12 @@ model cannot be asked to call a tool; everything after that is the real runner p
 
 from __future__ import annotations
 
-from agent_rl import Env, tool
+import random
+
+import anyio
+
+from agent_rl import Env, StepResult, tool
+from agent_rl.errors import SandboxError
 from agent_rl.messages import AssistantTurn, Message, ToolCall, user
 from agent_rl.registry import register
 from agent_rl.tasks import ListTasks, Task, TaskSource
@@ -68,7 +74,78 @@ class RawJsonCallEnv(_Base):
         return await super().step(wrapped)
 
 
+class NeverEndsEnv(_Base):
+    """Answers every turn and never terminates or truncates by itself: only the runner's own
+    budgets (max_turns, max_tokens, max_new_tokens, the deadline) can end its episodes.
+    `delay`: seconds each step takes (so a test can kill a serve in the middle of episodes)."""
+
+    def __init__(self, *, delay: float = 0.0, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.delay = delay
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        await anyio.sleep(self.delay)
+        self.turns += 1
+        return StepResult(observations=[user(f"go on ({self.turns}, {len(turn.text)})")])
+
+
+class OptsOutEnv(NeverEndsEnv):
+    """Says its episodes cannot be resumed after a crash."""
+
+    resumable = False
+
+
+class ForgetfulEnv(NeverEndsEnv):
+    """Its observations depend on the process that runs it: a replay cannot reproduce them."""
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        result = await super().step(turn)
+        return StepResult(observations=[user(f"{result.observations[0]['content']} {id(self)}")])
+
+
+@tool
+async def nap(seconds: float = 30.0) -> str:
+    """Sleep, like a tool that hangs.
+
+    Args:
+        seconds: How long.
+    """
+    await anyio.sleep(seconds)
+    return "rested"
+
+
+class HangingToolEnv(_Base):
+    """Every completion is a call of `nap`: the episode can only end by its deadline."""
+
+    tools = (nap,)
+
+    async def step(self, turn: AssistantTurn):  # type: ignore[no-untyped-def]
+        call = ToolCall(id=f"call_{self.turns}", name="nap", arguments={"seconds": 30.0})
+        return await super().step(AssistantTurn(text=turn.text, content="", calls=[call]))
+
+
+class SandboxDiesEnv(_Base):
+    """The sandbox infrastructure fails under the episode (raised as SandboxError)."""
+
+    async def step(self, turn: AssistantTurn):  # type: ignore[no-untyped-def]
+        raise SandboxError("sandbox sb-test died: killed by the host")
+
+
+class PromptTooLongEnv(_Base):
+    """A prompt longer than the model's context: the engine refuses it (an EngineError)."""
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        rng = random.Random(task.id)
+        return [user(" ".join(f"w{rng.randrange(10**6)}" for _ in range(6000)))]
+
+
 def register_fault_envs() -> None:
     register("test-step-raises", StepRaisesEnv)
     register("test-tool-raises", ToolRaisesEnv)
     register("test-raw-json-call", RawJsonCallEnv)
+    register("test-never-ends", NeverEndsEnv)
+    register("test-opts-out", OptsOutEnv)
+    register("test-forgetful", ForgetfulEnv)
+    register("test-hanging-tool", HangingToolEnv)
+    register("test-sandbox-dies", SandboxDiesEnv)
+    register("test-prompt-too-long", PromptTooLongEnv)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from tests.store.helpers import completed_group, make_turn, migrated_store
 
