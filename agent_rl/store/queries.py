@@ -7,13 +7,23 @@ from dataclasses import fields
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, and_, case, func, or_, select
+from sqlalchemy import Connection, Select, and_, case, func, literal_column, or_, select, table
 
 from agent_rl.errors import NotFoundError
 from agent_rl.store import arrays as codec
 from agent_rl.store.arrays import TokenArrays
 from agent_rl.store.base import StoreBase, read
-from agent_rl.store.models import Episode, Group, Message, PolicyVersion, Run, Task, ToolCall, Turn
+from agent_rl.store.models import (
+    MESSAGE_SEARCH,
+    Episode,
+    Group,
+    Message,
+    PolicyVersion,
+    Run,
+    Task,
+    ToolCall,
+    Turn,
+)
 from agent_rl.store.records import Audit, Endings, EpisodeDetail, EpisodeSummary, Ledger, TurnView
 
 _SUMMARY_COLUMNS = [getattr(Episode, f.name) for f in fields(EpisodeSummary)]
@@ -86,7 +96,8 @@ class Queries(StoreBase):
         """Episodes matching every given filter, by id, at most `limit`, after `after_id`.
 
         The version filters select episodes whose tokens all come from policies in the range.
-        `text` matches any message of the transcript (case-insensitive substring);
+        `text` matches any message of the transcript (case-insensitive substring, through the
+        backend's text search);
         `has_tool_error` and `drift` select episodes with (True) or without (False) a failed
         tool call or a re-tokenization drift. `sort` is one of SORT_KEYS, `-` first for
         descending; for keyed sorts the page starts after (`after_key`, `after_id`), the sort
@@ -97,12 +108,7 @@ class Queries(StoreBase):
         if group_id is not None:
             cond.append(Episode.group_id == group_id)
         if text:
-            pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            cond.append(
-                select(Message.id)
-                .where(Message.episode_id == Episode.id, Message.content.ilike(pattern, escape="\\"))
-                .exists()
-            )
+            cond.append(Episode.id.in_(self._messages_with(text)))
         if has_tool_error is not None:
             cond.append(Episode.tool_error_count > 0 if has_tool_error else Episode.tool_error_count == 0)
         if drift is not None:
@@ -133,6 +139,19 @@ class Queries(StoreBase):
         order.append(Episode.id.desc() if desc else Episode.id.asc())
         rows = conn.execute(select(*_SUMMARY_COLUMNS).where(*cond).order_by(*order).limit(limit)).all()
         return [EpisodeSummary(*r) for r in rows]
+
+    def _messages_with(self, text: str) -> Select[tuple[int]]:
+        """Episode ids of the messages containing `text`, case-insensitively, through the
+        backend's text search index (revision 0003): SQLite's FTS5 trigram table, PostgreSQL's
+        pg_trgm index under ILIKE. Trigrams need three characters; a shorter text scans."""
+        if self.sqlite and len(text) >= 3:
+            phrase = '"' + text.replace('"', '""') + '"'  # one FTS5 phrase: no query syntax
+            hits = select(literal_column("rowid")).select_from(table(MESSAGE_SEARCH)).where(
+                literal_column(MESSAGE_SEARCH).op("MATCH")(phrase)
+            )
+            return select(Message.episode_id).where(Message.id.in_(hits))
+        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        return select(Message.episode_id).where(Message.content.ilike(pattern, escape="\\"))
 
     @read
     def get_episode(self, conn: Connection, episode_id: int) -> EpisodeDetail:

@@ -1,0 +1,87 @@
+"""Text search over messages (`list_episodes(text=...)`, the API's `q`) through each database's
+own index (revision 0003): SQLite's FTS5 trigram table, PostgreSQL's pg_trgm GIN index. The
+matches are the ILIKE substring matches they replace, the index is what the query plan uses,
+and the FTS5 table follows inserts and deletes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text as sql
+
+from agent_rl.store import MessageRecord, Store
+from tests.store.helpers import make_turn, migrated_store
+
+pytestmark = pytest.mark.anyio
+
+TEXTS = [
+    "The answer is 42.",
+    'She said "FTS5 AND NEAR(x y)" * ^ -- not syntax',
+    "Zürich ÄRGER straße",
+    "100% of x_3 \\ backslash",
+    "tiny",
+]
+
+
+async def episodes_with(store: Store, run: int, texts: list[str]) -> list[int]:
+    task = await store.add_task(run, "calculator", "s", {})
+    _, eps = await store.admit_group(run, task, "calculator", len(texts))
+    for e, content in zip(eps, texts, strict=True):
+        await store.start_episode(e, "test")
+        turn = make_turn(e)
+        turn.messages = [MessageRecord("user", "question"), MessageRecord("assistant", content)]
+        await store.append_turn(e, turn, final_reward=1.0)
+    return eps
+
+
+async def test_search_matches_substrings_case_insensitively(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("search")
+        eps = await episodes_with(store, run, TEXTS)
+        found = lambda rows: sorted(r.id for r in rows)  # noqa: E731
+        cases = {
+            "answer is 4": [eps[0]], "ANSWER": [eps[0]], '"FTS5 AND NEAR(x y)"': [eps[1]],
+            "* ^ --": [eps[1]], "100% of X_3": [eps[3]], "x_3 \\ b": [eps[3]], "1000%": [],
+            "zürich": [eps[2]], "STRASSE": [], "question": eps, "ny": [eps[4]], "e": eps,
+            "%": [eps[3]], "_": [eps[3]], '"': [eps[1]], "nothing like it": [],
+        }
+        for q, expected in cases.items():
+            assert found(await store.list_episodes(text=q)) == expected, q
+
+
+async def test_search_uses_the_database_index(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("plan")
+        await episodes_with(store, run, TEXTS)
+        query = store._messages_with("answer")
+        with store.db.connect() as conn:
+            if store.sqlite:
+                compiled = query.compile(conn, compile_kwargs={"literal_binds": True})
+                explained = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}")
+                plan = " ".join(str(r) for r in explained)
+                assert "VIRTUAL TABLE INDEX" in plan and "messages_fts" in plan, plan
+            else:
+                conn.execute(sql("SET enable_seqscan = off"))  # a tiny table is scanned anyway
+                compiled = query.compile(conn, compile_kwargs={"literal_binds": True})
+                plan = " ".join(r[0] for r in conn.exec_driver_sql(f"EXPLAIN {compiled}"))
+                assert "messages_fts_trgm" in plan, plan
+
+
+async def test_the_sqlite_index_follows_inserts_and_deletes(tmp_path: Path) -> None:
+    # SQLite only: PostgreSQL's index is an ordinary one, SQLite's FTS5 table has triggers.
+    async with await migrated_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        run = await store.ensure_run("sync")
+        first = await episodes_with(store, run, ["alpha bravo"])
+        other = await store.ensure_run("other")
+        await episodes_with(store, other, ["alpha charlie"])
+        assert len(await store.list_episodes(text="alpha")) == 2
+        with store.db.begin() as conn:  # runs cascade to their episodes and messages
+            conn.execute(sql("DELETE FROM runs WHERE id = :r"), {"r": other})
+            conn.execute(sql("UPDATE messages SET content = 'delta' WHERE content = 'alpha bravo'"))
+            check = conn.exec_driver_sql(
+                "INSERT INTO messages_fts(messages_fts, rank) VALUES ('integrity-check', 1)"
+            )
+            check.close()
+        assert await store.list_episodes(text="alpha") == []
+        assert [e.id for e in await store.list_episodes(text="DELTA")] == first
