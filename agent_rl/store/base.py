@@ -1,4 +1,4 @@
-"""The store's connection handling: opening, the schema check, and transactions.
+"""The store's connection handling: opening, the schema check, transactions and their retries.
 
 The store's API is async, but each transaction runs as ONE synchronous function in a worker
 thread on a pooled SQLAlchemy connection. Measured here: an async SQLite driver (aiosqlite) pays
@@ -9,34 +9,101 @@ Methods decorated with `@write(...)` or `@read` are written as `def m(self, conn
 as `await store.m(...)`. Everything in one `@write` body commits or vanishes together; SQLite
 write transactions are `BEGIN IMMEDIATE`, so concurrent writers queue on the busy timeout
 instead of failing, and reads never block.
+
+Faults, one policy for every transaction (`run_in_transaction`): a transient one (the connection
+lost, the server shutting down or starting up, a serialization failure or deadlock, SQLite
+still locked after its busy timeout) reruns the whole transaction, with backoff, for up to
+`retry_window_s`. A rerun is safe because a failed transaction left nothing behind, with one
+exception: a connection lost during COMMIT leaves it unknown whether the commit happened. On
+PostgreSQL every write transaction therefore reads its transaction id before committing, and
+after such a loss asks the server (`pg_xact_status`) what became of it: committed, the result
+stands and nothing is rerun; aborted, it is rerun. So each write lands exactly once, a claim's
+commit included. A fault that is not transient, or one that outlasts the window, is raised as
+`StoreFault` (a `StoreError`) with a one-line message; the SQL stays in the traceback.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from agent_rl.config import StoreConfig
 from agent_rl.errors import StoreError
 from agent_rl.store.db import BEGIN_OPTION, SYNC_OPTION, create_database, is_sqlite
-from agent_rl.store.migrate import check_schema, create_if_new
+from agent_rl.store.models import SCHEMA_REVISION
 
 P = ParamSpec("P")
 R = TypeVar("R")
 S = TypeVar("S", bound="StoreBase")
+
+log = logging.getLogger("agent_rl.store")
+
+RETRY_WINDOW_S = 120.0
+"""How long one transaction is retried through transient faults before it fails: a PostgreSQL
+restart takes seconds, a managed database's failover up to a minute or two."""
+
+# SQLSTATEs worth a rerun: class 08 (connection exception), the server shutting down or not
+# yet accepting connections, too many connections, serialization failure and deadlock.
+_TRANSIENT_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
+
+
+class StoreFault(StoreError):
+    """The database failed a transaction: it stayed unreachable past the retry window
+    (`transient`), or it refused the statement (a bug, or a schema changed under the store)."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def is_transient(e: BaseException) -> bool:
+    """True for a database error that a rerun of the same transaction may not meet again."""
+    if not isinstance(e, DBAPIError):
+        return False
+    if e.connection_invalidated:
+        return True
+    orig = e.orig
+    state = getattr(orig, "sqlstate", None)
+    if state:
+        return state.startswith("08") or state in _TRANSIENT_STATES
+    if type(orig).__module__ == "sqlite3":
+        message = str(orig).lower()
+        return "database is locked" in message or "database table is locked" in message
+    # PostgreSQL without a SQLSTATE: the client side of the connection failed (refused, reset).
+    return isinstance(e, OperationalError)
+
+
+def one_line(e: BaseException) -> str:
+    """The first line of a database error's own message (never the SQL or its parameters)."""
+    orig = getattr(e, "orig", None) or e
+    text_ = str(orig).strip()
+    return text_.splitlines()[0] if text_ else type(orig).__name__
 
 
 def now() -> float:
     return time.time()
 
 
+class _InDoubt(Exception):
+    """A write's COMMIT lost its connection: transaction `xid` tells whether it happened."""
+
+    def __init__(self, xid: str, result: Any, cause: DBAPIError) -> None:
+        super().__init__(xid)
+        self.xid, self.result, self.cause = xid, result, cause
+
+
 class StoreBase:
+    retry_window_s: float = RETRY_WINDOW_S
+    """Seconds a transaction is retried through transient faults (see the module docstring)."""
+
     def __init__(self, db: Engine, cfg: StoreConfig) -> None:
         self.db = db
         """The SQLAlchemy engine (agent-rl's "engine" is the SGLang server)."""
@@ -51,25 +118,29 @@ class StoreBase:
         `create=True` first creates the schema in a SQLite database that has none yet (the
         embedded default's new file); a database behind its migrations is still refused."""
         if create:
+            from agent_rl.store.migrate import create_if_new
+
             await create_if_new(cfg)
         db = create_database(cfg)
 
         def probe() -> None:
-            if check:
+            with db.connect() as conn:
+                revision = _revision(conn) if check else SCHEMA_REVISION
+            if revision != SCHEMA_REVISION:
+                # Alembic (slow to import) only to say what is wrong and how to fix it.
+                from agent_rl.store.migrate import check_schema
+
                 check_schema(db)
-            else:
-                with db.connect():
-                    pass
 
         try:
             await anyio.to_thread.run_sync(probe)
         except StoreError:
             db.dispose()
             raise
-        except (OperationalError, DBAPIError, OSError) as e:
+        except (SQLAlchemyError, OSError) as e:
             db.dispose()
             raise StoreError(
-                f"cannot open the store at {cfg.url}: {_first_line(e)}; check store.url"
+                f"cannot open the store at {cfg.url}: {one_line(e)}; check store.url"
             ) from e
         return cls(db, cfg)
 
@@ -83,11 +154,48 @@ class StoreBase:
         await self.close()
 
     async def run_in_transaction(
-        self, fn: Callable[[Connection], R], *, write: bool, durable: bool = True
+        self, fn: Callable[[Connection], R], *, write: bool, durable: bool = True, name: str = ""
     ) -> R:
-        """Run `fn(conn)` inside one transaction in a worker thread."""
+        """Run `fn(conn)` inside one transaction in a worker thread, rerun through transient
+        faults (see the module docstring); `name` says which in logs and errors."""
+        what = name or getattr(fn, "__name__", "transaction")
+        attempt_once = functools.partial(self._attempt, fn, write, durable)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_delay(self.retry_window_s),
+            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            before_sleep=lambda state: log.warning(
+                "store: %s hit a transient database fault (%s); retrying (attempt %d)",
+                what, one_line(state.outcome.exception()), state.attempt_number,
+            ),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    try:
+                        return await anyio.to_thread.run_sync(attempt_once, limiter=self._limiter)
+                    except _InDoubt as doubt:
+                        if await self._committed(doubt.xid):
+                            return doubt.result
+                        raise doubt.cause from None
+        except DBAPIError as e:
+            if is_transient(e):
+                raise StoreFault(
+                    f"the store's database stayed unreachable for {self.retry_window_s:.0f} s "
+                    f"({what}): {one_line(e)}", transient=True,
+                ) from e
+            raise StoreFault(f"the store's database refused {what}: {one_line(e)}",
+                             transient=False) from e
+        except SQLAlchemyError as e:
+            raise StoreFault(f"the store failed {what}: {one_line(e)}", transient=False) from e
+        raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
 
-        def run() -> R:
+    def _attempt(self, fn: Callable[[Connection], R], write: bool, durable: bool) -> R:
+        xid: str | None = None
+        committing = False
+        result: Any = None
+        try:
             with self.db.connect() as conn:
                 if self.sqlite:
                     conn.execution_options(
@@ -97,9 +205,39 @@ class StoreBase:
                         }
                     )
                 with conn.begin():
-                    return fn(conn)
+                    result = fn(conn)
+                    if write and not self.sqlite:
+                        xid = conn.scalar(text("SELECT pg_current_xact_id()::text"))
+                    committing = True
+                return result
+        except DBAPIError as e:
+            if committing and xid is not None and is_transient(e):
+                raise _InDoubt(xid, result, e) from e
+            raise
 
-        return await anyio.to_thread.run_sync(run, limiter=self._limiter)
+    async def _committed(self, xid: str) -> bool:
+        """Whether PostgreSQL transaction `xid` committed (asked again while it is still in
+        progress, e.g. a backend that has not yet noticed its client is gone)."""
+
+        def status(conn: Connection) -> str | None:
+            return conn.scalar(text("SELECT pg_xact_status(CAST(:x AS xid8))"), {"x": xid})
+
+        deadline = time.monotonic() + self.retry_window_s
+        while True:
+            state = await self.run_in_transaction(status, write=False, name="pg_xact_status")
+            if state != "in progress" or time.monotonic() > deadline:
+                return state == "committed"
+            await anyio.sleep(0.1)
+
+
+def _revision(conn: Connection) -> str | None:
+    """The database's schema revision; None without one (or without agent-rl's schema)."""
+    try:
+        return conn.scalar(text("SELECT version_num FROM alembic_version"))
+    except DBAPIError as e:
+        if is_transient(e):
+            raise
+        return None
 
 
 def write(
@@ -114,7 +252,8 @@ def write(
         @functools.wraps(fn)
         async def method(self: StoreBase, *args: P.args, **kwargs: P.kwargs) -> R:
             return await self.run_in_transaction(
-                lambda conn: fn(self, conn, *args, **kwargs), write=True, durable=durable
+                lambda conn: fn(self, conn, *args, **kwargs), write=True, durable=durable,
+                name=fn.__name__,
             )
 
         return method
@@ -127,11 +266,8 @@ def read(fn: Callable[Concatenate[Any, Connection, P], R]) -> Callable[Concatena
 
     @functools.wraps(fn)
     async def method(self: StoreBase, *args: P.args, **kwargs: P.kwargs) -> R:
-        return await self.run_in_transaction(lambda conn: fn(self, conn, *args, **kwargs), write=False)
+        return await self.run_in_transaction(
+            lambda conn: fn(self, conn, *args, **kwargs), write=False, name=fn.__name__
+        )
 
     return method
-
-
-def _first_line(e: BaseException) -> str:
-    orig = getattr(e, "orig", None) or e
-    return str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
