@@ -79,12 +79,12 @@ def create_app(
     app.state.sandboxes = sandboxes
     app.state.runner = runner
     app.state.fork_contexts = {}
+    install_error_handlers(app)  # first: its catch-all must sit inside the other middleware
     app.add_middleware(BodySizeLimit, max_bytes=config.api.max_request_bytes)
     app.add_middleware(viewer.DropEmptyQueryParams)
     if not is_loopback(config.api.host):
         # Added last, so outermost: no route, spec or static file answers without the token.
         app.add_middleware(TokenGate, token=config.api.token)
-    install_error_handlers(app)
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(viewer.router, include_in_schema=False)
     app.mount(

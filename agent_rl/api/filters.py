@@ -3,6 +3,10 @@ the viewer so that both select exactly the same episodes.
 
 Pagination is keyset, not offset: the cursor carries the sort key and id of the last episode
 of a page, so pages stay consistent while the runner keeps inserting episodes.
+
+Every number a query accepts is bounded by what both databases hold (ids and versions are
+INTEGER, 32-bit on PostgreSQL), and a cursor is checked field by field, so a value out of
+range is a 422 or a 400, never a database error.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from fastapi import Depends, HTTPException, Query
 
 from agent_rl.api.deps import ConfigDep, StoreDep
 from agent_rl.store import EpisodeSummary, Store
-from agent_rl.store.models import EPISODE_STATUSES
+from agent_rl.store.models import EPISODE_STATUSES, ID_MAX, INT_MIN
 
 Status = Literal["waiting", "running", "completed", "trained", "filtered", "failed"]
 assert set(Status.__args__) == set(EPISODE_STATUSES)  # type: ignore[attr-defined]
@@ -78,14 +82,14 @@ def episode_query(
     status: Annotated[Status | None, Query()] = None,
     min_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     max_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
-    min_version: Annotated[int | None, Query(ge=-(2**31), lt=2**31)] = None,
-    max_version: Annotated[int | None, Query(ge=-(2**31), lt=2**31)] = None,
+    min_version: Annotated[int | None, Query(ge=INT_MIN, le=ID_MAX)] = None,
+    max_version: Annotated[int | None, Query(ge=INT_MIN, le=ID_MAX)] = None,
     q: Annotated[
         str | None, Query(max_length=500, pattern=NO_NUL, description="Text in any message.")
     ] = None,
     has_tool_error: Annotated[bool | None, Query()] = None,
     drift: Annotated[bool | None, Query(description="Has a re-tokenization drift.")] = None,
-    group: Annotated[int | None, Query(ge=0, lt=2**63, description="Group id.")] = None,
+    group: Annotated[int | None, Query(ge=0, le=ID_MAX, description="Group id.")] = None,
     sort: Annotated[Sort, Query(description="Sort key; `-` for descending.")] = "-id",
     cursor: Annotated[
         str | None, Query(max_length=200, pattern=NO_NUL, description="next_cursor of a page.")
@@ -127,17 +131,47 @@ def encode_cursor(sort: str, last: EpisodeSummary) -> str:
 
 
 def decode_cursor(cursor: str, sort: str) -> tuple[float | None, int]:
+    """The sort key and episode id a cursor carries; 400 unless it is one `encode_cursor`
+    could have made for this sort (so nothing the database cannot hold reaches a query)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = json.loads(raw)
-        key, last_id, cursor_sort = data["k"], data["i"], data["s"]
-        if not isinstance(last_id, int) or (key is not None and not isinstance(key, (int, float))):
-            raise ValueError("bad cursor fields")
-    except (binascii.Error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise HTTPException(400, "invalid cursor: pass a next_cursor from a previous page") from e
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise _bad_cursor() from e
+    if not isinstance(data, dict) or set(data) != {"s", "k", "i"}:
+        raise _bad_cursor()
+    cursor_sort, key, last_id = data["s"], data["k"], data["i"]
+    if cursor_sort not in Sort.__args__:  # type: ignore[attr-defined]
+        raise _bad_cursor()
     if cursor_sort != sort:
         raise HTTPException(400, f"the cursor belongs to sort={cursor_sort}, not sort={sort}")
-    return (None if key is None else float(key)), last_id
+    if not _is_int(last_id) or not 0 <= last_id <= ID_MAX:
+        raise _bad_cursor()
+    if sort.lstrip("-") == "id":
+        if key is not None:
+            raise _bad_cursor()
+        return None, last_id
+    if not _is_number(key) or not -MAX_KEY <= key <= MAX_KEY:
+        raise _bad_cursor()
+    return float(key), last_id
+
+
+MAX_KEY = 1e300
+"""Sort keys a cursor may carry: finite, and the store's sentinel for a missing value
+(`NULL_KEY`, -1e300) is the lowest."""
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    # NaN fails the range check that follows; JSON's bool is no number.
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _bad_cursor() -> HTTPException:
+    return HTTPException(400, "invalid cursor: pass a next_cursor from a previous page")
 
 
 async def fetch_page(

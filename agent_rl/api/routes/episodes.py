@@ -13,10 +13,11 @@ from agent_rl.api.filters import page_for_request
 from agent_rl.api.schemas import EpisodeDetailOut, EpisodePage
 from agent_rl.api.tokens import token_view
 from agent_rl.store import EpisodeSummary
+from agent_rl.store.models import ID_MAX
 
 router = APIRouter(tags=["episodes"])
 
-EpisodeId = Annotated[int, Path(ge=0, le=2**31 - 1, description="Episode id.")]
+EpisodeId = Annotated[int, Path(ge=0, le=ID_MAX, description="Episode id.")]
 
 
 @router.get("/episodes", response_model=EpisodePage)

@@ -24,7 +24,7 @@ from agent_rl.api.convert import episode_out, transcript
 from agent_rl.api.deps import ConfigDep, StoreDep
 from agent_rl.api.routes.episodes import EpisodeId
 from agent_rl.store import Store
-from agent_rl.store.models import TERMINAL_EPISODE_STATUSES
+from agent_rl.store.models import ID_MAX, TERMINAL_EPISODE_STATUSES
 
 router = APIRouter(tags=["episodes"])
 
@@ -91,7 +91,7 @@ async def stream_events(
     episode_id: EpisodeId,
     store: StoreDep,
     cfg: ConfigDep,
-    last_event_id: Annotated[int | None, Header(ge=-1, le=2**31 - 1)] = None,
+    last_event_id: Annotated[int | None, Header(ge=-1, le=ID_MAX)] = None,
 ) -> StreamingResponse:
     """Server-sent events for the episode, until it is terminal."""
     await store.get_episode(episode_id)  # 404 before the stream starts, not inside it

@@ -9,13 +9,14 @@ from fastapi import APIRouter, Path
 from agent_rl.api.convert import episode_out
 from agent_rl.api.deps import StoreDep
 from agent_rl.api.schemas import GroupOut
+from agent_rl.store.models import ID_MAX
 
 router = APIRouter(tags=["groups"])
 
 
 @router.get("/groups/{group_id}", response_model=GroupOut)
 async def get_group(
-    group_id: Annotated[int, Path(ge=0, le=2**31 - 1)], store: StoreDep
+    group_id: Annotated[int, Path(ge=0, le=ID_MAX)], store: StoreDep
 ) -> GroupOut:
     """The group's row and its episodes in group order."""
     row = await store.get_group(group_id)

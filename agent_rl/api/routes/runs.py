@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path
 from agent_rl.api.convert import json_safe, metric_series, policy_version_out
 from agent_rl.api.deps import StoreDep
 from agent_rl.api.schemas import RunOut, RunSummaryOut
+from agent_rl.store.models import ID_MAX
 
 router = APIRouter(tags=["runs"])
 
@@ -20,7 +21,7 @@ async def list_runs(store: StoreDep) -> list[RunSummaryOut]:
 
 
 @router.get("/runs/{run_id}", response_model=RunOut)
-async def get_run(run_id: Annotated[int, Path(ge=0, le=2**31 - 1)], store: StoreDep) -> RunOut:
+async def get_run(run_id: Annotated[int, Path(ge=0, le=ID_MAX)], store: StoreDep) -> RunOut:
     """One run: its recorded config, policy versions with their metrics, and its ledger."""
     run = await store.get_run(run_id)
     versions = await store.policy_versions(run_id)

@@ -23,12 +23,13 @@ from agent_rl.api.filters import EpisodeQueryDep, fetch_page
 from agent_rl.api.stats import run_stats
 from agent_rl.api.tokens import token_view
 from agent_rl.api.viewer_data import MAX_STRIP_TOKENS, plot, token_strip
+from agent_rl.store.models import ID_MAX
 
 router = APIRouter(default_response_class=HTMLResponse)
 templates = Jinja2Templates(directory=str(files("agent_rl.api") / "templates"))
 templates.env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
 
-Id = Annotated[int, Path(ge=0, le=2**31 - 1)]
+Id = Annotated[int, Path(ge=0, le=ID_MAX)]
 
 
 def page(request: Request, name: str, **context: Any) -> HTMLResponse:
