@@ -98,7 +98,7 @@ class StepResult(BaseModel):
 # Methods wrapped so that user errors surface as EnvCodeError.
 _GUARDED = (
     "reset", "step", "close", "initial_messages", "score", "demonstrate",
-    "builtin_tasks", "task_source", "group_reward", "build_tools",
+    "builtin_tasks", "task_source", "group_reward", "build_tools", "sampling_params",
 )  # fmt: skip
 
 
@@ -299,6 +299,14 @@ class Env:
     @classmethod
     def has_demonstration(cls) -> bool:
         return cls.demonstrate is not Env.demonstrate
+
+    def sampling_params(self) -> dict[str, Any]:
+        """Overrides of the rollout's sampling parameters for the next generation (asked
+        before each turn; SGLang's names, e.g. `{"max_new_tokens": 512}` for a final answer,
+        `min_new_tokens`, `stop`). A `max_new_tokens` asked for is capped by
+        `rollout.max_new_tokens` and the episode's token budget; a completion that ends at the
+        length the env asked for is stepped as usual, one that ends at a cap is a truncation."""
+        return {}
 
     async def group_reward(self, outcomes: list[EpisodeOutcome]) -> list[float] | None:
         """Rewards for a finished group of episodes on one task; None keeps their own."""

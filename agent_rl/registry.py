@@ -98,7 +98,7 @@ def register(id: str, entry_point: str | type[Env] | None = None, **kwargs: Any)
     return None
 
 
-def make(id: str, **kwargs: Any) -> Env:
+def make(id: str, /, **kwargs: Any) -> Env:
     """A new instance of environment `id`; `kwargs` override the registered defaults."""
     s = spec(id)
     cls = load_class(s)

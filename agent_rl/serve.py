@@ -79,6 +79,10 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
     from agent_rl.rollout.render import ChatRenderer
     from agent_rl.rollout.runner import RunnerContext
 
+    # The environment first: an unknown id, a broken import or a bad kwarg is a one-line error
+    # before anything (an engine takes half a minute) starts.
+    env = make(cfg.rollout.env, **cfg.rollout.env_kwargs)
+    env.task_source(cfg.rollout.split)
     telemetry.configure(cfg.telemetry.exporter)
     model = default_model(cfg.engine.model)
     store = await Store.open(cfg.store, create=True)
@@ -93,7 +97,7 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
         client = EngineClient(url)
         stack.push_async_callback(client.aclose)
         backend = None
-        if make(cfg.rollout.env, **cfg.rollout.env_kwargs).needs_sandbox:
+        if env.needs_sandbox:
             from tools_sandbox.factory import open_backend
 
             backend = await open_backend(cfg.sandbox)
@@ -132,7 +136,7 @@ def untrained_groups_bound(cfg: Config) -> int:
     """`rollout.max_untrained_groups`, its default worked out (0: no bound)."""
     bound = cfg.rollout.max_untrained_groups
     if bound is None:
-        return (cfg.trainer.max_staleness + 1) * cfg.trainer.groups_per_step
+        return max(cfg.trainer.max_staleness, 1) * cfg.trainer.groups_per_step
     return bound
 
 

@@ -26,7 +26,6 @@ import json
 import math
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from agent_rl.config import (  # noqa: E402
 from agent_rl.messages import AssistantTurn, Message, ToolCall, user  # noqa: E402
 from agent_rl.registry import register  # noqa: E402
 from agent_rl.tasks import ListTasks, Task, TaskSource  # noqa: E402
+from bench._serving import ServeThread  # noqa: E402
 
 ENV_ID = "bench-lognormal-tool"
 MEDIAN_S = 0.5  # median tool time; sigma 1 gives p99/median ~ 10
@@ -82,37 +82,6 @@ class LognormalToolEnv(Env):
 
     async def score(self, answer: str) -> float:
         return (len(answer) % 5) / 4
-
-
-class ServeThread(threading.Thread):
-    """`serve(cfg, max_episodes)` on its own event loop; `stop()` cancels it."""
-
-    def __init__(self, cfg: Config, max_episodes: int | None) -> None:
-        super().__init__(daemon=True)
-        self.cfg, self.max_episodes = cfg, max_episodes
-        self.ready = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        from agent_rl.serve import serve
-
-        self.loop, self.task = asyncio.get_running_loop(), asyncio.current_task()
-        self.ready.set()
-        try:
-            await serve(self.cfg, max_episodes=self.max_episodes)
-        except asyncio.CancelledError:
-            pass
-        except BaseException as e:  # reported by the main thread
-            self.error = e
-
-    def stop(self) -> None:
-        self.ready.wait()
-        if self.is_alive():
-            self.loop.call_soon_threadsafe(self.task.cancel)  # type: ignore[union-attr]
-        self.join(60)
 
 
 def config(work: Path, url: str, model: Path, run: str) -> Config:

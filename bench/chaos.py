@@ -8,13 +8,20 @@ few versions, serve-0, the router, engine-1 and the trainer are SIGKILLed one at
 whole process groups), the supervisor starts each again, and the next kill waits until training
 has moved on. Then RL is stopped as the quickstart stops it and the store is audited.
 
+Resumption: the episodes serve-0 was running when it was killed are resumed by a live serve
+(replaying their stored turns, then generating on) instead of failing; `resumed` is the share of
+them that were resumed and ended with a reward, their tokens from before the kill unchanged. The
+same is measured for python-math (tools in a bubblewrap sandbox) by a separate serve of that
+env, SIGKILLed while its episodes run and then started again (`resume_after_kill`).
+
 Pass: 0 episodes lost, 0 trained twice, every episode in exactly one terminal state with its
-cause (failed episodes by cause are reported), and after every kill the policy version advanced.
+cause (failed episodes by cause are reported), after every kill the policy version advanced,
+and at least RESUMED_TARGET of the killed serves' episodes were resumed.
 
 Run: `python bench/chaos.py [--store-url postgresql://...]` (needs `agent-rl engine install` and a
 PostgreSQL server; default URL: $AGENT_RL_TEST_POSTGRES_URL or postgres@127.0.0.1:5432/test; about
 4-5 minutes on 2 cores). Last line: RESULT {"lost", "trained_twice", "not_terminal",
-"failed_without_cause", "kills", "versions", "episodes", "failed_by_cause", "passed"}.
+"failed_without_cause", "kills", "versions", "episodes", "failed_by_cause", "resumed", "passed"}.
 """
 
 from __future__ import annotations
@@ -43,6 +50,83 @@ from agent_rl.store import Store  # noqa: E402
 
 VICTIMS = ["serve-0", "router", "engine-1", "train"]
 RECOVERY_TIMEOUT_S = 300.0
+RESUMED_TARGET = 0.9
+
+
+async def running_of(store: Store, run_id: int, pid: int) -> dict[int, Any]:
+    """The episodes process `pid` was running (serve owners carry their pid) and their tokens."""
+    running = [e for e in await store.list_episodes(run_id=run_id, status="running", limit=100_000)
+               if e.owner is not None and f"-{pid}-" in e.owner]
+    return {e.id: await store.episode_tokens(e.id) for e in running}
+
+
+async def resumed_share(store: Store, before: dict[int, Any]) -> dict[str, Any]:
+    """Of the episodes a killed serve was running: the share resumed and ended with a reward,
+    each one's tokens from before the kill unchanged."""
+    import numpy as np
+
+    ok = 0
+    changed = []
+    for eid, old in before.items():
+        e = (await store.episodes_by_id([eid]))[0]
+        now = await store.episode_tokens(eid)
+        n = len(old)
+        same = len(now) >= n and all(
+            np.array_equal(getattr(now, f)[:n], getattr(old, f))
+            for f in ("token_ids", "logprobs", "loss_mask", "versions"))
+        if not same:
+            changed.append(eid)
+        ok += e.resumes >= 1 and e.status in ("completed", "trained", "filtered") and same
+    return {"episodes": len(before), "resumed": ok, "share": ok / len(before) if before else None,
+            "tokens_changed": changed}
+
+
+async def resume_after_kill(qs: Quickstart, env_id: str, episodes: int = 16) -> dict[str, Any]:
+    """A serve of `env_id` (its own run, on the fleet's router) SIGKILLed once several episodes
+    have persisted turns, then started again: how many of its episodes were resumed."""
+    import signal
+    import subprocess
+
+    from agent_rl.quickstart.processes import agent_rl_command
+
+    assert qs.fleet is not None
+    run = f"resume-{env_id}"
+    env = {**os.environ, "AGENT_RL_RUN__NAME": run, "AGENT_RL_ROLLOUT__ENV_KWARGS": "{}",
+           "AGENT_RL_ROLLOUT__STALE_AFTER_S": "3", "AGENT_RL_ROLLOUT__HEARTBEAT_S": "0.5",
+           "AGENT_RL_ROLLOUT__MAX_NEW_TOKENS": "96"}
+    argv = agent_rl_command("serve", "--router-url", qs.fleet.router_url, "--env", env_id,
+                            "--no-api", "--max-episodes", str(episodes))
+    log = open(qs.workdir / f"runs/logs/{run}.log", "ab")  # noqa: SIM115 (closed below)
+    first = subprocess.Popen(argv, cwd=qs.workdir, env=env, stdout=log, stderr=log)
+    before: dict[int, Any] = {}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and first.poll() is None:
+            await anyio.sleep(0.2)
+            async with await Store.open(qs.cfg.store) as store:
+                try:
+                    run_id = await store.run_id(run)
+                except Exception:
+                    continue
+                going = [e for e in await store.list_episodes(run_id=run_id, status="running")
+                         if e.num_turns >= 1]
+                if len(going) >= 4:
+                    first.send_signal(signal.SIGKILL)
+                    first.wait()
+                    before = await running_of(store, run_id, first.pid)
+                    break
+    finally:
+        if first.poll() is None:
+            first.kill()
+    await anyio.sleep(4)  # its heartbeats age past stale_after_s
+    second = subprocess.Popen(argv, cwd=qs.workdir, env=env, stdout=log, stderr=log)
+    await anyio.to_thread.run_sync(lambda: second.wait(300))
+    log.close()
+    async with await Store.open(qs.cfg.store) as store:
+        run_id = await store.run_id(run)
+        share = await resumed_share(store, before)
+        share["audit_problems"] = (await store.audit(run_id)).problems()
+    return share
 
 
 def fresh_database(base_url: str) -> tuple[str, str]:
@@ -96,20 +180,24 @@ async def engine_current(qs: Quickstart, index: int, floor: int) -> float:
     raise TimeoutError(f"{url} did not come back on current weights")
 
 
-async def chaos(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]]) -> None:
-    """Kill each victim once training has moved on since the previous kill; then stop RL (also
-    when recovery timed out: the run is still audited, and the failure is in `kills`)."""
+async def chaos(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]],
+                resumed: dict[str, Any]) -> None:  # fmt: skip
+    """Kill each victim once training has moved on since the previous kill, and a python-math
+    serve of its own; then stop RL (also when recovery timed out: the run is still audited,
+    and the failure is in `kills`)."""
     from signal import SIGINT
 
     try:
-        await _kill_each(qs, sup, kills)
+        await _kill_each(qs, sup, kills, resumed)
+        resumed["python-math"] = await resume_after_kill(qs, "python-math")
     except TimeoutError as e:
         kills.append({"error": str(e)})
     qs.say("chaos: done; stopping RL as the quickstart does (trainer, then serve drains)")
     await sup.stop("train", grace_s=120, sig=SIGINT)
 
 
-async def _kill_each(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]]) -> None:
+async def _kill_each(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]],
+                     resumed: dict[str, Any]) -> None:  # fmt: skip
     await wait_version(qs, 1, RECOVERY_TIMEOUT_S)
     for name in VICTIMS:
         before = await latest(qs)
@@ -117,6 +205,10 @@ async def _kill_each(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]
         t0 = time.monotonic()
         pid = sup.kill(name)
         qs.say(f"chaos: SIGKILL {name} (pid {pid}) at policy version {before}")
+        if name.startswith("serve-"):
+            async with await Store.open(qs.cfg.store) as store:
+                run_id = await store.ensure_run(qs.cfg.run.name)
+                resumed["_calculator_before"] = await running_of(store, run_id, pid)
         while sup[name].starts == starts:
             await anyio.sleep(0.2)
         restarted_s = time.monotonic() - t0
@@ -142,7 +234,10 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
     url, dbname = fresh_database(store_url)
     # Every group trains (no zero-variance filter): the run keeps stepping from any warm start.
     os.environ["AGENT_RL_ROLLOUT__FILTER_ZERO_VARIANCE"] = "false"
+    # A killed serve's episodes are resumed once their heartbeats are this old.
+    os.environ["AGENT_RL_ROLLOUT__STALE_AFTER_S"] = "6"
     kills: list[dict[str, Any]] = []
+    resumed: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="agent-rl-chaos-") as tmp:
             opts = Options(cluster=True, store_url=url, sft_steps=sft_steps, rl_steps=10_000,
@@ -157,7 +252,7 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
                     qs.fleet = await qs.start_fleet(sup)
                     await qs.sft_stage()
                     async with anyio.create_task_group() as rl:
-                        rl.start_soon(chaos, qs, sup, kills)
+                        rl.start_soon(chaos, qs, sup, kills, resumed)
                         await qs.rl_stage()
                 finally:
                     await qs.stop_processes()
@@ -167,6 +262,8 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
                 audit = await store.audit(run_id)
                 episodes = await store.list_episodes(run_id=run_id, limit=1_000_000)
                 versions = await store.latest_version(run_id)
+                resumed["calculator"] = await resumed_share(
+                    store, resumed.pop("_calculator_before", {}))
             os.chdir(Path(__file__).resolve().parents[1])
     finally:
         drop_database(store_url, dbname)
@@ -174,6 +271,8 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
                               for e in episodes if e.status == "failed")
     ok_recovery = len(kills) == len(VICTIMS) and all(
         "error" not in k and k["version_after"] > k["version_at_kill"] for k in kills)
+    ok_resumed = all((r.get("share") or 0.0) >= RESUMED_TARGET and not r["tokens_changed"]
+                     for r in resumed.values()) and len(resumed) == 2
     return {
         "lost": audit.lost,
         "trained_twice": audit.trained_twice,
@@ -184,8 +283,9 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
         "versions": versions,
         "episodes": audit.ledger.as_dict(),
         "failed_by_cause": dict(failed_by_cause),
+        "resumed": resumed,
         "wall_s": round(time.monotonic() - t0, 1),
-        "passed": not audit.problems() and ok_recovery,
+        "passed": not audit.problems() and ok_recovery and ok_resumed,
     }
 
 

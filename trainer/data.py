@@ -1,9 +1,10 @@
 """Claimed store groups -> one training `Batch`, built from the stored token arrays.
 
-Contract: `load_batch(store, claim, version, ...)` reads the claim's completed episodes in ONE
-store transaction (`store.claimed_episodes`: the engine's token ids, behaviour logprobs, loss
+Contract: `load_batch(store, claim, version, floor, ...)` reads the claim's completed episodes in
+ONE store transaction (`store.claimed_episodes`: the engine's token ids, behaviour logprobs, loss
 mask, sampling versions and, for MoE, routed experts, plus each episode's reward); nothing is
-re-tokenized. Advantages are GRPO's, normalised within each group. Routed experts keep the
+re-tokenized. Tokens sampled below the staleness floor keep their place in the context but get
+loss mask 0 (`agent_rl.store.staleness`). Advantages are GRPO's, normalised within each group. Routed experts keep the
 store's encoding of an unknown row (-1, e.g. a turn's last token, never fed back to the engine
 in that turn) into the batch, where routing replay leaves such rows to free routing.
 `TrainingData` also carries what the step's metrics need: staleness per episode and token counts.
@@ -11,13 +12,13 @@ in that turn) into the batch, where routing replay leaves such rows to free rout
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from agent_rl.store import Claim, Store, TokenArrays
-from agent_rl.store.staleness import Measure
+from agent_rl.store.staleness import Measure, trained_tokens
 from agent_rl.store.staleness import staleness as staleness_of
 from trainer.batch import Batch
 from trainer.loss import grpo_advantages
@@ -31,9 +32,12 @@ class TrainingData:
     episode_ids: list[int]
     advantages: dict[int, float]
     staleness: list[float]
-    """Per episode: the current policy version (before this step) minus its sampling version
-    (`agent_rl.store.staleness`; 0: fully on-policy)."""
+    """Per episode: the current policy version (before this step) minus the mean version of
+    its trained tokens (`agent_rl.store.staleness`; 0: fully on-policy)."""
     model_tokens: int
+    """Tokens trained on (loss mask 1)."""
+    stale_tokens: int = 0
+    """Model tokens left out for being sampled below the staleness floor."""
     lengths: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
 
@@ -60,6 +64,7 @@ async def load_batch(
     store: Store,
     claim: Claim,
     version: int,
+    floor: int | None = None,
     *,
     measure: Measure = "tokens",
     std_normalize: bool = True,
@@ -69,16 +74,18 @@ async def load_batch(
     episodes = await store.claimed_episodes(claim)
     if not episodes:
         raise ValueError(f"claim {claim.claim_id} holds no completed episodes")
-    arrays = [e.tokens for e in episodes]
+    arrays, staleness, stale_tokens = [], [], 0
+    for e in episodes:
+        tokens = e.tokens
+        keep = trained_tokens(tokens.versions, floor, measure)
+        stale_tokens += int((tokens.loss_mask.astype(bool) & ~keep).sum())
+        arrays.append(replace(tokens, loss_mask=np.where(keep, tokens.loss_mask, 0).astype(tokens.loss_mask.dtype)))
+        staleness.append(staleness_of(version, tokens.versions[keep]))
     rewards = [e.reward for e in episodes]
     adv = grpo_advantages(
         torch.tensor(rewards), torch.tensor([e.group_id for e in episodes]),
         std_normalize=std_normalize,
     ).tolist()
-    staleness = [
-        0.0 if e.sampled.get(measure) is None else staleness_of(version, e.sampled[measure])
-        for e in episodes
-    ]
     episode_ids = [e.id for e in episodes]
     return TrainingData(
         batch=to_batch(arrays, adv, use_experts),
@@ -86,6 +93,7 @@ async def load_batch(
         advantages=dict(zip(episode_ids, adv)),
         staleness=staleness,
         model_tokens=int(sum(int(a.loss_mask.sum()) for a in arrays)),
+        stale_tokens=stale_tokens,
         lengths=[len(a) for a in arrays],
         rewards=rewards,
     )

@@ -1,9 +1,10 @@
 """The asynchronous training loop: claim ready groups, step, commit, export, sync, checkpoint.
 
-Each step: claim `groups_per_step` ready groups whose policy version is within the staleness
-bound (min_version = current version - max_staleness; `--sync` uses 0: only data of the current
-policy) under a lease; if fewer are ready, give them back and wait, counting the wait as idle
-time and saying so on the terminal; build the batch from the stored tokens (trainer/data.py);
+Each step: claim `groups_per_step` ready groups within the staleness bound under a lease (the
+floor is the current version - max_staleness, `--sync`: the current version, only data of the
+current policy; tokens sampled below the floor do not train, `agent_rl.store.staleness`); if
+fewer are ready, give them back and wait, counting the wait as idle time and saying so on the
+terminal; build the batch from the stored tokens (trainer/data.py);
 take one RL step; then ONE `store.commit` marks the groups' episodes trained and publishes the
 new policy version (with the step's metrics, read by the web API). Every `export_every` steps
 the weights are exported as HF safetensors and the router is asked to load them; every
@@ -178,10 +179,15 @@ class TrainLoop:
 
     # ----- one step ----------------------------------------------------------------------------
 
+    @property
+    def floor(self) -> int:
+        """The oldest policy version this step may train tokens of (`--sync`: the current one)."""
+        return self.stats.version - (0 if self.sync_mode else self.tcfg.max_staleness)
+
     def _wait_for_claim(self) -> tuple[Claim, float]:
         """Claim a full batch of groups, waiting (idle) while fewer are ready."""
         need = self.tcfg.groups_per_step
-        floor = self.stats.version - (0 if self.sync_mode else self.tcfg.max_staleness)
+        floor = self.floor
         waited, announced = 0.0, -WAIT_LOG_S
         t0 = time.monotonic()
         # Once per step, not per poll: a write transaction each poll would contend with serve.
@@ -218,7 +224,7 @@ class TrainLoop:
         if self.rank0:
             claim, waited = self._wait_for_claim()
             data = self._call(
-                load_batch(self.store, claim, self.stats.version,
+                load_batch(self.store, claim, self.stats.version, self.floor,
                            measure=self.tcfg.staleness_measure,
                            std_normalize=self.tcfg.advantage_std_normalize,
                            use_experts=self.learner.replay is not None)
@@ -237,6 +243,7 @@ class TrainLoop:
             idle_fraction=waited / max(waited + step_s, 1e-9),
             tokens_per_s=data.model_tokens / max(step_s, 1e-9),
             episodes=len(data.episode_ids),
+            stale_tokens=data.stale_tokens,
             reward_mean=sum(data.rewards) / len(data.rewards),
             staleness_mean=sum(data.staleness) / len(data.staleness),
             staleness_histogram={str(k): v for k, v in
@@ -292,7 +299,7 @@ class TrainLoop:
                 self.store.commit(claim, self.run_id, step=step, version=version,
                                   checkpoint=str(checkpoint) if checkpoint else None,
                                   metrics=metrics, advantages=data.advantages,
-                                  measure=self.tcfg.staleness_measure)
+                                  staleness=dict(zip(data.episode_ids, data.staleness)))
             )
         except LeaseLostError as e:
             self.stats.lost_leases += 1

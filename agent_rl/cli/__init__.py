@@ -83,9 +83,26 @@ def main() -> None:
     try:
         app()
     except AgentRLError as e:
-        # The message is text, not markup: "[router] admin_token" must print as written.
-        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(1)
+        _fail(e)
+    except BaseExceptionGroup as group:
+        # A failure inside a task group (serve's, the API's) arrives wrapped: its own error
+        # is the one line to print, not the group's traceback.
+        errors, _ = group.split(AgentRLError)
+        if errors is None:
+            raise
+        _fail(_first_leaf(errors))
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+
+
+def _first_leaf(group: BaseException) -> BaseException:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
+def _fail(e: BaseException) -> None:
+    # The message is text, not markup: "[router] admin_token" must print as written.
+    err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    sys.exit(1)

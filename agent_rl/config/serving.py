@@ -33,9 +33,10 @@ class RolloutConfig(Section):
     max_untrained_groups: int | None = Field(default=None, ge=0)
     """Admission bounds staleness at consumption: a group is admitted only while fewer groups
     of the run are admitted and not yet trained (or filtered, or failed) than this, across
-    every serve. None: (trainer.max_staleness + 1) x trainer.groups_per_step, so that what
+    every serve. None: max(trainer.max_staleness, 1) x trainer.groups_per_step, so that what
     rollout has in flight can still be trained within the staleness bound when the trainer is
-    the slower side; 0: no bound (admission then checks only the served version)."""
+    the slower side (instead of aging in the queue); 0: no bound (admission then checks only
+    the served version)."""
 
     max_turns: int = Field(default=8, ge=1)
     """Assistant turns before the runner truncates an episode (reward 0, recorded why)."""

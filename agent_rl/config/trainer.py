@@ -95,10 +95,10 @@ class TrainerConfig(Section):
     """eta: train only on episodes sampled by a policy at most this many versions old."""
 
     staleness_measure: Literal["tokens", "oldest"] = "tokens"
-    """How a group's sampling version is counted against `max_staleness`: the token-weighted
-    version of its stalest episode (a long episode that ran across weight updates is judged by
-    where its tokens came from), or the oldest token it holds (the rule before, which filters
-    long episodes first; kept for comparison)."""
+    """What `max_staleness` bounds: each token (tokens sampled by a policy older than the bound
+    do not train, the rest of the episode does, so long episodes that ran across weight updates
+    are not thrown away), or each episode's oldest token (the rule before, which filters long
+    episodes first; kept for comparison). See agent_rl/store/staleness.py."""
 
     router_url: str | None = None
     """Router (or single SGLang server) that loads each export via /update_weights_from_disk;

@@ -166,13 +166,15 @@ class EpisodeRunner:
             if budget <= 0:  # the prompt alone fills the budget
                 return _truncated("max_tokens", messages=[_record(m) for m in new_messages])
             started = time.time()
-            max_new = min(cfg.max_new_tokens, budget)
-            gen = await self._generate(conv.ids, max_new, t, pending)
+            params, asked = self._sampling(env, budget)
+            gen = await self._generate(conv.ids, params, t, pending)
             ids = gen.output_ids
             text = self.ctx.renderer.decode(ids)
             content = text[: -len(self.ctx.renderer.eos_text)] if text.endswith(self.ctx.renderer.eos_text) else text
             turn = parse_completion(content, id_prefix=f"call_{t}_")
-            cut = gen.finish_reason is not None and gen.finish_reason.type == "length"
+            # Ending at a length the env asked for is the env's to judge; at a runner limit, a cut.
+            cut = (gen.finish_reason is not None and gen.finish_reason.type == "length"
+                   and not (asked is not None and params["max_new_tokens"] == asked))
             result = None if cut else await env.step(turn)
             step_messages = [turn.to_message(), *(result.observations if result else [])]
             messages.extend(step_messages)
@@ -189,7 +191,8 @@ class EpisodeRunner:
             else:
                 unwritten = record
             if result is None:  # cut at the token limit: never stepped
-                why = "max_new_tokens" if max_new == cfg.max_new_tokens else "max_tokens"
+                cap = min(asked or cfg.max_new_tokens, cfg.max_new_tokens)
+                why = "max_tokens" if params["max_new_tokens"] < cap else "max_new_tokens"
                 return _truncated(why, turn=unwritten)
             if result.terminated or result.truncated:
                 return EpisodeEnd("completed", reward=result.reward,
@@ -207,7 +210,19 @@ class EpisodeRunner:
             new_messages = []
         raise AssertionError("unreachable: the last turn always ends the episode")  # pragma: no cover
 
-    async def _generate(self, input_ids: list[int], max_new: int, turn: int,
+    def _sampling(self, env: Env, budget: int) -> tuple[dict[str, Any], int | None]:
+        """The turn's sampling parameters (the rollout's, then the env's overrides) with
+        `max_new_tokens` bounded by the rollout's limit and what remains of the episode's
+        budget; and the length the env asked for, if it did."""
+        cfg = self.ctx.cfg
+        params: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p,
+                                  **({"stop": cfg.stop} if cfg.stop else {}), **env.sampling_params()}
+        asked = params.pop("max_new_tokens", None)
+        asked = None if asked is None else int(asked)
+        params["max_new_tokens"] = min(asked or cfg.max_new_tokens, cfg.max_new_tokens, budget)
+        return params, asked
+
+    async def _generate(self, input_ids: list[int], params: dict[str, Any], turn: int,
                         pending: list[int]) -> Generation:  # fmt: skip
         """The turn's completion: from the engine, or from its record (a prefix turn)."""
         if turn < len(self.prefix):
@@ -224,16 +239,15 @@ class EpisodeRunner:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._generate_once(input_ids, max_new, turn, persisted)
+                return await self._generate_once(input_ids, params, turn, persisted)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _generate_once(self, input_ids: list[int], max_new: int, turn: int, persisted: int) -> Generation:
-        cfg = self.ctx.cfg
-        with telemetry.chat(self.ctx.model_name, max_new, cfg.temperature) as span:
+    async def _generate_once(self, input_ids: list[int], params: dict[str, Any], turn: int,
+                             persisted: int) -> Generation:  # fmt: skip
+        with telemetry.chat(self.ctx.model_name, params["max_new_tokens"], params["temperature"]) as span:
             gen = await self.ctx.client.generate(
                 input_ids,
-                {"max_new_tokens": max_new, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                 **({"stop": cfg.stop} if cfg.stop else {})},
+                params,
                 rid=f"episode-{self.episode_id}-turn-{turn}-{time.monotonic_ns()}",
                 return_logprob=True,
                 return_routed_experts=self.ctx.routed_experts,

@@ -124,8 +124,21 @@ class Scheduler:
 
     async def _take_slot_and_run(self, group_id: int, episode_id: int, task: Task,
                                  seed: int | None, resume: bool) -> None:  # fmt: skip
-        await self._slots.acquire()  # released by `_run_episode`
+        try:
+            await self._slots.acquire()  # released by `_run_episode`
+        except anyio.get_cancelled_exc_class():
+            await self._interrupt_unstarted(episode_id)
+            raise
         await self._run_episode(group_id, episode_id, task, seed, resume)
+
+    async def _interrupt_unstarted(self, episode_id: int) -> None:
+        """Interrupted before its runner started it: it ends like the running ones do."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.ctx.store.fail_episode(
+                    episode_id, "Interrupted", "interrupted: serve shut down before running it")
+            except StoreError:
+                pass  # its runner got to end it after all
 
     async def _reap_dead(self, tg: anyio.abc.TaskGroup | None = None, *, resume: bool) -> bool:
         """Episodes of a serve that died (silent for `stale_after_s`): with `resume`, resumable
@@ -237,6 +250,9 @@ class Scheduler:
             prefix = await recorded_turns(self.ctx.store, episode_id, observations=True) if resume else None
             await EpisodeRunner(self.ctx, episode_id, self.env_id, task, seed, self.env_kwargs,
                                 prefix=prefix, resume=resume).run()
+        except anyio.get_cancelled_exc_class():
+            await self._interrupt_unstarted(episode_id)  # a no-op once its runner started
+            raise
         except StoreError as e:
             # Another serve process started it first, or the store refused a write: the episode
             # is that process's, or is resolved as interrupted when its heartbeat goes stale.

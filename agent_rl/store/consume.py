@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, bindparam, case, insert, or_, select, update
+from sqlalchemy import Connection, bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import LeaseLostError, StoreError
@@ -21,7 +21,7 @@ from agent_rl.store.base import StoreBase, now, read, write
 from agent_rl.store.models import Episode, Group, PolicyVersion
 from agent_rl.store.queries import episode_streams
 from agent_rl.store.records import Claim, ClaimedEpisode, ClaimedGroup
-from agent_rl.store.staleness import TOKEN_VERSION, Measure, episode_version, group_version
+from agent_rl.store.staleness import Measure, group_version
 
 
 class Consumption(StoreBase):
@@ -90,18 +90,12 @@ class Consumption(StoreBase):
         if not ids:
             return []
         rows = {r.id: r for r in conn.execute(
-            select(Episode.id, Episode.group_id, Episode.reward, Episode.min_version,
-                   TOKEN_VERSION.label("token_version"))
+            select(Episode.id, Episode.group_id, Episode.reward)
             .where(Episode.id.in_(ids), Episode.status == "completed")
         )}
         streams = episode_streams(conn, [i for i in ids if i in rows])
-        return [
-            ClaimedEpisode(
-                i, rows[i].group_id, float(rows[i].reward or 0.0), streams[i][0],
-                sampled={"tokens": rows[i].token_version, "oldest": rows[i].min_version},
-            )
-            for i in ids if i in rows
-        ]
+        return [ClaimedEpisode(i, rows[i].group_id, float(rows[i].reward or 0.0), streams[i][0])
+                for i in ids if i in rows]
 
     @write()
     def filter_stale(
@@ -119,8 +113,9 @@ class Consumption(StoreBase):
             )
         ).all()
         for gid, sampled in stale:
-            reason = (f"stale: sampled from policy version {sampled:.2f}, below the trainer's "
-                      f"staleness floor {min_version}")
+            what = "an episode's newest token" if measure == "tokens" else "its oldest token"
+            reason = (f"stale: {what} was sampled by policy version {sampled}, below the "
+                      f"trainer's staleness floor {min_version}")
             conn.execute(update(Group).where(Group.id == gid)
                          .values(status="filtered", filter_reason=reason, claim_id=None,
                                  claimed_by=None, lease_expires_at=None))
@@ -167,11 +162,10 @@ class Consumption(StoreBase):
         checkpoint: str | None = None,
         metrics: dict[str, Any] | None = None,
         advantages: dict[int, float] | None = None,
-        measure: Measure = "tokens",
+        staleness: dict[int, float] | None = None,
     ) -> None:
         """Mark the claim's groups and episodes trained by `step` and publish `version`, all or
-        nothing; each episode records its staleness (by `measure`) against the version the step
-        trained from, `version - 1`."""
+        nothing, with each episode's advantage and staleness (`agent_rl.store.staleness`)."""
         latest = conn.scalar(
             select(PolicyVersion.version).where(PolicyVersion.run_id == run_id)
             .order_by(PolicyVersion.version.desc()).limit(1)
@@ -194,15 +188,18 @@ class Consumption(StoreBase):
             conn.execute(
                 update(Episode)
                 .where(Episode.group_id.in_(claim.group_ids), Episode.status == "completed")
-                .values(status="trained", trained_step=step,
-                        staleness=_staleness_sql(version - 1, episode_version(measure)))
+                .values(status="trained", trained_step=step)
             )
-            if advantages:
+            per_episode = {e: {"eid": e, "adv": None, "stale": None}
+                           for e in {*(advantages or {}), *(staleness or {})}}
+            for e, a in (advantages or {}).items():
+                per_episode[e]["adv"] = float(a)
+            for e, v in (staleness or {}).items():
+                per_episode[e]["stale"] = float(v)
+            if per_episode:
                 # executemany of one prebuilt statement: building a 256-way CASE per step cost
                 # more Python time than the database work.
-                conn.execute(
-                    _SET_ADVANTAGE, [{"eid": e, "adv": float(a)} for e, a in advantages.items()]
-                )
+                conn.execute(_SET_PER_EPISODE, list(per_episode.values()))
         try:
             with conn.begin_nested():
                 conn.execute(
@@ -218,12 +215,7 @@ class Consumption(StoreBase):
             ) from e
 
 
-_SET_ADVANTAGE = (
-    update(Episode).where(Episode.id == bindparam("eid")).values(advantage=bindparam("adv"))
+_SET_PER_EPISODE = (
+    update(Episode).where(Episode.id == bindparam("eid"))
+    .values(advantage=bindparam("adv"), staleness=bindparam("stale"))
 )
-
-
-def _staleness_sql(trainer_version: int, sampled: ColumnElement[float]) -> ColumnElement[float]:
-    """`staleness.staleness` in SQL, for every episode of a commit at once."""
-    behind = trainer_version - sampled
-    return case((behind < 0, 0.0), else_=behind)

@@ -31,7 +31,6 @@ from agent_rl.store.models import (
     Turn,
 )
 from agent_rl.store.records import EpisodeEnd, MessageRecord, TurnRecord
-from agent_rl.store.staleness import TOKEN_VERSION
 
 
 class LifecycleWrites(StoreBase):
@@ -213,7 +212,6 @@ class LifecycleWrites(StoreBase):
                 max_version=max(hi) if hi else None,
                 drift_count=row.drift_count + int(turn.drift),
                 tool_error_count=row.tool_error_count + sum(c.status != "ok" for c in turn.tool_calls),
-                version_sum=row.version_sum + int(model_versions.astype(np.int64).sum()),
                 heartbeat_at=turn.finished_at,
             ),
         )
@@ -303,7 +301,7 @@ class LifecycleWrites(StoreBase):
                 .values(reward=float(reward))
             )
         rows = conn.execute(
-            select(Episode.status, Episode.min_version, TOKEN_VERSION.label("token_version"))
+            select(Episode.status, Episode.min_version, Episode.max_version)
             .where(Episode.group_id == group_id)
         ).all()
         pending = [r for r in rows if r.status not in TERMINAL_EPISODE_STATUSES]
@@ -319,10 +317,10 @@ class LifecycleWrites(StoreBase):
             new, values = "filtered", {"filter_reason": filter_reason}
         elif completed:
             oldest = [r.min_version for r in completed if r.min_version is not None]
-            weighted = [r.token_version for r in completed if r.token_version is not None]
+            newest = [r.max_version for r in completed if r.max_version is not None]
             new = "ready"
             values = {"ready_at": now(), "min_version": min(oldest) if oldest else None,
-                      "token_version": min(weighted) if weighted else None}
+                      "newest_version": min(newest) if newest else None}
         else:
             new, values = "failed", {}
         conn.execute(update(Group).where(Group.id == group_id).values(status=new, **values))
@@ -370,7 +368,7 @@ _START = (
 _EPISODE_FOR_TURN = select(
     Episode.status, Episode.num_turns, Episode.num_tokens, Episode.num_messages,
     Episode.num_model_tokens, Episode.drift_count, Episode.tool_error_count,
-    Episode.min_version, Episode.max_version, Episode.version_sum,
+    Episode.min_version, Episode.max_version,
 ).where(Episode.id == bindparam("eid"))
 _INSERT_TURN = insert(Turn)
 _INSERT_MESSAGE = insert(Message)
@@ -381,7 +379,7 @@ _UPDATE_AFTER_TURN = (
     .values(
         {name: bindparam(name) for name in (
             "num_turns", "num_messages", "num_tokens", "num_model_tokens", "min_version",
-            "max_version", "drift_count", "tool_error_count", "version_sum", "heartbeat_at",
+            "max_version", "drift_count", "tool_error_count", "heartbeat_at",
         )}
     )
 )

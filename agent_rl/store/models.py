@@ -16,7 +16,6 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
-    BigInteger,
     Boolean,
     Double,
     ForeignKey,
@@ -103,9 +102,10 @@ class Group(Base):
     filter_reason: Mapped[str | None] = mapped_column(Text)
     min_version: Mapped[int | None]
     """The oldest policy version that sampled a token of its completed episodes."""
-    token_version: Mapped[float | None]
-    """The lowest token-weighted policy version among its completed episodes (see
-    `Episode.version_sum`): what the staleness bound compares by default."""
+    newest_version: Mapped[int | None]
+    """The lowest, over its completed episodes, of the newest policy version that sampled one
+    of the episode's tokens: the group is trainable while this is at or above the staleness
+    floor (`agent_rl.store.staleness`)."""
     claim_id: Mapped[str | None] = mapped_column(String(64))
     claimed_by: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[float | None]
@@ -140,12 +140,9 @@ class Episode(Base):
     num_model_tokens: Mapped[int] = mapped_column(default=0)
     min_version: Mapped[int | None]
     max_version: Mapped[int | None]
-    version_sum: Mapped[int] = mapped_column(BigInteger, default=0)
-    """Sum of the policy versions that sampled its model tokens; / num_model_tokens is its
-    token-weighted version."""
     staleness: Mapped[float | None]
-    """Set when trained: the trainer's policy version before the step minus the episode's
-    token-weighted version (the one definition of staleness, see agent_rl.store.consume)."""
+    """Set when trained: the trainer's policy version before the step minus the mean version of
+    the tokens it trained (the one definition, `agent_rl.store.staleness`)."""
     resumes: Mapped[int] = mapped_column(default=0)
     """Times a serve resumed it after the serve running it died."""
     drift_count: Mapped[int] = mapped_column(default=0)

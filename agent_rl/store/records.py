@@ -244,8 +244,6 @@ class ClaimedEpisode:
     group_id: int
     reward: float
     tokens: TokenArrays
-    sampled: dict[str, float | None] = field(default_factory=dict)
-    """Its sampling version by each staleness measure (`agent_rl.store.staleness`)."""
 
 
 @dataclass

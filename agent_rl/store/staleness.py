@@ -1,17 +1,20 @@
-"""The one definition of staleness, shared by admission, claims, the trainer's metrics and the
+"""The one definition of staleness, shared by claims, the trainer's batch and metrics, and the
 stats.
 
-An episode's sampling version is the token-weighted mean of the policy versions that sampled
-its model tokens (`Episode.version_sum / Episode.num_model_tokens`): an episode that ran across
-weight updates (the router retracts and continues in-flight generations on the new weights) is
-judged by where its tokens came from, not by its first token, so long episodes are not the
-ones the bound throws away. Its staleness when trained is the trainer's policy version before
-the step minus that sampling version; the trainer claims a group only while
-`trainer version - max_staleness <= group version`, where a group's version is its stalest
-completed episode's (`Group.token_version`), so no trained episode is staler than the bound.
+A step trains from policy version v under the bound eta (`trainer.max_staleness`); its floor is
+v - eta. Staleness bounds tokens, not whole episodes: a token sampled by a policy older than the
+floor is not trained (loss mask 0; it stays in the context the later tokens were sampled from),
+every token at or above it is (TIS corrects their ratio). So an episode that ran across many
+weight updates (the router retracts in-flight generations and continues them on the new
+weights) still trains on what its recent policies wrote instead of being thrown away whole for
+its first turn, and staleness control stops favouring short episodes. A group is claimable while
+every completed episode of it has a token at or above the floor (`Group.newest_version`: the
+lowest newest-token version among them); a group with an episode entirely below it is filtered
+as stale. An episode's staleness, recorded when it is trained and shown by the stats, is v minus
+the mean version of its trained tokens: never more than eta.
 
-`measure="oldest"` counts the oldest token instead (`min_version`, the rule before this one),
-kept for comparison (bench/long_tail.py measures both in one run).
+`measure="oldest"` is the rule before (a group is claimable only while its oldest token is within
+the bound, and then every token trains), kept for comparison: bench/long_tail.py measures both.
 """
 
 from __future__ import annotations
@@ -19,31 +22,32 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from sqlalchemy import ColumnElement, func
+import numpy as np
+from sqlalchemy import ColumnElement
 
-from agent_rl.store.models import Episode, Group
+from agent_rl.store.models import Group
 
 Measure = Literal["tokens", "oldest"]
 
-TOKEN_VERSION: ColumnElement[float] = (
-    Episode.version_sum * 1.0 / func.nullif(Episode.num_model_tokens, 0)
-)
-"""An episode's token-weighted sampling version (NULL before its first model token)."""
+
+def group_version(measure: Measure) -> ColumnElement[int]:
+    """The group column the staleness floor is compared with."""
+    return Group.newest_version if measure == "tokens" else Group.min_version  # type: ignore[return-value]
 
 
-def group_version(measure: Measure) -> ColumnElement[float]:
-    """The column a group's staleness is counted from."""
-    return Group.token_version if measure == "tokens" else Group.min_version  # type: ignore[return-value]
+def trained_tokens(versions: np.ndarray, floor: int | None, measure: Measure) -> np.ndarray:
+    """Which of an episode's model tokens (versions >= 0) a step with this floor trains (all
+    of them without a floor)."""
+    sampled = versions >= 0
+    return sampled & (versions >= floor) if measure == "tokens" and floor is not None else sampled
 
 
-def episode_version(measure: Measure) -> ColumnElement[float]:
-    """The expression an episode's staleness is counted from."""
-    return TOKEN_VERSION if measure == "tokens" else Episode.min_version  # type: ignore[return-value]
-
-
-def staleness(trainer_version: int, sampled: float) -> float:
-    """How many versions behind the trainer (before its step) the data was sampled."""
-    return max(0.0, trainer_version - sampled)
+def staleness(trainer_version: int, versions: np.ndarray) -> float:
+    """How many versions behind the trainer (before its step) the trained tokens were sampled,
+    on average (`versions`: the policy versions of the tokens trained)."""
+    if versions.size == 0:
+        return 0.0
+    return max(0.0, trainer_version - float(versions.mean()))
 
 
 def bucket(value: float) -> int:

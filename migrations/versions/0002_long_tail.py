@@ -1,12 +1,11 @@
-"""long tail: token-weighted versions, staleness and resumes per episode
+"""long tail: staleness per trained episode, resumes, the groups' newest-token version
 
-Episodes gain `version_sum` (the sum of the policy versions of their model tokens, so that
-staleness can be counted per token, not by the oldest token), `staleness` (recorded when
-trained) and `resumes` (times a serve resumed it after its serve died); groups gain
-`token_version` (their stalest episode's token-weighted version); episodes get an index on
-`finished_at` (the stats window sorts on it).
-Rows written before this revision carry no per-token sum: they are given their oldest version
-for every token, which is what staleness counted for them until now.
+Episodes gain `staleness` (recorded when trained: the trainer's version before the step minus
+the mean version of the tokens it trained) and `resumes` (times a serve resumed it after its
+serve died); groups gain `newest_version` (the lowest newest-token version among their
+completed episodes, what the staleness floor is compared with now that it bounds tokens);
+episodes get an index on `finished_at` (the stats window sorts on it). Groups decided before
+this revision get their `newest_version` from their episodes.
 
 Revision ID: 0002
 Revises: 0001
@@ -28,26 +27,25 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table('episodes', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('version_sum', sa.BigInteger(), nullable=False,
-                                      server_default='0'))
         batch_op.add_column(sa.Column('staleness', sa.Double(), nullable=True))
         batch_op.add_column(sa.Column('resumes', sa.Integer(), nullable=False,
                                       server_default='0'))
         batch_op.create_index('ix_episodes_finished', ['finished_at'], unique=False)
 
     with op.batch_alter_table('groups', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('token_version', sa.Double(), nullable=True))
+        batch_op.add_column(sa.Column('newest_version', sa.Integer(), nullable=True))
 
-    op.execute("UPDATE episodes SET version_sum = COALESCE(min_version, 0) * num_model_tokens")
-    op.execute("UPDATE groups SET token_version = min_version")
+    op.execute(
+        "UPDATE groups SET newest_version = (SELECT MIN(e.max_version) FROM episodes e "
+        "WHERE e.group_id = groups.id AND e.status IN ('completed', 'trained', 'filtered'))"
+    )
 
 
 def downgrade() -> None:
     with op.batch_alter_table('groups', schema=None) as batch_op:
-        batch_op.drop_column('token_version')
+        batch_op.drop_column('newest_version')
 
     with op.batch_alter_table('episodes', schema=None) as batch_op:
         batch_op.drop_index('ix_episodes_finished')
         batch_op.drop_column('resumes')
         batch_op.drop_column('staleness')
-        batch_op.drop_column('version_sum')

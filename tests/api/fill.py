@@ -21,6 +21,7 @@ import numpy as np
 from agent_rl.demo import Transcript, render_chatml, run_demonstration, run_text_episode
 from agent_rl.registry import make
 from agent_rl.store import MessageRecord, Store, TokenArrays, ToolCallRecord, TurnRecord
+from agent_rl.store.staleness import staleness as stale
 
 GEN_PROMPT = "<|im_start|>assistant\n"
 
@@ -208,9 +209,12 @@ async def fill(store: Store, tokenizer: Any, tokenizer_dir: str) -> Filled:
     # Two trainer steps: the first trains the first group (advantages, trainer logprobs).
     claim = await store.claim(run_id, "trainer", 1)
     assert claim.group_ids == [filled.groups[0]]
+    staleness = {}
     for e in claim.episode_ids:
         stream = await store.episode_tokens(e)
         await store.record_trainer_logprobs(e, stream.logprobs - 0.01 * stream.loss_mask)
+        # As the trainer records it: the step trains from version 0.
+        staleness[e] = stale(0, stream.versions[stream.versions >= 0])
     await store.commit(
         claim,
         run_id,
@@ -218,6 +222,7 @@ async def fill(store: Store, tokenizer: Any, tokenizer_dir: str) -> Filled:
         version=1,
         metrics={"loss": 0.5, "reward": {"mean": 1.0}},
         advantages={e: 0.0 for e in claim.episode_ids},
+        staleness=staleness,
     )
     empty = await store.claim(run_id, "trainer", 0)
     await store.commit(

@@ -217,3 +217,94 @@ def test_sigterm_drains_then_a_second_one_interrupts(
     after, episodes = anyio.run(ledger)
     assert after.waiting == after.running == 0 and after.balances()
     assert all(e.error_cause for e in episodes if e.status == "failed")
+
+
+@pytest.mark.slow
+def test_budget_truncations_are_reported_everywhere(tmp_path: Path, sglang_moe_server, tiny_moe_model: Path) -> None:
+    """Tried as a new user would: a config whose max_turns binds. Serve's summary (read from the
+    store), `agent-rl episodes list`, `/api/v1/stats` and the viewer all say how many episodes
+    were truncated and why, and every episode ended."""
+    from fastapi.testclient import TestClient
+
+    from agent_rl.api import create_app
+    from agent_rl.config import load_config
+
+    (tmp_path / "agent-rl.toml").write_text(textwrap.dedent(f"""
+        [engine]
+        model = "{tiny_moe_model}"
+        [rollout]
+        env = "long-tail"
+        env_kwargs = {{ turns_median = 4.0, length_median = 4.0 }}
+        max_turns = 1
+        group_size = 2
+        filter_zero_variance = false
+    """))
+    served = subprocess.run(
+        [AGENT_RL, "serve", "--max-episodes", "6", "--router-url", sglang_moe_server.url, "--no-api"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert served.returncode == 0, served.stdout[-2000:] + served.stderr[-2000:]
+    summary = served.stdout.replace(" ", "")
+    assert "truncated:max_turns=" in summary and "admitted=6" in summary, served.stdout[-2000:]
+    listed = subprocess.run([AGENT_RL, "episodes", "list"], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert "truncated: max_turns" in listed.stdout, listed.stdout
+
+    cfg = load_config(tmp_path / "agent-rl.toml", store={"url": f"sqlite:///{tmp_path / 'agent_rl.db'}"})
+    with TestClient(create_app(cfg)) as c:
+        stats = c.get("/api/v1/stats", params={"run": "default"}).json()
+        truncated = stats["endings"]["truncated"].get("max_turns", 0)
+        assert truncated >= 1
+        assert stats["ledger"]["running"] == stats["ledger"]["waiting"] == 0
+        assert f"<td>max_turns</td><td class=\"n\">{truncated}</td>" in c.get("/stats").text
+    # The summary's count is the store's.
+    assert f"truncated:max_turns={truncated}" in summary
+
+
+def _plugin(tmp_path: Path, name: str, module: str, entry: str) -> dict[str, str]:
+    """Install a one-module env package (its entry point `entry`) offline; its PYTHONPATH."""
+    src = tmp_path / f"src-{name}"
+    (src / name).mkdir(parents=True)
+    (src / name / "__init__.py").write_text(module)
+    (src / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [build-system]
+        requires = ["hatchling"]
+        build-backend = "hatchling.build"
+
+        [project]
+        name = "{name.replace('_', '-')}"
+        version = "1.0.0"
+
+        [project.entry-points."agent_rl.envs"]
+        {entry}
+    """))
+    site = tmp_path / f"site-{name}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(site), str(src)], check=True, timeout=120)
+    return _env(PYTHONPATH=str(site))
+
+
+@pytest.mark.parametrize("case", ["unknown", "broken-import", "bad-kwarg"])
+def test_a_bad_env_is_one_line_before_anything_starts(tmp_path: Path, case: str) -> None:
+    """No engine starts (it would take half a minute) and no traceback: one line, rc 1."""
+    env, args = _env(), ["--env", "no-such-env"]
+    if case == "broken-import":
+        env = _plugin(tmp_path, "broken_env_pkg", "import no_such_module_anywhere\n",
+                      'broken = "broken_env_pkg:Env"')
+        args = ["--env", "broken"]
+    elif case == "bad-kwarg":
+        (tmp_path / "agent-rl.toml").write_text('[rollout]\nenv = "calculator"\nenv_kwargs = { no_such_option = 1 }\n')
+        args = []
+    t0 = time.monotonic()
+    out = subprocess.run([AGENT_RL, "serve", "--max-episodes", "1", *args], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert "Traceback" not in out.stderr + out.stdout and "SGLang" not in out.stdout + out.stderr
+    expected = {"unknown": "unknown environment 'no-such-env'",
+                "broken-import": "No module named 'no_such_module_anywhere'",
+                "bad-kwarg": "no_such_option"}[case]
+    assert expected in lines[0], lines[0]
+    assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "runs" / "model").exists()  # not even the tiny model was made

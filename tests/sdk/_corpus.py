@@ -52,7 +52,9 @@ def corpus_samples(
     include_sandbox_envs: bool = True,
 ) -> Iterator[str]:
     """ChatML texts covering the built-in environments (or `env_ids`), `n_per_env` each."""
-    ids = list(env_ids) if env_ids is not None else [s.id for s in specs() if s.source == "builtin"]
+    ids = list(env_ids) if env_ids is not None else [
+        s.id for s in specs() if s.source == "builtin" and make(s.id).has_demonstration()
+    ]
     for env_id in ids:
         if make(env_id).needs_sandbox and not include_sandbox_envs:
             continue

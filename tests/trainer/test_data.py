@@ -36,9 +36,9 @@ def _counting(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     seen: list[bool] = []
     original = Store.run_in_transaction
 
-    async def counted(self: Store, fn, *, write: bool, durable: bool = True):  # type: ignore[no-untyped-def]
+    async def counted(self: Store, fn, *, write: bool, **options):  # type: ignore[no-untyped-def]
         seen.append(write)
-        return await original(self, fn, write=write, durable=durable)
+        return await original(self, fn, write=write, **options)
 
     monkeypatch.setattr(Store, "run_in_transaction", counted)
     return seen

@@ -51,3 +51,26 @@ def test_sft_lowers_loss_and_exports(tiny_dense_model: Path, tmp_path: Path) -> 
     assert losses[-1] < losses[0]
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     assert Path(result["checkpoint"]).is_dir()
+
+
+def test_env_kwargs_named_like_parameters_reach_the_env(tiny_dense_model: Path) -> None:
+    """`rollout.env_kwargs` travel as one mapping: keys named like the demonstration functions'
+    own parameters (n, seed, split, sandbox_factory, id) once raised TypeError there."""
+    from agent_rl.registry import register, unregister
+    from envs.calculator.env import CalculatorEnv
+
+    seen: dict = {}
+
+    class Configurable(CalculatorEnv):
+        def __init__(self, *, n: int = 0, seed: int = 0, split: str = "", sandbox_factory: object = None,
+                     id: str = "", **kwargs: object) -> None:  # noqa: A002
+            super().__init__(**kwargs)  # type: ignore[arg-type]
+            seen.update(n=n, seed=seed, split=split, sandbox_factory=sandbox_factory, id=id)
+
+    register("test-configurable", Configurable)
+    try:
+        kwargs = {"n": 7, "seed": 5, "split": "x", "sandbox_factory": "y", "id": "z"}
+        data = asyncio.run(demonstration_sequences("test-configurable", 3, tiny_dense_model, env_kwargs=kwargs))
+        assert len(data.sequences) == 3 and seen == kwargs
+    finally:
+        unregister("test-configurable")

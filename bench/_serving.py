@@ -1,0 +1,74 @@
+"""Pieces the end-to-end benchmarks share: `serve` and the router, each on an event loop of its
+own in a thread, beside a trainer loop in the main thread (as separate processes would be)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from agent_rl.config import Config, RouterConfig
+
+
+class LoopThread(threading.Thread):
+    """Runs `main()` on its own event loop until it returns or `stop()` cancels it."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+
+    async def main(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self.loop, self.task = asyncio.get_running_loop(), asyncio.current_task()
+        try:
+            await self.main()
+        except asyncio.CancelledError:
+            pass
+        except BaseException as e:  # reported by the main thread
+            self.error = e
+        finally:
+            self.ready.set()
+
+    def stop(self) -> None:
+        self.ready.wait(120)
+        if self.is_alive():
+            self.loop.call_soon_threadsafe(self.task.cancel)  # type: ignore[union-attr]
+        self.join(60)
+
+
+class ServeThread(LoopThread):
+    """`serve(cfg, max_episodes)`; `stop()` cancels it (running episodes end as interrupted)."""
+
+    def __init__(self, cfg: Config, max_episodes: int | None) -> None:
+        super().__init__()
+        self.cfg, self.max_episodes = cfg, max_episodes
+        self.summary: Any = None
+
+    async def main(self) -> None:
+        from agent_rl.serve import serve
+
+        self.ready.set()
+        self.summary = await serve(self.cfg, max_episodes=self.max_episodes)
+
+
+class RouterThread(LoopThread):
+    """A router in front of `workers` (its URL and admin token once `ready`)."""
+
+    def __init__(self, workers: list[str], config: RouterConfig | None = None) -> None:
+        super().__init__()
+        self.workers, self.config = workers, config or RouterConfig(port=0)
+        self.url, self.token = "", ""
+
+    async def main(self) -> None:
+        from router.app import Router
+
+        async with Router(self.config, workers=self.workers) as router:
+            self.url, self.token = router.url, router.admin_token
+            self.ready.set()
+            await asyncio.Event().wait()

@@ -1,0 +1,214 @@
+"""The long tail, end to end: does staleness control throw the long episodes away?
+
+Real pieces on CPU: one SGLang engine (tiny-dense) behind the router (which retracts in-flight
+generations at each weight update and continues them on the new weights), `serve` running the
+built-in `long-tail` env (turn counts and completion lengths lognormal, sigma 1; ~4% of
+episodes run into `rollout.max_turns`), and the Megatron trainer loop consuming the store with
+a weight sync after every step. Two loads:
+
+- `trainer-fast`: few concurrent episodes, a quick trainer; the trainer waits for data and
+  steps as soon as a batch is ready, so versions advance while the long episodes run;
+- `rollout-fast`: many concurrent episodes, the trainer's step padded to STEP_S (standing for
+  a model whose step costs that much; the data path is unchanged), so rollout outpaces it.
+
+Each load runs twice, with the design before (`baseline`: staleness counted from an episode's
+oldest token, admission bounded only by the served version) and now (`fair`: the bound applies
+to tokens, `agent_rl.store.staleness`: tokens sampled below the floor do not train, the rest of
+the episode does; admission bounded by the untrained groups, `rollout.max_untrained_groups`). Measured from the store at the end of each run: lost and not
+terminal episodes (audit), the trainer's idle fraction, the share of model tokens left out for
+staleness, the staleness histogram of trained episodes, the length bias (mean token length of trained episodes / that of all completed ones;
+1.0 = no bias) and the stale-filtered share (stale-filtered / completed).
+
+Run: `python bench/long_tail.py` (about 4-5 minutes; needs `agent-rl engine install`).
+Last line: RESULT {"lost", "not_terminal", "length_bias", "stale_filtered_share",
+"baseline_length_bias", "baseline_stale_filtered_share", "trainer_idle", ...} (the fair
+design's worst over both loads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent_rl.config import (  # noqa: E402
+    Config,
+    EngineConfig,
+    RolloutConfig,
+    RouterConfig,
+    StoreConfig,
+    TrainerConfig,
+)
+from bench._serving import RouterThread, ServeThread  # noqa: E402
+
+RUN_S = 38.0  # training time per run, after the trainer is up
+STEP_S = 2.5  # the rollout-fast load's padded trainer step
+ETA = 2
+LOADS = {
+    # name: (concurrent episodes, groups per step, padded step seconds)
+    "trainer-fast": (8, 2, 0.0),
+    "rollout-fast": (32, 2, STEP_S),
+}
+DESIGNS = {
+    "baseline": {"staleness_measure": "oldest", "max_untrained_groups": 0},
+    "fair": {"staleness_measure": "tokens", "max_untrained_groups": None},
+}
+
+
+def config(work: Path, router: RouterThread, model: Path, run: str, load: str, design: str) -> Config:
+    concurrency, groups, _ = LOADS[load]
+    choice = DESIGNS[design]
+    return Config(
+        run={"name": run},
+        store=StoreConfig(url=f"sqlite:///{work / f'{run}.db'}"),
+        engine=EngineConfig(model=model),
+        router={"admin_token": router.token},
+        rollout=RolloutConfig(
+            env="long-tail", router_url=router.url, group_size=4, max_turns=12,
+            max_new_tokens=256, max_tokens=4096, filter_zero_variance=False,
+            max_concurrent_episodes=concurrency, heartbeat_s=1.0,
+            max_untrained_groups=choice["max_untrained_groups"],
+        ),  # fmt: skip
+        trainer=TrainerConfig(
+            groups_per_step=groups, micro_batch_size=8, lr=1e-5, max_staleness=ETA,
+            staleness_measure=choice["staleness_measure"], router_url=router.url,
+            data_poll_s=0.05, checkpoint_every=10_000, export_every=1,
+            checkpoint_dir=work / run / "ckpt", export_dir=work / run / "exports",
+            tensorboard_dir=None,
+        ),  # fmt: skip
+    )
+
+
+def train_for(cfg: Config, model: Path, seconds: float, pad_s: float) -> dict[str, Any]:
+    """The trainer loop for `seconds` beside a continuously running serve; then serve stops."""
+    from trainer.learner import learner
+    from trainer.loop import TrainLoop
+
+    with learner(model, cfg.trainer) as e:
+        loop = TrainLoop(cfg, e, log=lambda line: None)
+        loop.open()
+        server = ServeThread(cfg, None)
+        server.start()
+        idle = busy = 0.0
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                metrics = loop.step_once() or {}
+                took = time.monotonic() - t0
+                if took < pad_s + metrics.get("idle_s", 0.0):
+                    time.sleep(pad_s + metrics.get("idle_s", 0.0) - took)
+                idle += metrics.get("idle_s", 0.0)
+                busy += max(time.monotonic() - t0 - metrics.get("idle_s", 0.0), 0.0)
+        finally:
+            server.stop()
+            loop.close()
+        if server.error is not None:
+            raise server.error
+    history = loop.stats.history
+    stale = sum(h.get("stale_tokens", 0) for h in history)
+    trained = sum(h.get("tokens", 0) for h in history)
+    return {"steps": loop.stats.steps, "trainer_idle": idle / max(idle + busy, 1e-9),
+            "stale_token_share": stale / max(stale + trained, 1)}
+
+
+def measure(cfg: Config) -> dict[str, Any]:
+    from agent_rl.store import Store
+    from agent_rl.store.staleness import bucket
+
+    async def go() -> dict[str, Any]:
+        async with await Store.open(cfg.store) as store:
+            run = await store.run_id(cfg.run.name)
+            audit = await store.audit(run)
+            endings = await store.endings(run)
+            episodes = await store.list_episodes(run_id=run, limit=1_000_000)
+        completed = [e for e in episodes if e.status in ("completed", "trained", "filtered")]
+        trained = [e for e in episodes if e.status == "trained"]
+        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        histogram: dict[str, int] = {}
+        for e in trained:
+            if e.staleness is not None:
+                histogram[str(bucket(e.staleness))] = histogram.get(str(bucket(e.staleness)), 0) + 1
+        return {
+            "lost": audit.lost,
+            "not_terminal": audit.not_terminal,
+            "problems": audit.problems(finished=False),
+            "completed": len(completed),
+            "trained": len(trained),
+            "length_bias": mean([e.num_tokens for e in trained]) / mean([e.num_tokens for e in completed]),
+            "stale_filtered_share": endings.filtered.get("stale", 0) / max(len(completed), 1),
+            "truncated": endings.truncated,
+            "staleness_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+            "turns_p99": sorted(e.num_turns for e in completed)[int(0.99 * (len(completed) - 1))] if completed else 0,
+        }
+
+    return asyncio.run(go())
+
+
+def main() -> None:
+    import torch
+
+    from agent_rl.config import load_config
+    from agent_rl.engine.client import EngineClient
+    from agent_rl.engine.launcher import EngineServer
+    from agent_rl.models import init_model
+    from agent_rl.store.migrate import upgrade
+
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = init_model(work / "tiny-dense", "tiny-dense", seed=0)
+        engine = EngineServer(model, venv=load_config().engine.venv, log_dir=work / "logs",
+                              startup_timeout_s=240.0).start()
+        router = RouterThread([engine.url], RouterConfig(port=0))
+        router.start()
+        router.ready.wait(60)
+        try:
+            for load in LOADS:
+                for design in DESIGNS:
+                    run = f"{load}-{design}"
+                    cfg = config(work, router, model, run, load, design)
+                    asyncio.run(upgrade(cfg.store))
+
+                    async def reset() -> None:
+                        async with EngineClient(engine.url) as c:
+                            await c.update_weights_from_disk(model, weight_version="default")
+
+                    asyncio.run(reset())
+                    trained = train_for(cfg, model, RUN_S, LOADS[load][2])
+                    results[run] = {**trained, **measure(cfg)}
+                    print(f"{run}: {json.dumps(results[run])}", flush=True)
+        finally:
+            router.stop()
+            engine.stop()
+    fair = [results[f"{load}-fair"] for load in LOADS]
+    base = [results[f"{load}-baseline"] for load in LOADS]
+    result = {
+        "lost": sum(r["lost"] for r in fair + base),
+        "not_terminal": sum(r["not_terminal"] for r in fair + base),
+        "length_bias": round(min(r["length_bias"] for r in fair), 3),
+        "stale_filtered_share": round(max(r["stale_filtered_share"] for r in fair), 4),
+        "baseline_length_bias": round(min(r["length_bias"] for r in base), 3),
+        "baseline_stale_filtered_share": round(max(r["stale_filtered_share"] for r in base), 4),
+        "trainer_idle": {load: round(results[f"{load}-fair"]["trainer_idle"], 3) for load in LOADS},
+        "stale_token_share": {load: round(results[f"{load}-fair"]["stale_token_share"], 4)
+                              for load in LOADS},
+        "by_load": {run: {"length_bias": round(r["length_bias"], 3),
+                          "stale_filtered_share": round(r["stale_filtered_share"], 4),
+                          "trained": r["trained"], "completed": r["completed"]}
+                    for run, r in results.items()},
+    }
+    print(f"wall {time.monotonic() - started:.0f} s")
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
