@@ -1,19 +1,23 @@
-"""`agent-rl episodes list|show`: read episodes from the store, as tables or JSON."""
+"""`agent-rl episodes list|show`: read episodes from the store, as tables or JSON.
+
+`list` prints a plain aligned table, written in one go: a rich table of 10,000 rows took 14 s
+to lay out, this one milliseconds. What the command costs is mostly importing the store.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from typing import Annotated, Optional
 
 import anyio
 import typer
-from rich.table import Table
 
-from agent_rl.cli.common import console, state
+from agent_rl.cli.common import console, plain_table, state
 from agent_rl.config import StoreConfig
 from agent_rl.store import EpisodeSummary, Store
-from agent_rl.store.models import EPISODE_STATUSES
+from agent_rl.store.models import EPISODE_STATUSES, ID_MAX, INT_MIN
 
 app = typer.Typer(help="List and inspect stored episodes.", no_args_is_help=True)
 
@@ -21,20 +25,27 @@ app = typer.Typer(help="List and inspect stored episodes.", no_args_is_help=True
 @app.command("list")
 def list_cmd(
     ctx: typer.Context,
-    status: Annotated[Optional[str], typer.Option(help=f"One of: {', '.join(EPISODE_STATUSES)}.")] = None,
+    status: Annotated[Optional[str], typer.Option(
+        help=f"One of: {', '.join(EPISODE_STATUSES)}.")] = None,
     env: Annotated[Optional[str], typer.Option(help="Environment id.")] = None,
     min_reward: Annotated[Optional[float], typer.Option()] = None,
     max_reward: Annotated[Optional[float], typer.Option()] = None,
-    min_version: Annotated[Optional[int], typer.Option(help="Oldest policy version of any token.")] = None,
-    max_version: Annotated[Optional[int], typer.Option(help="Newest policy version of any token.")] = None,
+    min_version: Annotated[Optional[int], typer.Option(
+        min=INT_MIN, max=ID_MAX, help="Oldest policy version of any token.")] = None,
+    max_version: Annotated[Optional[int], typer.Option(
+        min=INT_MIN, max=ID_MAX, help="Newest policy version of any token.")] = None,
     run: Annotated[Optional[str], typer.Option(help="Run name (default: all runs).")] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 100,
-    after: Annotated[Optional[int], typer.Option(help="Show episodes with id greater than this.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=ID_MAX)] = 100,
+    after: Annotated[Optional[int], typer.Option(
+        min=0, max=ID_MAX, help="Show episodes with id greater than this.")] = None,
+    text: Annotated[Optional[str], typer.Option(
+        "--text", "-q", help="Text in any message (case-insensitive).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """List episodes, oldest first."""
     if status is not None and status not in EPISODE_STATUSES:
-        raise typer.BadParameter(f"unknown status {status!r}; use one of {', '.join(EPISODE_STATUSES)}")
+        raise typer.BadParameter(
+            f"unknown status {status!r}; use one of {', '.join(EPISODE_STATUSES)}")
     cfg = state(ctx).config().store
 
     async def fetch() -> list[EpisodeSummary]:
@@ -43,7 +54,7 @@ def list_cmd(
             return await store.list_episodes(
                 run_id=run_id, status=status, env_id=env, min_reward=min_reward,
                 max_reward=max_reward, min_version=min_version, max_version=max_version,
-                after_id=after, limit=limit,
+                after_id=after, limit=limit, text=text or None,
             )
 
     episodes = anyio.run(fetch)
@@ -51,27 +62,30 @@ def list_cmd(
         for e in episodes:
             print(json.dumps(asdict(e)))
         return
-    table = Table("id", "env", "group", "status", "reward", "turns", "tokens", "versions", "cause")
+    rows = []
     for e in episodes:
         versions = "" if e.min_version is None else f"{e.min_version}-{e.max_version}"
         truncated = (e.reward_details or {}).get("truncated")
         cause = e.error_cause or e.filter_reason or (f"truncated: {truncated}" if truncated else "")
-        table.add_row(
+        rows.append([
             str(e.id), e.env_id, str(e.group_id), e.status,
             "" if e.reward is None else f"{e.reward:.3g}", str(e.num_turns), str(e.num_tokens),
             versions, cause.splitlines()[0][:60] if cause else "",
-        )
-    console.print(table)
-    console.print(f"{len(episodes)} episodes")
+        ])
+    header = ["id", "env", "group", "status", "reward", "turns", "tokens", "versions", "cause"]
+    table = plain_table(header, rows, right={"id", "group", "reward", "turns", "tokens"})
+    sys.stdout.write(table + f"{len(episodes)} episodes\n")
 
 
 @app.command("show")
 def show_cmd(
     ctx: typer.Context,
-    episode_id: Annotated[int, typer.Argument(help="Episode id.")],
+    episode_id: Annotated[int, typer.Argument(min=0, max=ID_MAX, help="Episode id.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Show one episode: status, reward, turns, messages, tool calls, token counts."""
+    from rich.table import Table
+
     detail = anyio.run(_detail, state(ctx).config().store, episode_id)
     if as_json:
         print(json.dumps(asdict(detail)))

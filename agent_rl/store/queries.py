@@ -7,7 +7,18 @@ from dataclasses import fields
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Select, and_, case, func, literal_column, or_, select, table
+from sqlalchemy import (
+    Connection,
+    Select,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal_column,
+    or_,
+    select,
+    table,
+)
 
 from agent_rl.errors import NotFoundError
 from agent_rl.store import arrays as codec
@@ -151,7 +162,11 @@ class Queries(StoreBase):
             )
             return select(Message.episode_id).where(Message.id.in_(hits))
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        return select(Message.episode_id).where(Message.content.ilike(pattern, escape="\\"))
+        # Written into the SQL, not bound: PostgreSQL plans a bound pattern once it is prepared
+        # (psycopg prepares a statement run five times) with a generic plan that cannot see the
+        # trigrams, and walked every message for a rare text (0.3-1.5 s at 10k episodes).
+        inline = bindparam("pattern", pattern, literal_execute=True)
+        return select(Message.episode_id).where(Message.content.ilike(inline, escape="\\"))
 
     @read
     def get_episode(self, conn: Connection, episode_id: int) -> EpisodeDetail:

@@ -67,6 +67,17 @@ def test_upgrade_list_show(db_url: str) -> None:
     assert ids("--max-reward", "0.5") == [eps[0]]
     assert ids("--min-version", "3", "--max-version", "3") == eps[:2]
     assert ids("--run", "cli", "--after", str(eps[0])) == eps[1:]
+    assert ids("--text", "OBS 9") == [eps[2]] and ids("-q", "act") == eps
+    table = cli("episodes", "list", "-q", "obs 9", url=db_url).stdout.splitlines()
+    assert table[0].split() == ["id", "env", "group", "status", "reward", "turns", "tokens",
+                                "versions", "cause"]
+    assert table[2].split()[:4] == [str(eps[2]), "search-qa", table[2].split()[2], "failed"]
+    assert table[-1] == "1 episodes"
+    for out_of_range in (str(2**31), str(2**63)):  # beyond the 32-bit ids: refused, no traceback
+        refused = cli("episodes", "show", out_of_range, url=db_url)
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr
+        listed = cli("episodes", "list", "--after", out_of_range, url=db_url)
+        assert listed.returncode != 0 and "Traceback" not in listed.stderr
 
     shown = cli("episodes", "show", str(eps[2]), url=db_url)
     assert shown.returncode == 0

@@ -1,7 +1,8 @@
 """Text search over messages (`list_episodes(text=...)`, the API's `q`) through each database's
 own index (revision 0003): SQLite's FTS5 trigram table, PostgreSQL's pg_trgm GIN index. The
 matches are the ILIKE substring matches they replace, the index is what the query plan uses,
-and the FTS5 table follows inserts and deletes."""
+and the FTS5 table follows inserts and deletes. PostgreSQL's pattern is written into the SQL
+(a bound one got a generic plan that scanned), so quotes and backslashes are in the cases."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ TEXTS = [
     "Zürich ÄRGER straße",
     "100% of x_3 \\ backslash",
     "tiny",
+    "it's O'Brien's \\' turn",
 ]
 
 
@@ -45,6 +47,7 @@ async def test_search_matches_substrings_case_insensitively(db_url: str) -> None
             "* ^ --": [eps[1]], "100% of X_3": [eps[3]], "x_3 \\ b": [eps[3]], "1000%": [],
             "zürich": [eps[2]], "STRASSE": [], "question": eps, "ny": [eps[4]], "e": eps,
             "%": [eps[3]], "_": [eps[3]], '"': [eps[1]], "nothing like it": [],
+            "o'brien's \\'": [eps[5]], "'": [eps[5]], "\\": [eps[3], eps[5]],
         }
         for q, expected in cases.items():
             assert found(await store.list_episodes(text=q)) == expected, q
