@@ -185,12 +185,19 @@ class Env:
     # ------------------------------------------------------------------ tools
 
     def build_tools(self) -> list[Tool]:
-        """This instance's tools: `tools`, then `@tool` methods (bound); override to vary them."""
-        found: list[Tool] = list(type(self).tools)
+        """This instance's tools: `tools`, then `@tool` methods (bound), base classes' first;
+        override to vary them. A subclass that redefines an inherited `@tool` method replaces
+        it (as any method override does), and one that sets the name to something that is not
+        a tool (e.g. `probe = None`) removes it."""
+        attributes: dict[str, None] = {}  # every @tool attribute name, in definition order
         for klass in reversed(type(self).__mro__):
             for name, value in vars(klass).items():
                 if isinstance(value, Tool):
-                    found.append(getattr(self, name))
+                    attributes.setdefault(name)
+        found: list[Tool] = list(type(self).tools)
+        for name in attributes:
+            if isinstance(inspect.getattr_static(type(self), name, None), Tool):
+                found.append(getattr(self, name))
         return found
 
     @property

@@ -152,12 +152,68 @@ async def test_env_with_sandbox_tool_requires_a_sandbox() -> None:
     assert r.observations[0]["content"] == "a.txt"
 
 
+class ProbeEnv(EchoEnv):
+    @tool
+    def probe(self, x: int) -> str:
+        """Probe the base way.
+
+        Args:
+            x: What to probe.
+        """
+        return f"base {x}"
+
+    @tool
+    def other(self) -> str:
+        """Another tool."""
+        return "other"
+
+
+async def test_a_subclass_redefines_or_removes_an_inherited_tool() -> None:
+    class Redefined(ProbeEnv):
+        @tool
+        def probe(self, x: int, loud: bool = False) -> str:
+            """Probe the subclass way.
+
+            Args:
+                x: What to probe.
+                loud: Shout the answer.
+            """
+            return f"sub {x}" + ("!" if loud else "")
+
+    env = Redefined()
+    assert list(env.toolset) == ["shout", "probe", "other"]  # in place, not appended
+    assert env.toolset["probe"].description == "Probe the subclass way."
+    assert "loud" in env.tool_schemas()[1]["function"]["parameters"]["properties"]
+    await env.reset(TASK)
+    r = await env.step(parse_completion(format_tool_call("probe", {"x": 3, "loud": True})))
+    assert r.observations[0]["content"] == "sub 3!"
+
+    class Removed(ProbeEnv):
+        probe = None  # type: ignore[assignment]
+
+    assert list(Removed().toolset) == ["shout", "other"]
+    assert list(ProbeEnv().toolset) == ["shout", "probe", "other"]
+
+
 def test_duplicate_tool_names_are_an_env_error() -> None:
     class Dup(EchoEnv):
         tools = (shout, shout.__class__(shout.fn, name="shout"))
 
     with pytest.raises(EnvError, match="two tools are named 'shout'"):
         Dup().tool_schemas()
+
+    class TwoAttributes(ProbeEnv):  # different attributes, one tool name: still an error
+        @tool(name="probe")
+        def probe_again(self, x: int) -> str:
+            """Probe twice.
+
+            Args:
+                x: What to probe.
+            """
+            return ""
+
+    with pytest.raises(EnvError, match="two tools are named 'probe'"):
+        TwoAttributes().tool_schemas()
 
 
 async def test_step_after_the_end_and_missing_hooks_are_env_errors() -> None:
