@@ -52,6 +52,11 @@ class ToolCall(BaseModel):
     """Id of the call within its episode; tool observations refer to it."""
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    raw_arguments: str | None = None
+    """The arguments' text exactly as the model wrote it (the JSON value after "arguments",
+    e.g. `{"guess":8}`, or the string literal of double-encoded ones), when the call was parsed
+    from a completion; None when the model wrote none or the call was made in code. This is
+    what the store records; `arguments` is its parsed form."""
 
     def to_message_dict(self) -> ToolCallDict:
         return {

@@ -14,11 +14,15 @@ Malformed: invalid JSON, JSON that is not an object, a missing or non-string `na
 `arguments` that is neither an object nor a JSON string holding one, an unclosed
 `<tool_call>` (e.g. the completion hit its token limit), a `<tool_call>` opened inside another,
 and a `</tool_call>` with no opening tag.
+
+A well-formed call keeps the text of its arguments as the model wrote it (`raw_arguments`:
+`{"guess":8}` stays `{"guess":8}`, not `{"guess": 8}`), which is what the store records.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,7 +99,37 @@ def _parse_body(index: int, body: str, raw: str, id_prefix: str) -> ToolCall | M
             return _malformed(index, raw, f'"arguments" is a string but not JSON ({e.msg})')
     if not isinstance(args, dict):
         return _malformed(index, raw, '"arguments" must be a JSON object')
-    return ToolCall(id=f"{id_prefix}{index}", name=name.strip(), arguments=args)
+    return ToolCall(id=f"{id_prefix}{index}", name=name.strip(), arguments=args,
+                    raw_arguments=member_text(body, "arguments"))
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def member_text(body: str, key: str) -> str | None:
+    """The exact text of the value of top-level member `key` in the JSON object `body` (which
+    must be valid JSON; the last one when the key repeats, as `json.loads` keeps), or None."""
+    pos = _skip(body, 0)
+    if body[pos : pos + 1] != "{":
+        return None
+    pos = _skip(body, pos + 1)
+    found = None
+    while body[pos : pos + 1] == '"':
+        name, pos = _DECODER.raw_decode(body, pos)
+        start = _skip(body, _skip(body, pos) + 1)  # past the ':'
+        _, end = _DECODER.raw_decode(body, start)
+        if name == key:
+            found = body[start:end]
+        pos = _skip(body, end)
+        if body[pos : pos + 1] == ",":
+            pos = _skip(body, pos + 1)
+    return found
+
+
+def _skip(body: str, pos: int) -> int:
+    """The first position at or after `pos` that is not JSON whitespace."""
+    return _SPACE.match(body, pos).end()  # type: ignore[union-attr]  # `*` always matches
 
 
 def _malformed(index: int, raw: str, reason: str) -> MalformedToolCall:

@@ -226,6 +226,8 @@ class ToolResult(BaseModel):
     call_id: str
     name: str
     arguments: dict[str, Any]
+    raw_arguments: str | None = None
+    """The arguments as the model wrote them (`ToolCall.raw_arguments`)."""
     output: str
     """The observation text given to the model (an `error: ...` line when the call failed)."""
     error: ErrorKind | None = None
@@ -244,7 +246,8 @@ async def run_tool_call(
 
     def done(output: str, error: ErrorKind | None = None, tb: str | None = None) -> ToolResult:
         return ToolResult(
-            call_id=call.id, name=call.name, arguments=dict(call.arguments), output=output,
+            call_id=call.id, name=call.name, arguments=dict(call.arguments),
+            raw_arguments=call.raw_arguments, output=output,
             error=error, traceback=tb, started_at=started, duration_s=time.perf_counter() - t0,
         )  # fmt: skip
 

@@ -337,7 +337,9 @@ def _tool_records(turn: AssistantTurn, result: StepResult | None) -> list[ToolCa
         return []
     records = [
         ToolCallRecord(
-            name=r.name, arguments=json.dumps(r.arguments),
+            # As the model wrote them; JSON of the parsed ones only when it wrote none.
+            name=r.name, arguments=r.raw_arguments if r.raw_arguments is not None
+            else json.dumps(r.arguments),
             status="ok" if r.error is None else ("timeout" if r.error == "timeout" else "error"),
             output=r.output, duration_s=r.duration_s, sandbox_error=r.traceback,
         )

@@ -62,7 +62,7 @@ def _tool_records(transcript: Transcript, step: int) -> list[ToolCallRecord]:
     records = [
         ToolCallRecord(
             name=r.name,
-            arguments=json.dumps(r.arguments),
+            arguments=r.raw_arguments if r.raw_arguments is not None else json.dumps(r.arguments),
             status="ok" if r.error is None else "error",
             output=r.output,
             duration_s=r.duration_s,

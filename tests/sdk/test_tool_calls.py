@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agent_rl.messages import MalformedToolCall, ToolCall
@@ -19,7 +21,8 @@ def test_compact_call_roundtrips_through_format() -> None:
     assert text == '<tool_call>{"name":"calc","arguments":{"expression":"37*48+12"}}</tool_call>'
     turn = parse_completion(text)
     assert turn.tool_calls == [
-        ToolCall(id="call_0", name="calc", arguments={"expression": "37*48+12"})
+        ToolCall(id="call_0", name="calc", arguments={"expression": "37*48+12"},
+                 raw_arguments='{"expression":"37*48+12"}')
     ]
     assert turn.content == "" and turn.malformed == []
 
@@ -38,7 +41,26 @@ def test_qwen_style_whitespace_and_several_calls_keep_order_and_content() -> Non
 
 def test_missing_arguments_means_no_arguments() -> None:
     (call,) = parse_completion('<tool_call>{"name":"now"}</tool_call>').tool_calls
-    assert call.arguments == {}
+    assert call.arguments == {} and call.raw_arguments is None
+
+
+@pytest.mark.parametrize(
+    ("body", "raw"),
+    [
+        ('{"name":"guess","arguments":{"guess":8}}', '{"guess":8}'),
+        ('{"name": "guess", "arguments": {"guess": 8}}', '{"guess": 8}'),
+        ('\n { "arguments" :\t{ "a" : [1, {"b": "}\\",{"}] , "c":null } ,"name":"g" }\n',
+         '{ "a" : [1, {"b": "}\\",{"}] , "c":null }'),
+        ('{"name":"g","arguments":"{\\"q\\": \\"c\\"}"}', '"{\\"q\\": \\"c\\"}"'),
+        ('{"name":"g","arguments":{},"arguments":{"z":1.50}}', '{"z":1.50}'),  # json keeps the last
+        ('{"name":"g","arguments":{"s":"\\u00e9 caf\u00e9"}}', '{"s":"\\u00e9 caf\u00e9"}'),
+    ],
+)
+def test_a_call_keeps_its_arguments_as_written(body: str, raw: str) -> None:
+    (call,) = parse_completion(f"<tool_call>{body}</tool_call>").tool_calls
+    assert call.raw_arguments == raw
+    decoded = json.loads(raw)
+    assert call.arguments == (json.loads(decoded) if isinstance(decoded, str) else decoded)
 
 
 @pytest.mark.parametrize(
