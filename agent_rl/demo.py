@@ -7,20 +7,26 @@ reward proves the env, its tools (in a real sandbox when it needs one), the pars
 reward agree; and the transcripts are supervised warm-start data (the assistant messages'
 content is the raw completion text, tool-call markup included).
 
+A teacher that needs what happened so far in structured form (its own calls, their results)
+declares a `history` parameter: `async def demonstrate(self, messages, history)`. It then gets
+one `DemoTurn` per earlier step (the parsed completion and the env's `StepResult`), so it never
+re-parses its own text; `demonstrate(self, messages)` keeps working as before.
+
 `render_chatml` renders a transcript as ChatML text in the project's template convention.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from agent_rl.env import Env, StepInfo
+from agent_rl.env import Env, StepInfo, StepResult
 from agent_rl.errors import EnvError
-from agent_rl.messages import Message
+from agent_rl.messages import AssistantTurn, Message
 from agent_rl.registry import make
 from agent_rl.tasks import Task
 from agent_rl.tool_calls import parse_completion
@@ -30,8 +36,21 @@ if TYPE_CHECKING:
 
 SandboxFactory = Callable[["SandboxSpec | None"], Awaitable["Sandbox"]]
 """Makes one sandbox for an episode from the env's `sandbox_spec` (None: the default spec)."""
-TextPolicy = Callable[[list[Message]], Awaitable[str]]
-"""Writes the next completion text for a conversation (a teacher, a scripted test policy)."""
+TextPolicy = Callable[..., Awaitable[str]]
+"""Writes the next completion text for a conversation (a teacher, a scripted test policy):
+`policy(messages)`, or `policy(messages, history=[DemoTurn, ...])` when it has a `history`
+parameter."""
+
+
+class DemoTurn(BaseModel):
+    """One earlier step of the episode, structured: what a teacher would otherwise re-parse."""
+
+    turn: AssistantTurn
+    """The completion as `parse_completion` read it: content and calls, each `ToolCall` with its
+    parsed `arguments` and its `raw_arguments` text."""
+    result: StepResult
+    """The env's answer: observations, `info.tool_results` (each call's output and error),
+    `info.malformed`, reward and whether it ended."""
 
 
 class Transcript(BaseModel):
@@ -84,15 +103,21 @@ async def run_text_episode(
     first = await env.reset(task, seed, sandbox=sandbox)
     messages: list[Message] = list(first.messages)
     steps: list[StepInfo] = []
+    history: list[DemoTurn] = []
+    with_history = takes_history(policy)
     reward, terminated, truncated = 0.0, False, False
     try:
         for turn_no in range(max_turns):
-            text = await policy(list(messages))
+            if with_history:
+                text = await policy(list(messages), history=list(history))
+            else:
+                text = await policy(list(messages))
             turn = parse_completion(text, id_prefix=f"call_{turn_no}_")
             messages.append(turn.to_message())
             result = await env.step(turn)
             messages.extend(result.observations)
             steps.append(result.info)
+            history.append(DemoTurn(turn=turn, result=result))
             reward += result.reward
             terminated, truncated = result.terminated, result.truncated
             if terminated or truncated:
@@ -105,6 +130,15 @@ async def run_text_episode(
         env_id=env.env_id, task=task, seed=seed, messages=messages, tools=first.tools,
         reward=reward, terminated=terminated, truncated=truncated, steps=steps,
     )  # fmt: skip
+
+
+def takes_history(policy: Callable[..., Any]) -> bool:
+    """Whether a text policy (an env's `demonstrate`) declares the `history` parameter."""
+    try:
+        parameters = inspect.signature(policy).parameters
+    except (TypeError, ValueError):
+        return False
+    return "history" in parameters
 
 
 async def demonstrations(

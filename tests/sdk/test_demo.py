@@ -64,3 +64,48 @@ async def test_text_episode_with_a_scripted_policy_records_malformed_calls_and_s
     ]
     assert "never closed" in t.messages[2]["content"] and "JSON object" in t.messages[4]["content"]
     assert t.terminated and t.reward == 0.0 and len(t.steps[0].malformed) == 1
+
+
+@pytest.mark.anyio
+async def test_a_teacher_with_history_gets_its_parsed_turns_and_the_results() -> None:
+    from agent_rl import Env, Task, tool
+    from agent_rl.demo import DemoTurn, run_demonstration
+    from agent_rl.tool_calls import format_tool_call
+
+    seen: list[list[DemoTurn]] = []
+
+    class Lookup(Env):
+        """Look a number up, then say it."""
+
+        @tool
+        def lookup(self, key: str) -> str:
+            """The number stored under a key.
+
+            Args:
+                key: The key.
+            """
+            return str(len(key) * 7)
+
+        def initial_messages(self, task: Task) -> list:
+            return [user(f"What is stored under {task['key']}?")]
+
+        async def score(self, answer: str) -> float:
+            return float(answer == str(len(self.task["key"]) * 7))  # type: ignore[index]
+
+        async def demonstrate(self, messages: list, history: list[DemoTurn]) -> str:
+            seen.append(history)
+            if not history:
+                return format_tool_call("lookup", {"key": self.task["key"]})  # type: ignore[index]
+            (call,) = history[-1].turn.tool_calls  # no re-parsing of its own text
+            assert call.arguments == {"key": self.task["key"]}  # type: ignore[index]
+            assert call.raw_arguments == '{"key":"%s"}' % self.task["key"]  # type: ignore[index]
+            return history[-1].result.info.tool_results[0].output
+
+    t = await run_demonstration(Lookup(), Task(id="0", data={"key": "abc"}))
+    assert t.reward == 1.0 and t.completions()[-1] == "21"
+    assert [len(h) for h in seen] == [0, 1]
+
+    # A teacher without the parameter is called as before.
+    env = make("calculator")
+    task = env.task_source().take(1)[0]
+    assert (await run_demonstration(env, task)).reward == 1.0

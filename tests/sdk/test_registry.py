@@ -120,6 +120,28 @@ register("plugin-self", SelfRegistered)
 '''
 
 
+TUNED_MODULE = '''
+from agent_rl_plugin_demo import PluginEnv
+
+
+class TunedEnv(PluginEnv):
+    """Made with the defaults its package registered."""
+
+    def __init__(self, *, level: str = "easy", **kwargs):
+        super().__init__(**kwargs)
+        self.level = level
+'''
+
+# Registration defaults for an entry point (docs/envs.md): a module entry point that registers
+# the class by name, so that the class's module is imported only when the env is made.
+REGISTRATION_MODULE = '''
+from agent_rl import register
+
+register("plugin-tuned", entry_point="agent_rl_plugin_demo.tuned:TunedEnv", max_turns=3,
+         level="hard")
+'''
+
+
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`agent-rl-plugin-demo` 0.3.0 built and installed (pip --target) from a tmp dir."""
@@ -127,6 +149,8 @@ def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert PROJECT_ROOT not in src.parents
     (src / "agent_rl_plugin_demo").mkdir()
     (src / "agent_rl_plugin_demo" / "__init__.py").write_text(PLUGIN_MODULE)
+    (src / "agent_rl_plugin_demo" / "tuned.py").write_text(TUNED_MODULE)
+    (src / "agent_rl_plugin_demo" / "registration.py").write_text(REGISTRATION_MODULE)
     (src / "pyproject.toml").write_text(
         textwrap.dedent("""
         [build-system]
@@ -141,6 +165,7 @@ def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
         plugin-env = "agent_rl_plugin_demo:PluginEnv"
         plugin-module = "agent_rl_plugin_demo"
         plugin-broken = "agent_rl_plugin_demo_missing:Nope"
+        plugin-defaults = "agent_rl_plugin_demo.registration"
     """)
     )
     target = tmp_path_factory.mktemp("site")
@@ -163,6 +188,13 @@ def test_entry_point_plugin_is_discovered(
         assert by_id["plugin-self"].source == "entry point: agent-rl-plugin-demo 0.3.0"
         assert type(make("plugin-env")).__name__ == "PluginEnv"
         assert type(make("plugin-self")).__name__ == "SelfRegistered"
+        tuned = by_id["plugin-tuned"]
+        assert tuned.source == "entry point: agent-rl-plugin-demo 0.3.0"
+        assert tuned.kwargs == {"max_turns": 3, "level": "hard"}
+        assert "agent_rl_plugin_demo.tuned" not in sys.modules  # lazy until made
+        env = make("plugin-tuned")
+        assert (type(env).__name__, env.max_turns, env.level) == ("TunedEnv", 3, "hard")
+        assert make("plugin-tuned", max_turns=5).max_turns == 5
         # A lazy entry point that cannot be imported fails when made (and listed), not discovered.
         with pytest.raises(EnvCodeError, match="ModuleNotFoundError"):
             make("plugin-broken")
@@ -172,7 +204,7 @@ def test_entry_point_plugin_is_discovered(
         assert "ModuleNotFoundError" in rows["plugin-broken"]["error"]
         assert rows["calculator"]["tools"] == ["calc"] and rows["calculator"]["demonstration"]
     finally:
-        for i in ("plugin-env", "plugin-self", "plugin-broken"):
+        for i in ("plugin-env", "plugin-self", "plugin-broken", "plugin-tuned"):
             registry.unregister(i)
 
 
