@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anyio  # noqa: E402
 import psycopg  # noqa: E402
+import tomli_w  # noqa: E402
 from rich.console import Console  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
@@ -81,7 +82,7 @@ async def resumed_share(store: Store, before: dict[int, Any]) -> dict[str, Any]:
             "tokens_changed": changed}
 
 
-async def resume_after_kill(qs: Quickstart, env_id: str, episodes: int = 16) -> dict[str, Any]:
+async def resume_after_kill(qs: Quickstart, env_id: str, episodes: int = 48) -> dict[str, Any]:
     """A serve of `env_id` (its own run, on the fleet's router) SIGKILLed once several episodes
     have persisted turns, then started again: how many of its episodes were resumed."""
     import signal
@@ -91,26 +92,33 @@ async def resume_after_kill(qs: Quickstart, env_id: str, episodes: int = 16) -> 
 
     assert qs.fleet is not None
     run = f"resume-{env_id}"
-    env = {**os.environ, "AGENT_RL_RUN__NAME": run, "AGENT_RL_ROLLOUT__ENV_KWARGS": "{}",
-           "AGENT_RL_ROLLOUT__STALE_AFTER_S": "3", "AGENT_RL_ROLLOUT__HEARTBEAT_S": "0.5",
-           "AGENT_RL_ROLLOUT__MAX_NEW_TOKENS": "96"}
-    argv = agent_rl_command("serve", "--router-url", qs.fleet.router_url, "--env", env_id,
-                            "--no-api", "--max-episodes", str(episodes))
-    log = open(qs.workdir / f"runs/logs/{run}.log", "ab")  # noqa: SIM115 (closed below)
-    first = subprocess.Popen(argv, cwd=qs.workdir, env=env, stdout=log, stderr=log)
+    workdir = qs.workdir / run
+    workdir.mkdir(exist_ok=True)
+    engine = qs.cfg.engine.model
+    (workdir / "agent-rl.toml").write_text(tomli_w.dumps({
+        "run": {"name": run}, "store": {"url": qs.cfg.store.url},
+        "engine": {"model": str(qs.workdir / engine if engine else "")},
+        "rollout": {"env": env_id, "group_size": 8, "max_concurrent_episodes": 16,
+                    "max_new_tokens": 96, "max_tokens": 1024, "heartbeat_s": 0.5,
+                    "stale_after_s": 3.0},
+    }))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
+    argv = agent_rl_command("serve", "--router-url", qs.fleet.router_url, "--no-api",
+                            "--max-episodes", str(episodes))
+    log = open(workdir / "serve.log", "ab")  # noqa: SIM115 (closed below)
+    first = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=log)
     before: dict[int, Any] = {}
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and first.poll() is None:
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.05)
             async with await Store.open(qs.cfg.store) as store:
                 try:
                     run_id = await store.run_id(run)
                 except Exception:
                     continue
-                going = [e for e in await store.list_episodes(run_id=run_id, status="running")
-                         if e.num_turns >= 1]
-                if len(going) >= 4:
+                running = await store.list_episodes(run_id=run_id, status="running")
+                if sum(e.num_turns >= 1 for e in running) >= 2:
                     first.send_signal(signal.SIGKILL)
                     first.wait()
                     before = await running_of(store, run_id, first.pid)
@@ -119,9 +127,13 @@ async def resume_after_kill(qs: Quickstart, env_id: str, episodes: int = 16) -> 
         if first.poll() is None:
             first.kill()
     await anyio.sleep(4)  # its heartbeats age past stale_after_s
-    second = subprocess.Popen(argv, cwd=qs.workdir, env=env, stdout=log, stderr=log)
+    second = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=log)
     await anyio.to_thread.run_sync(lambda: second.wait(300))
     log.close()
+    if not before:
+        tail = (workdir / "serve.log").read_text(errors="replace")[-1500:]
+        return {"episodes": 0, "resumed": 0, "share": None, "tokens_changed": [],
+                "error": f"no episode was running when it was killed; its log ends: {tail}"}
     async with await Store.open(qs.cfg.store) as store:
         run_id = await store.run_id(run)
         share = await resumed_share(store, before)
@@ -187,9 +199,14 @@ async def chaos(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]],
     and the failure is in `kills`)."""
     from signal import SIGINT
 
-    try:
-        await _kill_each(qs, sup, kills, resumed)
+    async def python_math() -> None:
         resumed["python-math"] = await resume_after_kill(qs, "python-math")
+
+    try:
+        # Beside the kills (it shares the fleet's engines): the run stays within its minutes.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(python_math)
+            await _kill_each(qs, sup, kills, resumed)
     except TimeoutError as e:
         kills.append({"error": str(e)})
     qs.say("chaos: done; stopping RL as the quickstart does (trainer, then serve drains)")
