@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import anyio
+import pytest
 from sqlalchemy import text
 
 from tests.store.helpers import completed_group, migrated_store
@@ -36,6 +37,7 @@ def fill(url: str) -> dict[str, int]:
     return anyio.run(go)
 
 
+@pytest.mark.slow  # five CLI processes per database
 def test_db_audit_exit_status_names_the_problem(db_url: str) -> None:
     fill(db_url)
     clean = cli("db", "audit", "--run", "clean", url=db_url)
