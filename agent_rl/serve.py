@@ -117,7 +117,7 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
             log.info("web API and viewer at http://%s:%d/", api_cfg.host, port)
         scheduler = Scheduler(
             ctx, env_id=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
-            max_staleness=cfg.trainer.max_staleness, max_untrained_groups=untrained_groups_bound(cfg),
+            max_staleness=cfg.trainer.max_staleness, max_queued_groups=queued_groups_bound(cfg),
             run_config=cfg.model_dump(mode="json"),
         )
         with anyio.CancelScope() as scope:
@@ -132,9 +132,9 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
         )  # fmt: skip
 
 
-def untrained_groups_bound(cfg: Config) -> int:
-    """`rollout.max_untrained_groups`, its default worked out (0: no bound)."""
-    bound = cfg.rollout.max_untrained_groups
+def queued_groups_bound(cfg: Config) -> int:
+    """`rollout.max_queued_groups`, its default worked out (0: no bound)."""
+    bound = cfg.rollout.max_queued_groups
     if bound is None:
         return max(cfg.trainer.max_staleness, 1) * cfg.trainer.groups_per_step
     return bound

@@ -14,7 +14,8 @@ a weight sync after every step. Two loads:
 Each load runs twice, with the design before (`baseline`: staleness counted from an episode's
 oldest token, admission bounded only by the served version) and now (`fair`: the bound applies
 to tokens, `agent_rl.store.staleness`: tokens sampled below the floor do not train, the rest of
-the episode does; admission bounded by the untrained groups, `rollout.max_untrained_groups`). Measured from the store at the end of each run: lost and not
+the episode does; admission bounded by the groups queued for the trainer,
+`rollout.max_queued_groups`). Measured from the store at the end of each run: lost and not
 terminal episodes (audit), the trainer's idle fraction, the share of model tokens left out for
 staleness, the staleness histogram of trained episodes, the length bias (mean token length of trained episodes / that of all completed ones;
 1.0 = no bias) and the stale-filtered share (stale-filtered / completed).
@@ -56,8 +57,8 @@ LOADS = {
     "rollout-fast": (32, 2, STEP_S),
 }
 DESIGNS = {
-    "baseline": {"staleness_measure": "oldest", "max_untrained_groups": 0},
-    "fair": {"staleness_measure": "tokens", "max_untrained_groups": None},
+    "baseline": {"staleness_measure": "oldest", "max_queued_groups": 0},
+    "fair": {"staleness_measure": "tokens", "max_queued_groups": None},
 }
 
 
@@ -73,7 +74,7 @@ def config(work: Path, router: RouterThread, model: Path, run: str, load: str, d
             env="long-tail", router_url=router.url, group_size=4, max_turns=12,
             max_new_tokens=256, max_tokens=4096, filter_zero_variance=False,
             max_concurrent_episodes=concurrency, heartbeat_s=1.0,
-            max_untrained_groups=choice["max_untrained_groups"],
+            max_queued_groups=choice["max_queued_groups"],
         ),  # fmt: skip
         trainer=TrainerConfig(
             groups_per_step=groups, micro_batch_size=8, lr=1e-5, max_staleness=ETA,

@@ -30,13 +30,14 @@ class RolloutConfig(Section):
     max_concurrent_episodes: int = Field(default=32, ge=1)
     """Episodes running at once in one serve process."""
 
-    max_untrained_groups: int | None = Field(default=None, ge=0)
-    """Admission bounds staleness at consumption: a group is admitted only while fewer groups
-    of the run are admitted and not yet trained (or filtered, or failed) than this, across
-    every serve. None: max(trainer.max_staleness, 1) x trainer.groups_per_step, so that what
-    rollout has in flight can still be trained within the staleness bound when the trainer is
-    the slower side (instead of aging in the queue); 0: no bound (admission then checks only
-    the served version)."""
+    max_queued_groups: int | None = Field(default=None, ge=0)
+    """Admission bounds staleness at consumption: a group is admitted only while fewer of the
+    run's groups are queued for the trainer than this (admitted and not yet taken by it:
+    running or ready), across every serve, so that when the trainer is the slower side data
+    waits at most about this many groups' worth of steps instead of aging past the bound (the
+    groups a trainer holds do not count: they are being trained). None:
+    max(trainer.max_staleness, 1) x trainer.groups_per_step; 0: no bound (admission then checks
+    only the served version)."""
 
     max_turns: int = Field(default=8, ge=1)
     """Assistant turns before the runner truncates an episode (reward 0, recorded why)."""

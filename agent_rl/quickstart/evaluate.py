@@ -100,7 +100,7 @@ async def evaluate(
                 "split": EVAL_SPLIT, "seed": EVAL_SEED, "group_size": samples,
                 "filter_zero_variance": False, "router_url": router_url,
                 # evaluation episodes are never trained: nothing to wait for
-                "max_untrained_groups": 0,
+                "max_queued_groups": 0,
             }),
             # The eval run has no policy versions of its own: never wait on staleness.
             "trainer": cfg.trainer.model_copy(update={"max_staleness": 1_000_000}),

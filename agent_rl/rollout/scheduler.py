@@ -45,15 +45,15 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, ctx: RunnerContext, *, env_id: str, max_staleness: int,
-                 max_untrained_groups: int = 0, env_kwargs: dict[str, Any] | None = None,
+                 max_queued_groups: int = 0, env_kwargs: dict[str, Any] | None = None,
                  run_config: dict[str, Any] | None = None, version_poll_s: float = 0.5) -> None:
-        """`max_untrained_groups`: admit only while fewer of the run's groups are admitted and
-        not yet decided for training (0: no bound); see `RolloutConfig.max_untrained_groups`."""
+        """`max_queued_groups`: admit only while fewer of the run's groups are queued for the
+        trainer, running or ready (0: no bound); see `RolloutConfig.max_queued_groups`."""
         self.ctx = ctx
         self.env_id = env_id
         self.env_kwargs = env_kwargs or {}
         self.max_staleness = max_staleness
-        self.max_untrained_groups = max_untrained_groups
+        self.max_queued_groups = max_queued_groups
         self._told_capacity = False
         self.run_config = run_config or {}
         self.version_poll_s = version_poll_s
@@ -202,8 +202,8 @@ class Scheduler:
 
     async def _wait_within_staleness(self) -> None:
         """Block while the served policy is more than eta versions behind the newest one, while
-        the run already holds `max_untrained_groups` groups the trainer has yet to take (what is
-        admitted now would age past the bound before its turn), or while no engine answers (a
+        `max_queued_groups` groups are already queued for the trainer (what is admitted now would
+        age past the bound before its turn), or while no engine answers (a
         crashed engine being restarted): new episodes wait instead of failing one after another."""
         unavailable = False
         while True:
@@ -222,14 +222,14 @@ class Scheduler:
             await anyio.sleep(self.version_poll_s)
 
     async def _at_capacity(self) -> bool:
-        if not self.max_untrained_groups:
+        if not self.max_queued_groups:
             return False
-        untrained = await self.ctx.store.untrained_groups(self.run_id)  # type: ignore[arg-type]
-        full = untrained >= self.max_untrained_groups
+        queued = await self.ctx.store.queued_groups(self.run_id)  # type: ignore[arg-type]
+        full = queued >= self.max_queued_groups
         if full and not self._told_capacity:
-            log.info("admission waits: %d groups await training (rollout.max_untrained_groups); "
-                     "is `agent-rl train` running? Set rollout.max_untrained_groups = 0 to collect "
-                     "episodes without training", untrained)
+            log.info("admission waits: %d groups are queued for training (rollout.max_queued_groups); "
+                     "is `agent-rl train` running? Set rollout.max_queued_groups = 0 to collect "
+                     "episodes without training", queued)
         self._told_capacity = full
         return full
 

@@ -253,11 +253,11 @@ class Queries(StoreBase):
         return out
 
     @read
-    def untrained_groups(self, conn: Connection, run_id: int) -> int:
-        """The run's groups admitted and not yet trained, filtered or failed."""
+    def queued_groups(self, conn: Connection, run_id: int) -> int:
+        """The run's groups admitted and not yet taken by a trainer (running or ready)."""
         return int(conn.scalar(
             select(func.count()).select_from(Group)
-            .where(Group.run_id == run_id, Group.status.in_(("open", "ready", "claimed")))
+            .where(Group.run_id == run_id, Group.status.in_(("open", "ready")))
         ))
 
     @read
