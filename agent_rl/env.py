@@ -300,7 +300,9 @@ class Env:
 
     async def demonstrate(self, messages: list[Message]) -> str:
         """The teacher's next completion text for the conversation so far (privileged: it may
-        read `self.task`). Used for supervised warm-start data and for tests."""
+        read `self.task`). Used for supervised warm-start data and for tests. A teacher that
+        declares a `history` keyword parameter also gets its earlier turns as parsed turns with
+        their step results (`agent_rl.demo.DemoTurn`), so it need not re-parse its own text."""
         raise NotImplementedError(f"{type(self).__name__} has no demonstration policy")
 
     @classmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from agent_rl.store.models import Base
+from agent_rl.store.models import MESSAGE_SEARCH, Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -24,6 +24,9 @@ def run_migrations_online() -> None:
                 target_metadata=target_metadata,
                 render_as_batch=connection.dialect.name == "sqlite",
                 compare_type=True,
+                # The text search objects are revision 0003's, not the models' (autogenerate
+                # would otherwise propose dropping them).
+                include_name=lambda name, kind, parents: not (name or "").startswith(MESSAGE_SEARCH),
             )
             with context.begin_transaction():
                 context.run_migrations()
