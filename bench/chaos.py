@@ -260,20 +260,13 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
             opts = Options(cluster=True, store_url=url, sft_steps=sft_steps, rl_steps=10_000,
                            rl_minutes=30, eval_tasks=2, eval_samples=1)
             qs = Quickstart(opts, Path(tmp), console)
-            await qs.prepare()
-            sup = qs.supervisor = Supervisor(qs.workdir, on_event=qs.say)
             t0 = time.monotonic()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(sup.watch)
-                try:
-                    qs.fleet = await qs.start_fleet(sup)
-                    await qs.sft_stage()
-                    async with anyio.create_task_group() as rl:
-                        rl.start_soon(chaos, qs, sup, kills, resumed)
-                        await qs.rl_stage()
-                finally:
-                    await qs.stop_processes()
-                    tg.cancel_scope.cancel()
+            async with qs.running() as sup:
+                qs.fleet = await qs.start_fleet(sup)
+                await qs.sft_stage()
+                async with anyio.create_task_group() as rl:
+                    rl.start_soon(chaos, qs, sup, kills, resumed)
+                    await qs.rl_stage()
             async with await Store.open(qs.cfg.store) as store:
                 run_id = await store.ensure_run(qs.cfg.run.name)
                 audit = await store.audit(run_id)

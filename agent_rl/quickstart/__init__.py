@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 from rich.console import Console
 
 from agent_rl.quickstart.recipe import Options
@@ -31,7 +30,6 @@ async def run_quickstart(
 ) -> dict[str, Any]:
     """Run (or resume) the quickstart in `workdir`; returns the summary it reports."""
     from agent_rl.quickstart.pipeline import Quickstart, export_path
-    from agent_rl.quickstart.processes import Supervisor
     from agent_rl.quickstart.recipe import BASE_MODEL, SFT_MODEL
     from agent_rl.quickstart.report import (
         PLOT_FILE,
@@ -44,20 +42,13 @@ async def run_quickstart(
     from agent_rl.store import Store
 
     qs = Quickstart(opts, workdir, console)
-    await qs.prepare()
-    supervisor = qs.supervisor = Supervisor(qs.workdir, on_event=qs.say)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(supervisor.watch)
-        try:
-            evals = {"base": await qs.eval_stage("base", BASE_MODEL, None)}
-            await qs.sft_stage()
-            evals["sft"] = await qs.eval_stage("sft", SFT_MODEL, 0)
-            version = await qs.rl_stage()
-            if version > 0:
-                evals["rl"] = await qs.eval_stage("rl", export_path(qs.cfg, version), version)
-        finally:
-            await qs.stop_processes()
-            tg.cancel_scope.cancel()
+    async with qs.running():
+        evals = {"base": await qs.eval_stage("base", BASE_MODEL, None)}
+        await qs.sft_stage()
+        evals["sft"] = await qs.eval_stage("sft", SFT_MODEL, 0)
+        version = await qs.rl_stage()
+        if version > 0:
+            evals["rl"] = await qs.eval_stage("rl", export_path(qs.cfg, version), version)
     async with await Store.open(qs.cfg.store) as store:
         run_id = await store.ensure_run(qs.cfg.run.name)
         training = await store.policy_versions(run_id)

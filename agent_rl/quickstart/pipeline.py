@@ -16,6 +16,8 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +114,20 @@ class Quickstart:
         if self.supervisor is not None:
             with anyio.CancelScope(shield=True):
                 await self.supervisor.stop_all(STOP_ORDER)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Supervisor]:
+        """The run prepared and its processes supervised for the block; on the way out (a
+        failure included) every process is stopped in STOP_ORDER."""
+        await self.prepare()
+        supervisor = self.supervisor = Supervisor(self.workdir, on_event=self.say)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervisor.watch)
+            try:
+                yield supervisor
+            finally:
+                await self.stop_processes()
+                tg.cancel_scope.cancel()
 
     def say(self, line: str) -> None:
         self.console.print(f"[dim]{time.monotonic() - self.started:6.0f}s[/] {line}", highlight=False)
