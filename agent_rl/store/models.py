@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0004"
 """The Alembic revision these models are the head of (tests/store/test_migrations.py checks
 it); a store opens only on a database at this revision."""
 ID_MAX = 2**31 - 1
@@ -50,13 +50,24 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, float: Double}
 
 
+RUN_KINDS = ("train", "eval")
+
+
 class Run(Base):
     __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_evaluates", "evaluates_run_id"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[float]
+    kind: Mapped[str] = mapped_column(String(16), default="train", server_default="train")
+    """train: its episodes are for a trainer; eval: an evaluation, which no trainer consumes."""
+    evaluates_run_id: Mapped[int | None]
+    """eval: the id of the training run whose policy it evaluated (no foreign key: SQLite
+    adds one only by rebuilding `runs`, and runs are never deleted)."""
+    evaluates_version: Mapped[int | None]
+    """eval: the policy version of that run its engines served (pinned for every token)."""
 
 
 class PolicyVersion(Base):
@@ -72,6 +83,44 @@ class PolicyVersion(Base):
     trainer_step: Mapped[int | None]
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[float]
+
+
+class Timing(Base):
+    """A span of wall-clock time a process spent on one activity (the audit's timeline):
+    the trainer's `step`, `wait` (for data), `export` and `sync` (weights loaded on the
+    engines), and an evaluation's `eval`."""
+
+    __tablename__ = "timings"
+    __table_args__ = (Index("ix_timings_run", "run_id", "started_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    source: Mapped[str] = mapped_column(String(200))
+    """The process (e.g. the trainer's id)."""
+    kind: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[float]
+    finished_at: Mapped[float]
+
+
+class EngineSample(Base):
+    """One engine's load as `serve` sampled it from SGLang's `/v1/loads` (through the router)."""
+
+    __tablename__ = "engine_samples"
+    __table_args__ = (Index("ix_engine_samples_run", "run_id", "sampled_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    engine: Mapped[str] = mapped_column(String(200))
+    """The worker's URL (or `dp_rank` within it)."""
+    sampled_at: Mapped[float]
+    running: Mapped[int]
+    """Requests decoding (`num_running_reqs`)."""
+    waiting: Mapped[int]
+    """Requests queued (`num_waiting_reqs`)."""
+    token_usage: Mapped[float | None]
+    """Share of the KV cache in use (0..1)."""
+    gen_tokens_per_s: Mapped[float | None]
+    """SGLang's own generation throughput over its last logging interval."""
 
 
 class Task(Base):
