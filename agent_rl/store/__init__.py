@@ -7,7 +7,8 @@
         ...
 
 Its parts: `lifecycle` (admission and episode writes), `queries` (reads and the ledger),
-`consume` (trainer claims and commits), over `models` (the schema, owned by `migrations/`).
+`consume` (trainer claims and commits), `timeline` (where the run's time went: trainer timings
+and engine samples, read by `compute`'s audit), over `models` (the schema, owned by `migrations/`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from agent_rl.store.records import (
     TurnRecord,
     TurnView,
 )
+from agent_rl.store.timeline import EngineLoad, Span, TimelineStore
 
 
-class Store(LifecycleWrites, Queries, Consumption):
+class Store(LifecycleWrites, Queries, Consumption, TimelineStore):
     """The trajectory store (open it with `await Store.open(cfg)`)."""
 
 
@@ -46,8 +48,10 @@ __all__ = [
     "EpisodeDetail",
     "EpisodeEnd",
     "EpisodeSummary",
+    "EngineLoad",
     "Ledger",
     "MessageRecord",
+    "Span",
     "Store",
     "TokenArrays",
     "ToolCallRecord",

@@ -53,7 +53,7 @@ SORT_KEYS = {
 
 # Filter reasons by kind. The texts come from the scheduler (zero variance, a failed group
 # hook), the trainer's stale filter (`consume.filter_stale`) and forks (`api/fork.py`).
-_FILTER_KIND = case(
+FILTER_KIND = case(
     (Episode.filter_reason.like("stale%"), "stale"),
     (Episode.filter_reason.like("zero reward variance%"), "zero_variance"),
     (Episode.filter_reason.like("group reward hook failed%"), "group_reward_failed"),
@@ -356,8 +356,8 @@ class Queries(StoreBase):
         ):
             out.truncated[str(reason)] = int(n)
         for kind, n in conn.execute(
-            select(_FILTER_KIND, func.count()).where(*cond, Episode.status == "filtered")
-            .group_by(_FILTER_KIND)
+            select(FILTER_KIND, func.count()).where(*cond, Episode.status == "filtered")
+            .group_by(FILTER_KIND)
         ):
             out.filtered[str(kind)] = int(n)
         for error_type, n in conn.execute(
