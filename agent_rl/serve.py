@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
-from dataclasses import dataclass
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from agent_rl.config import Config
-from agent_rl.errors import EngineError
+from agent_rl.errors import EngineError, StoreError
 from agent_rl.rollout.scheduler import Scheduler, SchedulerStats
 from agent_rl.store import Endings, Ledger, Store
+
+if TYPE_CHECKING:
+    from agent_rl.engine.client import EngineClient
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +127,13 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
         )
         with anyio.CancelScope() as scope:
             tg.start_soon(_drain_on_sigterm, scheduler, scope)
-            await scheduler.run(max_episodes)
+            async with anyio.create_task_group() as sampling:
+                if cfg.rollout.engine_sample_s > 0:
+                    run_id = await store.ensure_run(cfg.run.name, scheduler.run_config)
+                    sampling.start_soon(sample_engines, store, client, url, run_id,
+                                        cfg.rollout.engine_sample_s)
+                await scheduler.run(max_episodes)
+                sampling.cancel_scope.cancel()
         run_id = scheduler.run_id
         assert run_id is not None
         return ServeSummary(
@@ -130,6 +141,37 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
             endings=await store.endings(run_id, owner=ctx.owner),
             run_ledger=await store.ledger(run_id), scheduler=scheduler.stats,
         )  # fmt: skip
+
+
+async def sample_engines(store: Store, client: EngineClient, url: str, run_id: int,
+                         period_s: float) -> None:
+    """Record every engine's load (SGLang's `/v1/loads`, through the router) each `period_s`
+    for the compute audit; a failed sample is skipped (the engine may be restarting)."""
+    while True:
+        try:
+            loads = await client.loads()
+            t = time.time()
+            await store.record_engine_samples(run_id, [_engine_load(x, url, t) for x in loads if isinstance(x, dict)])
+        except (EngineError, StoreError, KeyError, TypeError, ValueError) as e:
+            log.debug("engine load sample skipped: %s", e)
+        await anyio.sleep(period_s)
+
+
+def _engine_load(load: dict[str, Any], url: str, t: float) -> EngineLoad:
+    from agent_rl.store import EngineLoad
+
+    engine = str(load.get("worker") or url)
+    if load.get("dp_rank"):
+        engine += f"#dp{load['dp_rank']}"
+    usage, gen = load.get("token_usage"), load.get("gen_throughput")
+    prefilled = load.get("total_prefill_uncached_tokens")
+    return EngineLoad(
+        engine=engine, sampled_at=t, running=int(load.get("num_running_reqs") or 0),
+        waiting=int(load.get("num_waiting_reqs") or 0),
+        token_usage=None if usage is None else float(usage),
+        gen_tokens_per_s=None if gen is None else float(gen),
+        prefill_tokens_total=None if prefilled is None else float(prefilled),
+    )  # fmt: skip
 
 
 def queued_groups_bound(cfg: Config) -> int:

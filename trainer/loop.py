@@ -35,7 +35,7 @@ import torch.distributed as dist
 from agent_rl.config import Config
 from agent_rl.engine.client import EngineClient
 from agent_rl.errors import EngineError, LeaseLostError
-from agent_rl.store import Claim, Store
+from agent_rl.store import Claim, Span, Store
 from agent_rl.store.staleness import bucket
 from trainer.data import TrainingData, load_batch
 from trainer.learner import Learner, latest_checkpoint
@@ -91,6 +91,8 @@ class TrainLoop:
         """The router (or SGLang server) that loads each export: one pooled client, rank 0."""
         self._tb: Any = None
         self._last_checkpoint_step = -1
+        self._spans: list[Span] = []
+        """This step's spans of time, recorded once it is done."""
         self.stopping = False
         """Set by `request_stop` (a signal handler): the loop ends at its next safe point."""
 
@@ -219,10 +221,15 @@ class TrainLoop:
             time.sleep(self.tcfg.data_poll_s)
 
     def step_once(self) -> dict[str, Any] | None:
-        """Claim, train, commit, export/sync, checkpoint; returns the step's metrics (rank 0)."""
+        """Claim, train, commit, export/sync, checkpoint; returns the step's metrics (rank 0).
+        Its spans of wall-clock time (waiting, stepping, exporting, syncing) go to the store
+        after the step, for the compute audit (`agent_rl.store.compute`)."""
         claim, data, waited = None, None, 0.0
+        self._spans = []
         if self.rank0:
+            wait_started = time.time()
             claim, waited = self._wait_for_claim()
+            self._span("wait", wait_started)
             data = self._call(
                 load_batch(self.store, claim, self.stats.version, self.floor,
                            measure=self.tcfg.staleness_measure,
@@ -231,10 +238,11 @@ class TrainLoop:
             )
         data = self._broadcast(data)
         assert isinstance(data, TrainingData)
-        t0 = time.monotonic()
+        t0, step_started = time.monotonic(), time.time()
         self._record_trainer_logprobs(data, data.batch)
         metrics: dict[str, Any] = dict(self.learner.rl_step(data.batch))
         step_s = time.monotonic() - t0
+        self._span("step", step_started)
         step = self.learner.step
         self.stats.idle_s += waited
         metrics.update(
@@ -257,8 +265,13 @@ class TrainLoop:
         # No new version after a lost lease: nothing to label an export with until the next one.
         if self._broadcast(committed):
             self._export_and_sync(step)
+        if self.rank0 and self._spans:
+            self._call(self.store.record_timings(self.run_id, self._spans))
         self.stats.steps += 1
         return metrics
+
+    def _span(self, kind: str, started: float) -> None:
+        self._spans.append(Span(kind, started, time.time(), self.trainer_id))
 
     def _reconcile_weights(self) -> None:
         """While waiting for data: if an engine behind the router serves another version than
@@ -335,15 +348,19 @@ class TrainLoop:
             return
         version = self._broadcast(self.stats.version)
         out = Path(self.tcfg.export_dir) / f"v{version:06d}"
+        export_started = time.time()
         self.learner.export_hf(out)
         if not self.rank0:
             return
+        self._span("export", export_started)
         # Keep the two newest exports: an engine may still be reading the previous one.
         for old in sorted(Path(self.tcfg.export_dir).glob("v*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
         if self._engines is not None:
+            sync_started = time.time()
             try:
                 self._sync(out, version)
+                self._span("sync", sync_started)
             except EngineError as e:
                 # An engine down mid-update (crashed, restarting) must not stop training: the
                 # router gives a restored engine the newest weights, and while waiting for data

@@ -78,6 +78,14 @@ class RolloutConfig(Section):
     """Times one episode may be resumed after its serve died; past that it fails as
     interrupted (0: never resume)."""
 
+    engine_sample_s: float = Field(default=2.0, ge=0)
+    """How often serve records each engine's load (SGLang's `/v1/loads`: running and queued
+    requests, KV-cache use, generation throughput) for `agent-rl audit`; 0: never."""
+
+    decode_table: Path | None = None
+    """bench/decode.py's `--out` file: `agent-rl audit` compares the run's decode throughput
+    with its cell for the run's completion length and concurrency."""
+
 
 class ApiConfig(Section):
     host: str = "127.0.0.1"

@@ -93,6 +93,8 @@ class EngineUse:
     max_token_usage: float | None
     mean_gen_tokens_per_s: float | None
     """SGLang's own figure, while busy."""
+    prefilled_tokens: float | None = None
+    """Prompt tokens the engine prefilled (prefix-cache misses) over its samples."""
 
 
 @dataclass
@@ -103,6 +105,9 @@ class Throughput:
     generated_per_s: float | None
     """Over the time rollout was busy."""
     prompt_per_s: float | None
+    prefilled_per_s: float | None
+    """Prompt tokens the engines prefilled (cache misses, SGLang's counter) per second of
+    rollout; None without samples that carry the counter."""
     decode_tok_s_per_engine: float | None
     """Generated tokens per second of engine decode time (sampled busy time)."""
     mean_completion_tokens: float | None
@@ -254,14 +259,21 @@ def _engines(tl: RunTimeline, end: float) -> tuple[list[EngineUse], float]:
         busy_total += busy_s
         usage = [s.token_usage for s in samples if s.token_usage is not None]
         gen = [s.gen_tokens_per_s for s, _ in busy if s.gen_tokens_per_s is not None]
+        counters = [s.prefill_tokens_total for s in samples if s.prefill_tokens_total is not None]
         out.append(EngineUse(
             engine=engine, samples=len(samples), decode_busy=busy_s / total if total else 0.0,
             mean_running=(sum(s.running * w for s, w in busy) / busy_s) if busy_s else None,
             mean_token_usage=sum(usage) / len(usage) if usage else None,
             max_token_usage=max(usage) if usage else None,
             mean_gen_tokens_per_s=sum(gen) / len(gen) if gen else None,
+            prefilled_tokens=_counted(counters) if len(counters) > 1 else None,
         ))  # fmt: skip
     return out, busy_total
+
+
+def _counted(counter: list[float]) -> float:
+    """What a cumulative counter counted over its samples (a drop is an engine restart)."""
+    return sum(b - a if b >= a else b for a, b in zip(counter, counter[1:]))
 
 
 def _throughput(tl: RunTimeline, shares: Shares, end: float, table: DecodeTable | None) -> Throughput:
@@ -273,11 +285,13 @@ def _throughput(tl: RunTimeline, shares: Shares, end: float, table: DecodeTable 
     weight = sum(w for _, w in running)
     concurrency = sum(m * w for m, w in running) / weight if weight else None
     length = generated / len(tl.turns) if tl.turns else None
+    prefilled = [e.prefilled_tokens for e in engines if e.prefilled_tokens is not None]
     per_engine = generated / busy_s if busy_s > 0 else None
     out = Throughput(
         generated_tokens=generated, prompt_tokens=prompt,
         generated_per_s=generated / rollout_s if rollout_s > 0 else None,
         prompt_per_s=prompt / rollout_s if rollout_s > 0 else None,
+        prefilled_per_s=(sum(prefilled) / rollout_s if prefilled and rollout_s > 0 else None),
         decode_tok_s_per_engine=per_engine, mean_completion_tokens=length,
         mean_concurrency=concurrency, engines=engines,
     )  # fmt: skip
@@ -361,6 +375,12 @@ def _series(tl: RunTimeline, start: float, end: float) -> dict[str, list[list[fl
         step = max(1, len(mine) // SERIES_POINTS)
         picked = mine[::step]
         out[f"running requests · {engine}"] = [[s.sampled_at - start, float(s.running)] for s in picked]
+        counter = [s for s in mine if s.prefill_tokens_total is not None][::step]
+        if len(counter) > 1:
+            out[f"prefilled tok/s · {engine}"] = [
+                [b.sampled_at - start, _counted([a.prefill_tokens_total, b.prefill_tokens_total])
+                 / max(b.sampled_at - a.sampled_at, 1e-9)] for a, b in zip(counter, counter[1:])
+            ]  # type: ignore[list-item]
         usage = [[s.sampled_at - start, s.token_usage] for s in picked if s.token_usage is not None]
         if usage:
             out[f"KV-cache use · {engine}"] = usage

@@ -121,6 +121,9 @@ class EngineSample(Base):
     """Share of the KV cache in use (0..1)."""
     gen_tokens_per_s: Mapped[float | None]
     """SGLang's own generation throughput over its last logging interval."""
+    prefill_tokens_total: Mapped[float | None]
+    """SGLang's counter of prompt tokens prefilled (prefix-cache hits not counted) since the
+    engine started (`total_prefill_uncached_tokens`; a float, as it outgrows 32 bits)."""
 
 
 class Task(Base):

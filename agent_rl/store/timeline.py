@@ -43,6 +43,8 @@ class EngineLoad:
     waiting: int
     token_usage: float | None = None
     gen_tokens_per_s: float | None = None
+    prefill_tokens_total: float | None = None
+    """The engine's cumulative count of prompt tokens it prefilled (cache misses)."""
 
 
 @dataclass
@@ -100,7 +102,8 @@ class TimelineStore(StoreBase):
             conn.execute(insert(EngineSample), [
                 {"run_id": run_id, "engine": s.engine, "sampled_at": s.sampled_at,
                  "running": s.running, "waiting": s.waiting, "token_usage": s.token_usage,
-                 "gen_tokens_per_s": s.gen_tokens_per_s} for s in samples
+                 "gen_tokens_per_s": s.gen_tokens_per_s,
+                 "prefill_tokens_total": s.prefill_tokens_total} for s in samples
             ])  # fmt: skip
 
     @read
@@ -148,7 +151,8 @@ class TimelineStore(StoreBase):
         )]
         out.samples = [EngineLoad(*r) for r in conn.execute(
             select(EngineSample.engine, EngineSample.sampled_at, EngineSample.running,
-                   EngineSample.waiting, EngineSample.token_usage, EngineSample.gen_tokens_per_s)
+                   EngineSample.waiting, EngineSample.token_usage, EngineSample.gen_tokens_per_s,
+                   EngineSample.prefill_tokens_total)
             .where(EngineSample.run_id == run_id).order_by(EngineSample.sampled_at)
         )]
         out.steps = [

@@ -2,8 +2,8 @@
 
 What `agent-rl audit` reads besides the episodes: `timings` (spans of wall-clock time the
 trainer spent stepping, waiting for data, exporting and syncing weights, and evaluations' spans)
-and `engine_samples` (each engine's running and queued requests, KV-cache use and generation
-throughput, sampled by serve from SGLang's `/v1/loads`). Runs gain `kind` (`train`, or `eval`
+and `engine_samples` (each engine's running and queued requests, KV-cache use, generation
+throughput and its counter of prompt tokens prefilled, sampled by serve from SGLang's `/v1/loads`). Runs gain `kind` (`train`, or `eval`
 for an evaluation that no trainer consumes) and, for an evaluation, the run and policy version
 it evaluated (`evaluates_run_id`, `evaluates_version`). Runs made before this revision are
 `train` runs.
@@ -49,6 +49,7 @@ def upgrade() -> None:
         sa.Column('waiting', sa.Integer(), nullable=False),
         sa.Column('token_usage', sa.Double(), nullable=True),
         sa.Column('gen_tokens_per_s', sa.Double(), nullable=True),
+        sa.Column('prefill_tokens_total', sa.Double(), nullable=True),
         sa.ForeignKeyConstraint(['run_id'], ['runs.id'], ondelete='CASCADE'),
         sa.PrimaryKeyConstraint('id'),
     )

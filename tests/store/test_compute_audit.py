@@ -72,7 +72,8 @@ async def _fill(store: Store) -> int:
     await store.run_in_transaction(schedule, write=True)
     await store.record_timings(run, [Span(k, T0 + a, T0 + b, "trainer-1") for k, a, b in TRAINER])
     await store.record_engine_samples(run, [
-        EngineLoad("http://e0", T0 + t, 2 if (t < 60 or 70 <= t < 80) else 0, 0, 0.1 * (t < 60))
+        EngineLoad("http://e0", T0 + t, 2 if (t < 60 or 70 <= t < 80) else 0, 0, 0.1 * (t < 60),
+                   prefill_tokens_total=float(t if t < 50 else t - 50))  # restarted at 50
         for t in range(0, 101, 10)
     ])  # fmt: skip
     return run
@@ -119,6 +120,8 @@ async def test_shares_add_up_to_the_schedule(db_url: str, tmp_path: Path) -> Non
     (engine,) = tp.engines
     assert engine.decode_busy == pytest.approx(0.70) and engine.mean_running == pytest.approx(2)
     assert tp.decode_tok_s_per_engine == pytest.approx(34 / 70)
+    # prefill counter 0..40, restart, 0..50: 40 + 0 + 50 = 90 tokens (the drop counts from 0)
+    assert engine.prefilled_tokens == pytest.approx(90) and tp.prefilled_per_s == pytest.approx(90 / 70)
     assert audit.verdict.startswith("rollout-bound: the trainer waited 65% of the run")
     assert tp.reference is None
 
