@@ -26,6 +26,7 @@ from agent_rl.errors import AgentRLError
 COMMANDS: dict[str, str] = {
     "config": "agent_rl.cli.config_cmd:app",
     "db": "agent_rl.cli.db:app",
+    "audit": "agent_rl.cli.audit:audit",
     "episodes": "agent_rl.cli.episodes:app",
     "envs": "agent_rl.cli.envs:app",
     "model": "agent_rl.cli.model:app",

@@ -460,3 +460,10 @@ def compute_audit(tl: RunTimeline, table: DecodeTable | None = None) -> ComputeA
     return ComputeAudit(run=tl.run, shares=shares, throughput=tp, episode_time=et, tail=tail,
                         waste=waste, verdict=verdict, advice=advice,
                         series=_series(tl, start, end))
+
+
+async def audit_run(store: Any, run_id: int, decode_table: Path | None = None) -> ComputeAudit:
+    """Read run `run_id`'s timeline from `store` and audit it, against `decode_table` (a
+    bench/decode.py `--out` file) when given."""
+    table = DecodeTable.load(decode_table) if decode_table is not None else None
+    return compute_audit(await store.run_timeline(run_id), table)

@@ -136,3 +136,36 @@ async def test_shares_add_up_to_the_schedule(db_url: str, tmp_path: Path) -> Non
         with_table.verdict)
     assert json.loads(json.dumps(with_table.as_dict()))["shares"]["cells"] == pytest.approx(s.cells)
 
+
+
+@pytest.mark.slow  # two CLI processes
+def test_cli_prints_the_audit_read_from_the_store(tmp_path: Path) -> None:
+    import anyio
+
+    from tests.store.test_cli import cli
+
+    url = f"sqlite:///{tmp_path / 'timed.db'}"
+
+    async def go() -> None:
+        async with await migrated_store(url) as store:
+            await _fill(store)
+
+    anyio.run(go)
+    text = cli("audit", "--run", "timed", url=url)
+    assert text.returncode == 0, text.stderr
+    out = text.stdout
+    assert "run timed (train): 100 s of wall clock" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[:9] if "%" in line}
+    assert rows["waiting"] == ["50.0%", "15.0%", "65.0%"]
+    assert rows["total"] == ["70.0%", "30.0%", "100.0%"]
+    assert "decode busy 70% of 11 samples" in out
+    assert "generation 51.4% · tools 9.3% · queued 21.4% · other 17.9%" in out
+    assert "the slowest 10% of episodes produced 58.8% of the generated tokens" in out
+    assert "filtered 3 (zero_variance 3); failed 4 (EngineError 4)" in out
+    assert "verdict: rollout-bound: the trainer waited 65% of the run" in out
+    as_json = cli("audit", "--run", "timed", "--json", url=url)
+    data = json.loads(as_json.stdout)
+    assert sum(data["shares"]["cells"].values()) == pytest.approx(1.0)
+    assert data["waste"]["wasted"] == 7
+    missing = cli("audit", "--run", "nope", url=url)
+    assert missing.returncode == 1 and "no run named 'nope'" in missing.stderr
