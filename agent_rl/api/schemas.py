@@ -140,6 +140,10 @@ class RunSummaryOut(Schema):
     created_at: float
     latest_version: int | None
     num_episodes: int
+    kind: str = Field(description="train, or eval: an evaluation that no trainer consumes.")
+    evaluates_run_id: int | None = Field(description="eval: the run whose policy it scored.")
+    evaluates_version: int | None = Field(
+        description="eval: the policy version its engines served for every token.")
 
 
 class PolicyVersionOut(Schema):

@@ -78,3 +78,15 @@ def plot(points: list[list[float]], width: int = 360, height: int = 120) -> dict
         "last": ys[-1],
         "n": len(points),
     }
+
+
+def stacked(parts: list[tuple[str, float]], width: int = 720) -> list[dict[str, Any]]:
+    """Segments of one horizontal bar for (label, share) parts that add up to at most 1:
+    x offset and width in pixels, the share, and a color class by position (`seg0`..)."""
+    out, x = [], 0.0
+    for i, (label, share) in enumerate(parts):
+        w = max(share, 0.0) * width
+        out.append({"label": label, "share": share, "x": round(x, 1), "w": round(w, 1),
+                    "cls": f"seg{i % 8}"})
+        x += w
+    return out

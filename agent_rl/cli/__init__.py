@@ -15,10 +15,10 @@ from typing import Annotated, Optional
 
 import click
 import typer
-from rich.markup import escape
 from typer.core import TyperGroup
 
-from agent_rl.cli.common import CliState, err_console
+from agent_rl.cli import common
+from agent_rl.cli.common import CliState
 from agent_rl.errors import AgentRLError
 
 # name -> "module:attribute"; the attribute is a Typer app (a command group) or a function
@@ -93,7 +93,7 @@ def main() -> None:
             raise
         _fail(_first_leaf(errors))
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        common.err_console.print("interrupted")
         sys.exit(130)
 
 
@@ -104,6 +104,8 @@ def _first_leaf(group: BaseException) -> BaseException:
 
 
 def _fail(e: BaseException) -> None:
+    from rich.markup import escape
+
     # The message is text, not markup: "[router] admin_token" must print as written.
-    err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    common.err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     sys.exit(1)

@@ -1,17 +1,34 @@
-"""State and helpers shared by the CLI command modules."""
+"""State and helpers shared by the CLI command modules.
+
+`console` and `err_console` (rich consoles for stdout and stderr) are made on first use: the
+commands that print plain text (`agent-rl episodes list`) should not wait for rich to load.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import TYPE_CHECKING, Any
+
 import typer
-from rich.console import Console
 
 from agent_rl.config import Config, load_config
 
-console = Console()
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    console: Console
+    err_console: Console
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("console", "err_console"):
+        from rich.console import Console
+
+        made = globals()[name] = Console(stderr=name == "err_console")
+        return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass

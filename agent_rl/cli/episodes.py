@@ -14,7 +14,8 @@ from typing import Annotated, Optional
 import anyio
 import typer
 
-from agent_rl.cli.common import console, plain_table, state
+from agent_rl.cli import common
+from agent_rl.cli.common import plain_table, state
 from agent_rl.config import StoreConfig
 from agent_rl.store import EpisodeSummary, Store
 from agent_rl.store.models import EPISODE_STATUSES, ID_MAX, INT_MIN
@@ -91,28 +92,28 @@ def show_cmd(
         print(json.dumps(asdict(detail)))
         return
     e = detail.episode
-    console.print(f"[bold]episode {e.id}[/] env={e.env_id} group={e.group_id} status={e.status}", highlight=False)
-    console.print(
+    common.console.print(f"[bold]episode {e.id}[/] env={e.env_id} group={e.group_id} status={e.status}", highlight=False)
+    common.console.print(
         f"reward={e.reward} turns={e.num_turns} tokens={e.num_tokens} model_tokens={e.num_model_tokens} "
         f"versions={e.min_version}..{e.max_version} drift={e.drift_count} tool_errors={e.tool_error_count}",
         highlight=False,
     )
     if e.error_cause or e.filter_reason:
-        console.print(f"cause: {e.error_cause or e.filter_reason}", highlight=False, markup=False)
+        common.console.print(f"cause: {e.error_cause or e.filter_reason}", highlight=False, markup=False)
     turns = Table("turn", "tokens", "prompt", "completion", "finish", "drift")
     for t in detail.turns:
         turns.add_row(str(t.index), str(t.num_tokens), str(t.num_prompt_tokens),
                       str(t.num_tokens - t.num_prompt_tokens), t.finish_reason or "", "yes" if t.drift else "")
-    console.print(turns)
+    common.console.print(turns)
     for m in detail.messages:
-        console.print(f"[bold]{m['role']}[/] (turn {m['turn_index']})", highlight=False)
-        console.print(m["content"], markup=False, highlight=False)
+        common.console.print(f"[bold]{m['role']}[/] (turn {m['turn_index']})", highlight=False)
+        common.console.print(m["content"], markup=False, highlight=False)
     if detail.tool_calls:
         calls = Table("turn", "tool", "status", "exit", "seconds", "arguments")
         for c in detail.tool_calls:
             calls.add_row(str(c["turn_index"]), c["name"], c["status"], str(c["exit_status"]),
                           f"{c['duration_s']:.3f}", c["arguments"][:60])
-        console.print(calls)
+        common.console.print(calls)
 
 
 async def _detail(cfg: StoreConfig, episode_id: int):  # type: ignore[no-untyped-def]

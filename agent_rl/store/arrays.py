@@ -4,21 +4,28 @@ Tokens are the truth: what the trainer reads back must be bit-for-bit what the e
 Every array is encoded with an explicit little-endian dtype (`<i4`, `<f4`, `|u1`), so a blob
 written on one machine decodes identically on any other; float32 logprobs keep -inf, NaN and
 denormals exactly. Optional zlib compression trades CPU for row size.
+
+numpy is imported where arrays are made, not with the module: the store's readers of summaries
+(`agent-rl episodes list`, the API's listings) never touch a token array and should not pay
+for loading it.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-from numpy.typing import ArrayLike, NDArray
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike, NDArray
 
-TOKEN_DTYPE = np.dtype("<i4")
-LOGPROB_DTYPE = np.dtype("<f4")
-MASK_DTYPE = np.dtype("|u1")
-VERSION_DTYPE = np.dtype("<i4")
-EXPERT_DTYPE = np.dtype("<i4")
+# numpy dtype strings (numpy takes them wherever it takes a dtype).
+TOKEN_DTYPE = "<i4"
+LOGPROB_DTYPE = "<f4"
+MASK_DTYPE = "|u1"
+VERSION_DTYPE = "<i4"
+EXPERT_DTYPE = "<i4"
 
 CODEC_RAW = "raw"
 CODEC_ZLIB = "zlib"
@@ -49,6 +56,8 @@ class TokenArrays:
         routed_experts: ArrayLike | None = None,
     ) -> TokenArrays:
         """Validate shapes and coerce to the stored dtypes."""
+        import numpy as np
+
         ids = np.ascontiguousarray(token_ids, dtype=TOKEN_DTYPE).reshape(-1)
         n = ids.shape[0]
         arrays = TokenArrays(
@@ -73,6 +82,8 @@ class TokenArrays:
 
     def __eq__(self, other: object) -> bool:
         """Bitwise equality (NaN payloads and -0.0 included), which is what round-trips promise."""
+        import numpy as np
+
         if not isinstance(other, TokenArrays):
             return NotImplemented
         if (self.routed_experts is None) != (other.routed_experts is None):
@@ -90,6 +101,8 @@ class TokenArrays:
     @staticmethod
     def concat(spans: list[TokenArrays]) -> TokenArrays:
         """Join spans in order into the episode's whole token stream."""
+        import numpy as np
+
         if not spans:
             return TokenArrays.build([], [], [], [])
         experts = [s.routed_experts for s in spans]
@@ -109,8 +122,10 @@ def encode(array: np.ndarray, codec: str) -> bytes:
     return zlib.compress(raw, 1) if codec == CODEC_ZLIB else raw
 
 
-def decode(blob: bytes, dtype: np.dtype, codec: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+def decode(blob: bytes, dtype: str, codec: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """Inverse of `encode`; the result owns its memory and is writable."""
+    import numpy as np
+
     raw = zlib.decompress(blob) if codec == CODEC_ZLIB else blob
     out = np.frombuffer(raw, dtype=dtype).copy()
     return out.reshape(shape) if shape is not None else out

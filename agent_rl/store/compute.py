@@ -151,10 +151,8 @@ class Waste:
     """Generated tokens of episodes completed (or still running) but not trained."""
     stale_masked: int
     """Tokens of trained episodes left out of the loss as stale (the steps' `stale_tokens`)."""
-
-    @property
-    def wasted(self) -> int:
-        return sum(self.filtered.values()) + sum(self.failed.values()) + self.never_trained
+    wasted: int = 0
+    """filtered + failed + never trained: generated and not trained on."""
 
 
 @dataclass
@@ -172,9 +170,7 @@ class ComputeAudit:
     each engine's running requests and KV-cache use."""
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["waste"]["wasted"] = self.waste.wasted
-        return d
+        return asdict(self)
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
@@ -352,6 +348,7 @@ def _waste(tl: RunTimeline) -> Waste:
     return Waste(
         generated_tokens=sum(e.num_model_tokens for e in tl.episodes), trained_tokens=trained,
         filtered=dict(filtered), failed=dict(failed), never_trained=never, stale_masked=stale,
+        wasted=sum(filtered.values()) + sum(failed.values()) + never,
     )  # fmt: skip
 
 

@@ -10,9 +10,8 @@ group is terminal, the scheduler decides the group: `ready` for the trainer, or 
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -31,6 +30,9 @@ from agent_rl.store.models import (
     Turn,
 )
 from agent_rl.store.records import EpisodeEnd, MessageRecord, TurnRecord
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class LifecycleWrites(StoreBase):
@@ -341,6 +343,8 @@ class LifecycleWrites(StoreBase):
     @write()
     def record_trainer_logprobs(self, conn: Connection, episode_id: int, logprobs: np.ndarray) -> None:
         """Store the trainer's logprobs for an episode's whole token stream, split by turn."""
+        import numpy as np
+
         logprobs = np.ascontiguousarray(logprobs, dtype=codec.LOGPROB_DTYPE)
         turns = conn.execute(
             select(Turn.id, Turn.span_start, Turn.num_tokens, Turn.codec)

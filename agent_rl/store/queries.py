@@ -4,9 +4,8 @@ runs and policy versions. Reads never block writers."""
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from sqlalchemy import (
     Connection,
     Select,
@@ -36,6 +35,9 @@ from agent_rl.store.models import (
     Turn,
 )
 from agent_rl.store.records import Audit, Endings, EpisodeDetail, EpisodeSummary, Ledger, TurnView
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _SUMMARY_COLUMNS = [getattr(Episode, f.name) for f in fields(EpisodeSummary)]
 # Sort keys of `list_episodes` (None: the id itself). Missing values sort as the lowest, through
@@ -319,7 +321,8 @@ class Queries(StoreBase):
 
     @read
     def list_runs(self, conn: Connection) -> list[dict[str, Any]]:
-        """Every run (id, name, created_at) with its latest policy version and episode count."""
+        """Every run (id, name, created_at, kind and, for an evaluation, the run and version it
+        evaluated) with its latest policy version and episode count."""
         latest = (
             select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == Run.id)
             .scalar_subquery()
@@ -327,7 +330,8 @@ class Queries(StoreBase):
         episodes = select(func.count(Episode.id)).where(Episode.run_id == Run.id).scalar_subquery()
         rows = conn.execute(
             select(Run.id, Run.name, Run.created_at, latest.label("latest_version"),
-                   episodes.label("num_episodes")).order_by(Run.id)
+                   episodes.label("num_episodes"), Run.kind, Run.evaluates_run_id,
+                   Run.evaluates_version).order_by(Run.id)
         ).mappings().all()
         return [dict(r) for r in rows]
 
@@ -423,6 +427,8 @@ def episode_streams(
 ) -> dict[int, tuple[TokenArrays, np.ndarray | None]]:
     """Each episode's whole token stream (its turns' spans joined in order) and the trainer's
     logprobs for it (None unless recorded for every turn), from one query over all of them."""
+    import numpy as np
+
     rows = conn.execute(
         select(Turn.episode_id, Turn.codec, Turn.token_ids, Turn.logprobs, Turn.loss_mask,
                Turn.versions, Turn.routed_experts, Turn.experts_shape, Turn.trainer_logprobs)

@@ -20,12 +20,14 @@ the bound, and then every token trains), kept for comparison: bench/long_tail.py
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
 from sqlalchemy import ColumnElement
 
 from agent_rl.store.models import Group
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Measure = Literal["tokens", "oldest"]
 

@@ -45,7 +45,7 @@ def test_api_conforms_to_its_schema(live_server: LiveServer) -> None:
             check()
         except BaseExceptionGroup as e:  # schemathesis's FailureGroup: one report per operation
             failures[operation.label] = f"{type(e).__name__}: {e}"[:2000]
-    assert len(tested) == 8, tested
+    assert len(tested) == 9, tested
     assert failures == {}
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from agent_rl.api.errors import ERROR_RESPONSES
-from agent_rl.api.routes import episodes, events, fork, groups, replay, runs, stats
+from agent_rl.api.routes import audit, episodes, events, fork, groups, replay, runs, stats
 
 api_router = APIRouter(responses=ERROR_RESPONSES)
 # Off loopback every request needs the token (app.TokenGate); replay and fork always do.
-for module in (episodes, groups, runs, stats, events, replay, fork):
+for module in (episodes, groups, runs, stats, audit, events, replay, fork):
     api_router.include_router(module.router)

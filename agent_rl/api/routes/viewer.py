@@ -22,7 +22,7 @@ from agent_rl.api.deps import ConfigDep, StoreDep
 from agent_rl.api.filters import EpisodeQueryDep, fetch_page
 from agent_rl.api.stats import run_stats
 from agent_rl.api.tokens import token_view
-from agent_rl.api.viewer_data import MAX_STRIP_TOKENS, plot, token_strip
+from agent_rl.api.viewer_data import MAX_STRIP_TOKENS, plot, stacked, token_strip
 from agent_rl.store.models import ID_MAX
 
 router = APIRouter(default_response_class=HTMLResponse)
@@ -126,6 +126,47 @@ async def stats_page(
         run=run,
         runs=await store.list_runs(),
     )
+
+
+@router.get("/audit")
+async def audit_page(
+    request: Request,
+    store: StoreDep,
+    cfg: ConfigDep,
+    run: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
+) -> HTMLResponse:
+    """Where a run's compute went (`agent_rl.store.compute`), with server-drawn plots. Without
+    `run`: the configured run, else the newest training run."""
+    from agent_rl.store.compute import ROLLOUT_STATES, TRAINER_STATES, audit_run
+
+    runs = await store.list_runs()
+    if run is None:
+        names = {r["name"] for r in runs}
+        trains = [r["name"] for r in runs if r.get("kind", "train") == "train"]
+        run = cfg.run.name if cfg.run.name in names else (trains[-1] if trains else None)
+    audit = None if run is None else await audit_run(store, await store.run_id(run),
+                                                      cfg.rollout.decode_table)
+    bars: dict[str, Any] = {}
+    if audit is not None:
+        cells = audit.shares.cells
+        bars["time"] = stacked([(f"{t} · rollout {r}", cells[f"{t}/{r}"])
+                                for t in TRAINER_STATES for r in ROLLOUT_STATES])
+        et = audit.episode_time
+        bars["episode"] = stacked([(name, et.share(part)) for name, part in (
+            ("generation", "generation_s"), ("tools", "tool_s"), ("queued", "queued_s"),
+            ("other", "other_s"))])
+        w = audit.waste
+        total = w.generated_tokens or 1
+        bars["waste"] = stacked(
+            [("trained", w.trained_tokens / total), ("never trained", w.never_trained / total)]
+            + [(f"filtered: {k}", v / total) for k, v in sorted(w.filtered.items())]
+            + [(f"failed: {k}", v / total) for k, v in sorted(w.failed.items())])
+        bars["engines"] = {e.engine: stacked([("decoding", e.decode_busy),
+                                              ("idle", 1 - e.decode_busy)], 360)
+                           for e in audit.throughput.engines}
+    plots = {name: plot(points) for name, points in (audit.series if audit else {}).items()
+             if len(points) > 1}
+    return page(request, "audit.html", audit=audit, run=run, runs=runs, bars=bars, plots=plots)
 
 
 class DropEmptyQueryParams:
