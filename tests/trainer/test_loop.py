@@ -97,6 +97,11 @@ def test_train_consumes_served_episodes_and_syncs(
 
     assert asyncio.run(served_version()) == "2"
     assert (tmp_path / "exports" / "v000002" / "config.json").is_file()
+    # Each step's time, for the compute audit: wait, step, export, sync, in that order.
+    spans = _ask(cfg, lambda s, r: s.run_timeline(r)).spans
+    assert [sp.kind for sp in spans] == ["wait", "step", "export", "sync"] * 2
+    assert all(a.finished_at <= b.started_at + 1e-6 for a, b in zip(spans, spans[1:]))
+    assert all(sp.finished_at >= sp.started_at for sp in spans)
     assert any((tmp_path / "tb").iterdir())  # TensorBoard event file
 
 
