@@ -20,6 +20,15 @@ after such a loss asks the server (`pg_xact_status`) what became of it: committe
 stands and nothing is rerun; aborted, it is rerun. So each write lands exactly once, a claim's
 commit included. A fault that is not transient, or one that outlasts the window, is raised as
 `StoreFault` (a `StoreError`) with a one-line message; the SQL stays in the traceback.
+
+Group commit: write transactions submitted while another is in flight are run together, in
+submission order, as ONE database transaction (one BEGIN, one COMMIT, one fsync on SQLite),
+and each caller's `await` returns only once that commit is durable. A database commits one
+transaction at a time per writer anyway; sharing the commit is what lets one serve persist
+hundreds of turns a second without giving up "every turn durable as it completes". If one
+member of a batch raises, the batch is rolled back and its members are run again one by one,
+so a failure (an episode in the wrong state, say) stays its caller's; a transient fault fails
+the whole batch, and each caller's retry reruns its own transaction.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
@@ -92,6 +102,20 @@ def now() -> float:
     return time.time()
 
 
+@dataclass(eq=False)
+class _Write:
+    """One write transaction waiting for, or in, a group commit."""
+
+    fn: Callable[[Connection], Any]
+    durable: bool
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    lead: bool = False
+    ran: bool = False
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+
 class _InDoubt(Exception):
     """A write's COMMIT lost its connection: transaction `xid` tells whether it happened."""
 
@@ -111,6 +135,9 @@ class StoreBase:
         self.sqlite = is_sqlite(db)
         # At most as many transactions in flight as the pool has connections.
         self._limiter = anyio.CapacityLimiter(cfg.pool_size)
+        self._queued: list[_Write] = []
+        """Write transactions waiting for the batch in flight to commit (group commit)."""
+        self._leading = False
 
     @classmethod
     async def open(cls: type[S], cfg: StoreConfig, *, check: bool = True, create: bool = False) -> S:
@@ -174,6 +201,8 @@ class StoreBase:
             async for attempt in retrying:
                 with attempt:
                     try:
+                        if write:
+                            return await self._group_commit(fn, durable)
                         return await anyio.to_thread.run_sync(attempt_once, limiter=self._limiter)
                     except _InDoubt as doubt:
                         if await self._committed(doubt.xid):
@@ -190,6 +219,77 @@ class StoreBase:
         except SQLAlchemyError as e:
             raise StoreFault(f"the store failed {what}: {one_line(e)}", transient=False) from e
         raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
+
+    async def _group_commit(self, fn: Callable[[Connection], R], durable: bool) -> R:
+        """Run write `fn` in the next batch (see the module docstring); one batch at a time.
+
+        The first writer to find no batch in flight leads: it runs every queued write as one
+        transaction in a worker thread, wakes their callers, and hands the lead straight to the
+        oldest write queued meanwhile (so there is never a second batch in flight)."""
+        job = _Write(fn, durable)
+        self._queued.append(job)
+        if self._leading:
+            try:
+                await job.wake.wait()  # set when its batch ran, or when it is to lead the next
+            except BaseException:
+                if job in self._queued:  # its batch has not started: it never runs
+                    self._queued.remove(job)
+                if job.lead and not job.done:
+                    self._hand_over()
+                raise
+        if not job.done:
+            self._leading = True
+            batch, self._queued = self._queued, []
+            try:
+                await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self._limiter)
+            finally:
+                if batch[0].ran:
+                    for j in batch:
+                        j.done = True
+                        j.wake.set()
+                else:  # cancelled before its thread started: the others go first next time
+                    self._queued[:0] = [j for j in batch if j is not job]
+                self._hand_over()
+        if job.error is not None:
+            raise job.error
+        return job.result  # type: ignore[no-any-return]
+
+    def _hand_over(self) -> None:
+        if self._queued:
+            nxt = self._queued[0]
+            nxt.lead = True
+            nxt.wake.set()
+        else:
+            self._leading = False
+
+    def _run_batch(self, batch: list[_Write]) -> None:
+        """Worker thread: the batch in one transaction; if a member raises, each on its own."""
+        for j in batch:
+            j.ran = True
+        durable = any(j.durable for j in batch)
+        if len(batch) > 1:
+            try:
+                results = self._attempt(lambda conn: [j.fn(conn) for j in batch], True, durable)
+            except _InDoubt as doubt:
+                for j, r in zip(batch, doubt.result or [None] * len(batch)):
+                    j.error = _InDoubt(doubt.xid, r, doubt.cause)
+                return
+            except DBAPIError as e:
+                if is_transient(e):
+                    for j in batch:
+                        j.error = e
+                    return
+            except Exception:
+                pass  # rolled back; found out below, one by one
+            else:
+                for j, r in zip(batch, results):
+                    j.result = r
+                return
+        for j in batch:
+            try:
+                j.result = self._attempt(j.fn, True, j.durable)
+            except Exception as e:
+                j.error = e
 
     def _attempt(self, fn: Callable[[Connection], R], write: bool, durable: bool) -> R:
         xid: str | None = None

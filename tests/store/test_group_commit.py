@@ -1,0 +1,117 @@
+"""Group commit: concurrent writes share a transaction, yet each is durable when its await
+returns, and a failing write stays its caller's."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from sqlalchemy import event
+
+from agent_rl.config import StoreConfig
+from agent_rl.errors import StoreError
+from agent_rl.store import Store
+from tests.store.helpers import make_turn, migrated_store
+
+pytestmark = pytest.mark.anyio
+
+
+def count_commits(store: Store) -> list[int]:
+    commits = [0]
+
+    @event.listens_for(store.db, "commit")
+    def _commit(conn) -> None:  # type: ignore[no-untyped-def]
+        commits[0] += 1
+
+    return commits
+
+
+async def test_concurrent_turns_share_commits_and_each_is_durable(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        task = await store.add_task(run, "calculator", "k", {})
+        _, episodes = await store.admit_group(run, task, "calculator", 32)
+        for e in episodes:
+            await store.start_episode(e, "serve-1")
+        commits = count_commits(store)
+        seen_by_other_connection: dict[int, int] = {}
+
+        async with await Store.open(StoreConfig(url=db_url)) as reader:
+
+            async def write(e: int) -> None:
+                for i in range(4):
+                    await store.append_turn(e, make_turn(e * 10 + i))
+                    # Returned: committed, so another connection (another process) reads it.
+                    seen_by_other_connection[e] = (await reader.get_episode(e)).episode.num_turns
+                    assert seen_by_other_connection[e] == i + 1
+
+            async with anyio.create_task_group() as tg:
+                for e in episodes:
+                    tg.start_soon(write, e)
+
+        assert commits[0] < 32 * 4 / 2, f"{commits[0]} commits for {32 * 4} turns"
+        for e in episodes:
+            detail = await store.get_episode(e)
+            assert [t.index for t in detail.turns] == [0, 1, 2, 3]
+            tokens = await store.episode_tokens(e)
+            expected = [make_turn(e * 10 + i).tokens.token_ids for i in range(4)]
+            assert tokens.token_ids.tolist() == [t for ids in expected for t in ids.tolist()]
+
+
+async def test_a_failing_write_fails_alone(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        task = await store.add_task(run, "calculator", "k", {})
+        _, episodes = await store.admit_group(run, task, "calculator", 16)
+        refused = episodes[5]  # still waiting: its turn is refused (not the first: that one leads)
+        for e in episodes:
+            if e != refused:
+                await store.start_episode(e, "serve-1")
+        outcomes: dict[int, object] = {}
+
+        async def write(e: int) -> None:
+            try:
+                outcomes[e] = await store.append_turn(e, make_turn(e))
+            except StoreError as err:
+                outcomes[e] = err
+
+        async with anyio.create_task_group() as tg:
+            for e in episodes:
+                tg.start_soon(write, e)
+
+        assert isinstance(outcomes[refused], StoreError)
+        assert "waiting, not running" in str(outcomes[refused])
+        assert all(outcomes[e] == 0 for e in episodes if e != refused)
+        for e in episodes:
+            assert (await store.get_episode(e)).episode.num_turns == (0 if e == refused else 1)
+
+
+async def test_a_cancelled_writer_leaves_the_others_running(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        task = await store.add_task(run, "calculator", "k", {})
+        _, episodes = await store.admit_group(run, task, "calculator", 24)
+        for e in episodes:
+            await store.start_episode(e, "serve-1")
+        done: list[int] = []
+
+        async def write(e: int) -> None:
+            await store.append_turn(e, make_turn(e))
+            done.append(e)
+
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as doomed:
+                async with anyio.create_task_group() as inner:
+                    for e in episodes[:8]:
+                        inner.start_soon(write, e)
+                    for e in episodes[8:]:
+                        tg.start_soon(write, e)
+                    await anyio.sleep(0)
+                    doomed.cancel()
+        # Every write not cancelled landed; a cancelled one either landed or left nothing.
+        assert set(episodes[8:]) <= set(done)
+        for e in episodes:
+            turns = (await store.get_episode(e)).episode.num_turns
+            assert turns == (1 if e in done else turns) and turns in (0, 1)
+        # The store still writes after the cancellations.
+        await store.append_turn(episodes[-1], make_turn(99))
+        assert (await store.get_episode(episodes[-1])).episode.num_turns == 2
