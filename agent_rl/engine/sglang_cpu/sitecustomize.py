@@ -6,7 +6,7 @@ detokenizer children (multiprocessing "spawn" inherits the environment). No inst
 edited; nothing heavy is imported here: the patches wait in import hooks until SGLang imports the
 module they fix. On a GPU host the launcher does not put this directory on the path at all.
 
-The three shims (each shown necessary on a CPU-only host, see docs/engine.md):
+The shims (each shown necessary on a CPU-only host, see docs/engine.md):
 1. `sgl_kernel`: its CPU build is not on PyPI, yet with SGLANG_USE_CPU_ENGINE=1 SGLang imports
    names from it. An import-only stand-in module is served when no real package is installed;
    every attribute raises when *called*, so a path that truly needs a kernel fails loudly. It
@@ -18,6 +18,15 @@ The three shims (each shown necessary on a CPU-only host, see docs/engine.md):
 3. torchvision: a wheel whose C++ ops cannot load beside the installed torch dies at import on
    `register_fake("torchvision::nms")`. While `torchvision._meta_registrations` executes, such
    registrations are skipped if the ops are missing. With the pinned pair this is a no-op.
+4. per-request sampling seeds: SGLang honours `sampling_params.sampling_seed` only under
+   `--enable-deterministic-inference`, which refuses the CPU attention backend (torch_native)
+   and switches on batch-invariant kernels written in Triton. Its seeded sampler itself
+   (`multinomial_with_seed`: Gumbel-max over a MurmurHash3 of seed, position and token) needs
+   only its hash, which on CPU is an sgl_kernel op: it is replaced by the same function in
+   plain torch (not torch.compile'd), and a batch holding a seeded request gets a seed for every
+   row: the request's own, or for an unseeded request one drawn at random once (its sampling
+   stays random). Batches without a seeded request sample exactly as before. `agent-rl eval`
+   relies on this for reruns that give the same tokens.
 
 AGENT_RL_ENGINE_COMPAT=0 disables everything; AGENT_RL_ENGINE_COMPAT_VERBOSE=1 logs to stderr.
 """
@@ -93,8 +102,105 @@ def _around_torchvision_meta_registrations(
         torch.library.register_fake = original
 
 
+# --- 4. per-request sampling seeds without deterministic inference -------------------------------
+def _patch_sampling_batch_info(module: types.ModuleType) -> None:
+    import random
+
+    import torch
+
+    info_cls = getattr(module, "SamplingBatchInfo", None)
+    if info_cls is None or not hasattr(info_cls, "from_schedule_batch"):
+        _warn("SamplingBatchInfo.from_schedule_batch not found (SGLang version drift?); "
+              "per-request sampling seeds are ignored on CPU")
+        return
+    build, merge = info_cls.from_schedule_batch.__func__, info_cls.merge_batch
+
+    def seed_of(req: Any) -> int:
+        seed = req.sampling_params.sampling_seed
+        if seed is None:
+            seed = getattr(req, "_agent_rl_seed", None)
+            if seed is None:
+                seed = req._agent_rl_seed = random.getrandbits(62)
+        return int(seed)
+
+    def from_schedule_batch(cls: Any, batch: Any, vocab_size: int) -> Any:
+        info = build(cls, batch, vocab_size)
+        if info.sampling_seed is None and any(
+            r.sampling_params.sampling_seed is not None for r in batch.reqs
+        ):
+            info.sampling_seed = torch.tensor([seed_of(r) for r in batch.reqs],
+                                              dtype=torch.int64, device=info.temperatures.device)
+        return info
+
+    def merge_batch(self: Any, other: Any, *args: Any, **kwargs: Any) -> Any:
+        # One side seeded, the other not: the unseeded side's rows get random seeds, so the
+        # merged batch keeps a seed for every row.
+        if (self.sampling_seed is None) != (other.sampling_seed is None):
+            for side in (self, other):
+                if side.sampling_seed is None:
+                    side.sampling_seed = torch.tensor(
+                        [random.getrandbits(62) for _ in range(len(side))], dtype=torch.int64,
+                        device=side.temperatures.device)
+        return merge(self, other, *args, **kwargs)
+
+    info_cls.from_schedule_batch = classmethod(from_schedule_batch)
+    info_cls.merge_batch = merge_batch
+    _log("sampling_batch_info: per-request sampling seeds honoured without deterministic mode")
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _murmur_hash32(seed: Any, positions: Any, cols: Any) -> Any:
+    """MurmurHash3 (x86, 32-bit) of the 16 bytes seed (low, high), position, column, as SGLang's
+    Triton kernel computes it; int64 arithmetic masked to 32 bits (products wrap mod 2**64,
+    which keeps their low 32 bits)."""
+    import torch
+
+    def rotl(x: Any, r: int) -> Any:
+        return ((x << r) | (x >> (32 - r))) & _M32
+
+    def mix(h: Any, k: Any) -> Any:
+        k = rotl((k * 0xCC9E2D51) & _M32, 15)
+        k = (k * 0x1B873593) & _M32
+        h = rotl(h ^ k, 13)
+        return (h * 5 + 0xE6546B64) & _M32
+
+    s = seed.to(torch.int64)
+    h = torch.zeros_like(s)
+    h = mix(h, s & _M32)
+    h = mix(h, (s >> 32) & _M32)
+    h = mix(h, positions.to(torch.int64) & _M32)
+    h = mix(h[:, None], cols.to(torch.int64)[None, :]) ^ 16
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def _patch_sampler(module: types.ModuleType) -> None:
+    import torch
+
+    if torch.cuda.is_available() or not hasattr(module, "multinomial_with_seed"):
+        return
+
+    def multinomial_with_seed(logprobs: Any, seed: Any, positions: Any) -> Any:
+        n, m = logprobs.shape
+        hashed = _murmur_hash32(seed, positions, torch.arange(m))
+        x = hashed.to(torch.float64) / float(_M32)
+        x = x.log_().clamp_(min=torch.finfo(x.dtype).min, max=-(2.0**-32)).neg_()
+        x = x.log_().neg_()  # Gumbel noise
+        return torch.argmax(x.add_(logprobs.to(torch.float64)), dim=1, keepdim=True)
+
+    module.multinomial_with_seed = multinomial_with_seed
+    _log("sampler.multinomial_with_seed: MurmurHash3 in plain torch on CPU")
+
+
 _POST_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
+    "sglang.srt.sampling.sampling_batch_info": _patch_sampling_batch_info,
+    "sglang.srt.layers.sampler": _patch_sampler,
 }
 _AROUND_IMPORT: dict[str, Callable[[types.ModuleType, Callable[[], None]], None]] = {
     "torchvision._meta_registrations": _around_torchvision_meta_registrations,
