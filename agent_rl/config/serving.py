@@ -78,6 +78,12 @@ class RolloutConfig(Section):
     """Times one episode may be resumed after its serve died; past that it fails as
     interrupted (0: never resume)."""
 
+    seeded_sampling: bool = False
+    """Sample every request with a seed derived from its episode's seed and turn (SGLang's
+    `sampling_seed`), so a rerun of the same tasks gives the same tokens; `agent-rl eval` sets it.
+    The CPU engine honours it as is; a GPU engine needs `--enable-deterministic-inference`
+    (engine.extra_args)."""
+
     engine_sample_s: float = Field(default=2.0, ge=0)
     """How often serve records each engine's load (SGLang's `/v1/loads`: running and queued
     requests, KV-cache use, generation throughput) for `agent-rl audit`; 0: never."""

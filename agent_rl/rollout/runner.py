@@ -166,7 +166,7 @@ class EpisodeRunner:
             if budget <= 0:  # the prompt alone fills the budget
                 return _truncated("max_tokens", messages=[_record(m) for m in new_messages])
             started = time.time()
-            params, asked = self._sampling(env, budget)
+            params, asked = self._sampling(env, budget, t)
             gen = await self._generate(conv.ids, params, t, pending)
             ids = gen.output_ids
             text = self.ctx.renderer.decode(ids)
@@ -210,16 +210,18 @@ class EpisodeRunner:
             new_messages = []
         raise AssertionError("unreachable: the last turn always ends the episode")  # pragma: no cover
 
-    def _sampling(self, env: Env, budget: int) -> tuple[dict[str, Any], int | None]:
+    def _sampling(self, env: Env, budget: int, turn: int) -> tuple[dict[str, Any], int | None]:
         """The turn's sampling parameters (the rollout's, then the env's overrides) with
         `max_new_tokens` bounded by the rollout's limit and what remains of the episode's
-        budget; and the length the env asked for, if it did."""
+        budget, and its seed when sampling is seeded; and the length the env asked for."""
         cfg = self.ctx.cfg
         params: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p,
                                   **({"stop": cfg.stop} if cfg.stop else {}), **env.sampling_params()}
         asked = params.pop("max_new_tokens", None)
         asked = None if asked is None else int(asked)
         params["max_new_tokens"] = min(asked or cfg.max_new_tokens, cfg.max_new_tokens, budget)
+        if cfg.seeded_sampling and self.seed is not None:
+            params["sampling_seed"] = request_seed(self.seed, turn)
         return params, asked
 
     async def _generate(self, input_ids: list[int], params: dict[str, Any], turn: int,
@@ -293,6 +295,11 @@ class EpisodeRunner:
         if len(pending) == recorded.num_prompt and self.ctx.routed_experts:
             gen.routed_experts = recorded.span.routed_experts  # same span: routing row for row
         return gen
+
+
+def request_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of one turn of a seeded episode (`rollout.seeded_sampling`)."""
+    return (episode_seed * 1_000_003 + turn) % 2**62
 
 
 def _check_observations(turn: int, recorded: RecordedTurn, result: StepResult | None) -> None:

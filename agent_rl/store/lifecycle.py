@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Integer, bindparam, case, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import NotFoundError, StoreError
@@ -37,8 +37,14 @@ if TYPE_CHECKING:
 
 class LifecycleWrites(StoreBase):
     @write()
-    def ensure_run(self, conn: Connection, name: str, config: dict[str, Any] | None = None) -> int:
-        """The id of the run called `name`, created (with policy version 0) if new."""
+    def ensure_run(
+        self, conn: Connection, name: str, config: dict[str, Any] | None = None, *,
+        kind: str = "train", evaluates_run_id: int | None = None,
+        evaluates_version: int | None = None,
+    ) -> int:
+        """The id of the run called `name`, created if new: a training run with policy version
+        0, or (`kind="eval"`) an evaluation of run `evaluates_run_id` at `evaluates_version`,
+        which has no policy versions of its own (no trainer consumes it)."""
         run_id = conn.scalar(select(Run.id).where(Run.name == name))
         if run_id is not None:
             return run_id
@@ -46,9 +52,12 @@ class LifecycleWrites(StoreBase):
         try:
             with conn.begin_nested():
                 run_id = conn.scalar(
-                    insert(Run).values(name=name, config=config or {}, created_at=t).returning(Run.id)
+                    insert(Run).values(name=name, config=config or {}, created_at=t, kind=kind,
+                                       evaluates_run_id=evaluates_run_id,
+                                       evaluates_version=evaluates_version).returning(Run.id)
                 )
-                conn.execute(insert(PolicyVersion).values(run_id=run_id, version=0, created_at=t))
+                if kind == "train":
+                    conn.execute(insert(PolicyVersion).values(run_id=run_id, version=0, created_at=t))
         except IntegrityError:
             # Another process (a second serve, the trainer) created it since our select.
             run_id = conn.scalar(select(Run.id).where(Run.name == name))
@@ -165,17 +174,29 @@ class LifecycleWrites(StoreBase):
         model = tokens.loss_mask.astype(bool)
         model_versions = tokens.versions[model]
         enc = codec.CODEC_ZLIB if self.cfg.compress_tokens else codec.CODEC_RAW
-        row = conn.execute(_EPISODE_FOR_TURN, {"eid": episode_id}).one_or_none()
+        # The episode's counters move first, in one statement that also checks it is running
+        # and returns where the turn goes: one round trip fewer than reading them first.
+        row = conn.execute(
+            _UPDATE_FOR_TURN,
+            dict(
+                eid=episode_id, messages=len(turn.messages), tokens=len(tokens),
+                model_tokens=int(model.sum()), lo=_min(model_versions), hi=_max(model_versions),
+                drift=int(turn.drift),
+                tool_errors=sum(c.status != "ok" for c in turn.tool_calls),
+                heartbeat_at=turn.finished_at,
+            ),
+        ).one_or_none()
         if row is None:
-            raise NotFoundError(f"episode {episode_id} does not exist")
-        if row.status != "running":
-            raise StoreError(f"episode {episode_id} is {row.status}, not running: cannot add a turn")
-        index = row.num_turns
+            status = conn.scalar(select(Episode.status).where(Episode.id == episode_id))
+            if status is None:
+                raise NotFoundError(f"episode {episode_id} does not exist")
+            raise StoreError(f"episode {episode_id} is {status}, not running: cannot add a turn")
+        index = row.num_turns - 1
         experts = tokens.routed_experts
         conn.execute(
             _INSERT_TURN,
             dict(
-                episode_id=episode_id, index=index, span_start=row.num_tokens,
+                episode_id=episode_id, index=index, span_start=row.num_tokens - len(tokens),
                 num_tokens=len(tokens), num_prompt_tokens=turn.num_prompt_tokens,
                 finish_reason=turn.finish_reason, drift=turn.drift,
                 started_at=turn.started_at, finished_at=turn.finished_at, codec=enc,
@@ -188,7 +209,8 @@ class LifecycleWrites(StoreBase):
                 trainer_logprobs=None,
             ),
         )
-        _insert_messages(conn, episode_id, index, row.num_messages, turn.messages)
+        _insert_messages(conn, episode_id, index, row.num_messages - len(turn.messages),
+                         turn.messages)
         if turn.tool_calls:
             conn.execute(
                 _INSERT_TOOL_CALL,
@@ -200,23 +222,6 @@ class LifecycleWrites(StoreBase):
                     for i, c in enumerate(turn.tool_calls)
                 ],
             )
-        lo = [v for v in (row.min_version, _min(model_versions)) if v is not None]
-        hi = [v for v in (row.max_version, _max(model_versions)) if v is not None]
-        conn.execute(
-            _UPDATE_AFTER_TURN,
-            dict(
-                eid=episode_id,
-                num_turns=index + 1,
-                num_messages=row.num_messages + len(turn.messages),
-                num_tokens=row.num_tokens + len(tokens),
-                num_model_tokens=row.num_model_tokens + int(model.sum()),
-                min_version=min(lo) if lo else None,
-                max_version=max(hi) if hi else None,
-                drift_count=row.drift_count + int(turn.drift),
-                tool_error_count=row.tool_error_count + sum(c.status != "ok" for c in turn.tool_calls),
-                heartbeat_at=turn.finished_at,
-            ),
-        )
         return index
 
     def _add_messages(self, conn: Connection, episode_id: int, messages: list[MessageRecord]) -> None:
@@ -295,13 +300,9 @@ class LifecycleWrites(StoreBase):
             raise NotFoundError(f"group {group_id} does not exist")
         if status != "open":
             return status
-        for episode_id, reward in (rewards or {}).items():
-            conn.execute(
-                update(Episode)
-                .where(Episode.id == episode_id, Episode.group_id == group_id,
-                       Episode.status == "completed")
-                .values(reward=float(reward))
-            )
+        if rewards:
+            conn.execute(_SET_REWARD, [dict(eid=e, gid=group_id, reward=float(r))
+                                       for e, r in rewards.items()])
         rows = conn.execute(
             select(Episode.status, Episode.min_version, Episode.max_version)
             .where(Episode.group_id == group_id)
@@ -369,24 +370,39 @@ _START = (
     .values(status="running", owner=bindparam("owner"),
             started_at=func.coalesce(Episode.started_at, bindparam("t")), heartbeat_at=bindparam("t"))
 )
-_EPISODE_FOR_TURN = select(
-    Episode.status, Episode.num_turns, Episode.num_tokens, Episode.num_messages,
-    Episode.num_model_tokens, Episode.drift_count, Episode.tool_error_count,
-    Episode.min_version, Episode.max_version,
-).where(Episode.id == bindparam("eid"))
 _INSERT_TURN = insert(Turn)
 _INSERT_MESSAGE = insert(Message)
 _INSERT_TOOL_CALL = insert(ToolCall)
-_UPDATE_AFTER_TURN = (
+_LO, _HI = bindparam("lo", type_=Integer), bindparam("hi", type_=Integer)
+_UPDATE_FOR_TURN = (
     update(Episode)
-    .where(Episode.id == bindparam("eid"))
+    .where(Episode.id == bindparam("eid"), Episode.status == "running")
     .values(
-        {name: bindparam(name) for name in (
-            "num_turns", "num_messages", "num_tokens", "num_model_tokens", "min_version",
-            "max_version", "drift_count", "tool_error_count", "heartbeat_at",
-        )}
+        num_turns=Episode.num_turns + 1,
+        num_messages=Episode.num_messages + bindparam("messages", type_=Integer),
+        num_tokens=Episode.num_tokens + bindparam("tokens", type_=Integer),
+        num_model_tokens=Episode.num_model_tokens + bindparam("model_tokens", type_=Integer),
+        # The turn's model tokens widen the episode's version range (NULL: none yet).
+        min_version=case((_LO.is_(None), Episode.min_version),
+                         (Episode.min_version.is_(None) | (_LO < Episode.min_version), _LO),
+                         else_=Episode.min_version),
+        max_version=case((_HI.is_(None), Episode.max_version),
+                         (Episode.max_version.is_(None) | (_HI > Episode.max_version), _HI),
+                         else_=Episode.max_version),
+        drift_count=Episode.drift_count + bindparam("drift", type_=Integer),
+        tool_error_count=Episode.tool_error_count + bindparam("tool_errors", type_=Integer),
+        heartbeat_at=bindparam("heartbeat_at"),
     )
+    .returning(Episode.num_turns, Episode.num_tokens, Episode.num_messages)
 )
+_SET_REWARD = (
+    update(Episode)
+    .where(Episode.id == bindparam("eid"), Episode.group_id == bindparam("gid"),
+           Episode.status == "completed")
+    .values(reward=bindparam("reward"))
+)
+
+
 def _insert_messages(
     conn: Connection, episode_id: int, turn_index: int, start: int, messages: list[MessageRecord]
 ) -> None:

@@ -3,6 +3,7 @@ runs and policy versions. Reads never block writers."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from agent_rl.store.arrays import TokenArrays
 from agent_rl.store.base import StoreBase, read
 from agent_rl.store.models import (
     MESSAGE_SEARCH,
+    TERMINAL_EPISODE_STATUSES,
     Episode,
     Group,
     Message,
@@ -342,6 +344,38 @@ class Queries(StoreBase):
         if row is None:
             raise NotFoundError(f"run {run_id} does not exist")
         return dict(row)
+
+    @read
+    def evaluations(self, conn: Connection, run_id: int) -> list[dict[str, Any]]:
+        """The evaluation runs of training run `run_id` (`agent-rl eval`), by policy version:
+        name, version, tasks, episodes, failed, the per-task mean rewards in task order (a
+        failed episode scores 0: the policy earned nothing), their mean and its standard error
+        over tasks."""
+        rows = conn.execute(
+            select(Run.id, Run.name, Run.evaluates_version, Run.created_at, Episode.task_id,
+                   func.avg(func.coalesce(Episode.reward, 0.0)), func.count(),
+                   func.sum(case((Episode.status == "failed", 1), else_=0)))
+            .join(Episode, Episode.run_id == Run.id)
+            .where(Run.kind == "eval", Run.evaluates_run_id == run_id,
+                   Episode.status.in_(TERMINAL_EPISODE_STATUSES))
+            .group_by(Run.id, Run.name, Run.evaluates_version, Run.created_at, Episode.task_id)
+            .order_by(Run.id, Episode.task_id)
+        ).all()
+        out: dict[int, dict[str, Any]] = {}
+        for rid, name, version, created, _, mean, n, failed in rows:
+            e = out.setdefault(rid, {"run_id": rid, "name": name, "version": version,
+                                     "created_at": created, "task_rewards": [], "episodes": 0,
+                                     "failed": 0})
+            e["task_rewards"].append(float(mean))
+            e["episodes"] += int(n)
+            e["failed"] += int(failed or 0)
+        for e in out.values():
+            r = e["task_rewards"]
+            e["tasks"], e["mean"] = len(r), sum(r) / len(r)
+            e["stderr"] = (math.sqrt(sum((x - e["mean"]) ** 2 for x in r) / (len(r) - 1) / len(r))
+                           if len(r) > 1 else None)
+        return sorted(out.values(), key=lambda e: (e["version"] is not None, e["version"] or 0,
+                                                    e["run_id"]))
 
     @read
     def endings(self, conn: Connection, run_id: int | None = None, *, owner: str | None = None) -> Endings:
