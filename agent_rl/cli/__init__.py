@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "router": "agent_rl.cli.router:router",
     "serve": "agent_rl.cli.serve:serve",
     "train": "agent_rl.cli.train:train",
+    "eval": "agent_rl.cli.eval_cmd:eval_cmd",
     "api": "agent_rl.cli.api:api",
     "quickstart": "agent_rl.cli.quickstart:quickstart",
 }

@@ -1,0 +1,69 @@
+"""`agent-rl eval`: score one policy version of a run on fixed tasks (see agent_rl.evaluation).
+
+The result printed is read back from the store: the evaluation run's per-task mean rewards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated, Optional
+
+import anyio
+import typer
+
+from agent_rl.cli.common import console, state
+
+
+def eval_cmd(
+    ctx: typer.Context,
+    version: Annotated[str, typer.Option(
+        help="Policy version of the run to evaluate, or 'latest'.")] = "latest",
+    env: Annotated[Optional[str], typer.Option(help="Environment id (default: rollout.env).")] = None,
+    split: Annotated[str, typer.Option(help="Task split.")] = "eval",
+    tasks: Annotated[int, typer.Option(min=1, help="The split's first N tasks.")] = 64,
+    samples: Annotated[int, typer.Option(min=1, help="Episodes per task.")] = 4,
+    seed: Annotated[int, typer.Option(
+        help="Seed of the task order and of every request's sampling seed.")] = 1234,
+    run: Annotated[Optional[str], typer.Option(
+        help="The training run whose policy is evaluated (default: run.name).")] = None,
+    name: Annotated[Optional[str], typer.Option(
+        help="Name of the evaluation run (default: RUN-eval-vV, made unique).")] = None,
+    weights: Annotated[Optional[Path], typer.Option(
+        help="Weights to serve as that version (default: the trainer's export of it).")] = None,
+    router_url: Annotated[Optional[str], typer.Option(
+        help="Load the weights on this router's engines (default: start an engine of its own)."
+    )] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The result as one JSON object.")] = False,
+) -> None:
+    """Evaluate the weights of one policy version into a run of its own that no trainer
+    consumes, every request sampled with its own seed (a rerun gives the same rewards)."""
+    from agent_rl.evaluation import evaluate, resolve_version, weights_of
+
+    if version != "latest" and not version.isdigit():
+        raise typer.BadParameter(f"--version must be a number or 'latest', not {version!r}")
+    cfg = state(ctx).config()
+    of_run = run or cfg.run.name
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def go():  # type: ignore[no-untyped-def]
+        _, v = await resolve_version(cfg, of_run, version)
+        token = cfg.router.admin_token.get_secret_value() if cfg.router.admin_token else None
+        return await evaluate(
+            cfg, version=v, weights=weights or weights_of(cfg, v), tasks=tasks, samples=samples,
+            of_run=of_run, env=env, split=split, seed=seed, router_url=router_url, token=token,
+            name=name,
+        )  # fmt: skip
+
+    result = anyio.run(go)
+    if as_json:
+        print(json.dumps(dict(result.as_dict(), mean=result.mean, stderr=result.stderr)))
+        return
+    console.print(
+        f"evaluation run {result.run}: policy version {result.version} of run {of_run} "
+        f"({result.weights}), {len(result.task_rewards)} tasks x {samples} samples, seed {seed}: "
+        f"mean reward {result.mean:.3f} +- {result.stderr:.3f} (standard error over tasks), "
+        f"{result.failed} failed, tool use {result.tool_use:.0%}",
+        highlight=False, markup=False, soft_wrap=True,
+    )
