@@ -7,10 +7,15 @@ template and tokenized. Each turn appends `completion ids + delta`, where the de
 the template adds after the completion, up to and including the next generation prompt.
 
 The drift check guards the classic multi-turn bug, a template that is not prefix-stable (e.g.
-one that folds consecutive tool responses into one block, so earlier text changes as the
-conversation grows): every turn, the carried ids are compared with a fresh rendering of the
-whole conversation, tokenized segment by segment with each assistant turn replaced by the ids
-the engine produced for it. A mismatch keeps the engine's tokens and is recorded as drift.
+one that folds consecutive tool responses into one block, or drops earlier reasoning, so
+earlier text changes as the conversation grows). It is incremental, so that a turn costs the
+same at turn 50 as at turn 2: every turn renders a window of the conversation, its head (the
+messages before the first completion) then the previous turn and this one, and checks that the
+text around the two completions is what the carried stream holds there (the head's prompt and
+the previous turn's observations); the text after this completion is the new delta. A template
+whose rendering of a turn changes only once the conversation has moved more than one turn past
+it is not caught. A mismatch keeps the engine's tokens and marks the turn where it shows as
+drifted.
 
 `encode_transcript` is the same rendering for a whole text-level conversation (a
 demonstration): every completion tokenized with loss mask 1, plus the end-of-turn token that
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils.chat_template_utils import _alias_reasoning_fields, _compile_jinja_template
 
 from agent_rl.messages import Message
 
@@ -38,8 +44,34 @@ class ChatRenderer:
             raise ValueError(f"the tokenizer in {model_dir} has no eos token to end a turn")
         self.eos_text: str = eos
         self.eos_id: int = self.tokenizer.eos_token_id
+        self._special_tokens = dict(self.tokenizer.special_tokens_map)
+        # The Rust tokenizer itself, where transformers' wrapper would give the same ids and text
+        # (it adds ~100 us of Python per call); else the wrapper.
+        backend = getattr(self.tokenizer, "_tokenizer", None)
+        plain = not getattr(self.tokenizer, "split_special_tokens", False) and not getattr(
+            self.tokenizer, "clean_up_tokenization_spaces", False)
+        self._backend = backend if backend is not None and plain else None
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]], *, generation_prompt: bool = True) -> str:
+        """The chat template's text, as `apply_chat_template(..., tokenize=False)` renders it.
+
+        The compiled template is called directly: `apply_chat_template` also deep-copies every
+        message and tool schema into plain data on each call (for objects a caller might pass),
+        which was most of a turn's rendering time; our messages and schemas are plain already.
+        tests/rollout/test_render.py checks the two agree."""
+        template = self.tokenizer.get_chat_template(None, tools or None)
+        compiled = _compile_jinja_template(template)
+        chat = _alias_reasoning_fields(
+            [{k: v for k, v in m.items() if v is not None} for m in messages]
+        )
+        return compiled.render(
+            messages=chat, tools=tools or None, documents=None,
+            add_generation_prompt=generation_prompt, **self._special_tokens,
+        )
+
+    def render_reference(self, messages: list[Message], tools: list[dict[str, Any]], *,
+                         generation_prompt: bool = True) -> str:  # fmt: skip
+        """`render` through `apply_chat_template` itself (the reference the tests compare to)."""
         return self.tokenizer.apply_chat_template(
             messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
         )
@@ -51,9 +83,15 @@ class ChatRenderer:
         return with_prompt[len(without):] if with_prompt.startswith(without) else ""
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        if not text:
+            return []
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
@@ -65,42 +103,68 @@ class Conversation:
     tools: list[dict[str, Any]]
     ids: list[int] = field(default_factory=list)
     """Every token the engine has seen or produced, in order."""
-    completions: list[tuple[str, list[int]]] = field(default_factory=list)
-    """(text as decoded, engine ids) of each assistant turn, in order."""
     anchor: str = ""
     """The generation prompt, which precedes every completion in a rendering."""
+    head: list[Message] = field(default_factory=list)
+    """The messages before the first completion."""
+    prompt_text: str = ""
+    """The head as rendered, with the generation prompt: the text before the first completion."""
+    previous: tuple[list[Message], str, str] | None = None
+    """The previous turn: its messages (the completion's, then the observations), the
+    completion's text and the text carried after it."""
 
     def start(self, messages: list[Message]) -> list[int]:
         """Render the initial prompt; returns its ids (all of them new)."""
+        self.head = list(messages)
         self.anchor = self.renderer.generation_prompt(messages, self.tools)
-        self.ids = self.renderer.encode(self.renderer.render(messages, self.tools))
+        self.prompt_text = self.renderer.render(messages, self.tools)
+        self.ids = self.renderer.encode(self.prompt_text)
         return list(self.ids)
 
-    def add_turn(self, completion_ids: list[int], messages: list[Message]) -> tuple[list[int], bool]:
-        """Carry a completion and the observations that followed it (already in `messages`).
+    def add_turn(self, completion_ids: list[int], messages: list[Message], *,
+                 text: str | None = None) -> tuple[list[int], bool]:  # fmt: skip
+        """Carry a completion and the observations that followed it (the last messages of
+        `messages`: the completion's, then the observations; `text` is the completion decoded,
+        if the caller has it).
 
         Returns the new non-model ids appended after the completion (observations and the next
-        generation prompt) and whether the carried stream drifted from a fresh rendering."""
-        text = self.renderer.decode(completion_ids)
-        self.completions.append((text, list(completion_ids)))
+        generation prompt) and whether the template's rendering disagrees with the carried
+        stream around this turn or the previous one (see the module docstring)."""
+        if text is None:
+            text = self.renderer.decode(completion_ids)
+        step = _last_step(messages)
         self.ids.extend(completion_ids)
-        fresh = self.renderer.render(messages, self.tools)
-        segments = _split(fresh, [t for t, _ in self.completions], self.anchor)
+        window, completions = list(self.head), []
+        if self.previous is not None:
+            window += self.previous[0]
+            completions.append(self.previous[1])
+        window += step
+        completions.append(text)
+        fresh = self.renderer.render(window, self.tools)
+        segments = _split(fresh, completions, self.anchor)
         if segments is None:
             # The fresh rendering does not even contain the completions: carry on with the
             # observations rendered after the last completion's text as best we can.
-            tail = fresh[fresh.rfind(self.renderer.eos_text) + len(self.renderer.eos_text):] if self.renderer.eos_text in fresh else fresh
+            eos = self.renderer.eos_text
+            tail = fresh[fresh.rfind(eos) + len(eos):] if eos in fresh else fresh
             delta = self.renderer.encode(tail)
             self.ids.extend(delta)
+            self.previous = (step, text, tail)
             return delta, True
+        carried = [self.prompt_text] + ([self.previous[2]] if self.previous is not None else [])
+        drift = segments[:-1] != carried
         delta = self.renderer.encode(segments[-1])
-        expected: list[int] = []
-        for i, segment in enumerate(segments[:-1]):
-            expected.extend(self.renderer.encode(segment))
-            expected.extend(self.completions[i][1])
-        expected.extend(delta)
         self.ids.extend(delta)
-        return delta, expected != self.ids
+        self.previous = (step, text, segments[-1])
+        return delta, drift
+
+
+def _last_step(messages: list[Message]) -> list[Message]:
+    """The last assistant message and the observations after it."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i]["role"] == "assistant":
+            return list(messages[i:])
+    raise ValueError("add_turn needs the completion's assistant message in `messages`")
 
 
 def _split(text: str, completions: list[str], anchor: str) -> list[str] | None:

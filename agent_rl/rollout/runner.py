@@ -199,7 +199,7 @@ class EpisodeRunner:
                                   reward_details=_details(result), turn=unwritten)
             if t + 1 == cfg.max_turns:
                 return _truncated("max_turns", turn=unwritten, result=result)
-            pending, drift = conv.add_turn(ids, messages)
+            pending, drift = conv.add_turn(ids, messages, text=text)
             if drift:
                 log.warning("episode %d turn %d: carried tokens drifted from the chat template",
                             self.episode_id, t)
@@ -231,6 +231,10 @@ class EpisodeRunner:
             return self._recorded(turn, pending)
         persisted = len(input_ids) - len(pending)  # routed experts already known for these
         cfg = self.ctx.cfg
+        try:  # the retry machinery costs a turn more CPU than the request: only after a 503
+            return await self._generate_once(input_ids, params, turn, persisted)
+        except EngineUnavailableError:
+            pass
         # A 503 means no engine took the request (e.g. one restarting after a crash): nothing
         # was generated, so waiting and sending it again is safe; the episode deadline bounds it.
         retrying = AsyncRetrying(
@@ -278,11 +282,13 @@ class EpisodeRunner:
             if missing > 0:
                 rows = np.concatenate([rows, np.full((missing, *rows.shape[1:]), -1, np.int32)])
             experts = rows[: n_prompt + n_out]
+        logprobs = np.zeros(n_prompt + n_out)
+        logprobs[n_prompt:] = gen.logprobs
+        mask = np.zeros(n_prompt + n_out)
+        mask[n_prompt:] = 1
         return TokenArrays.build(
-            token_ids=[*pending, *gen.output_ids],
-            logprobs=np.r_[np.zeros(n_prompt), np.asarray(gen.logprobs, dtype=np.float64)],
-            loss_mask=np.r_[np.zeros(n_prompt), np.ones(n_out)],
-            versions=np.r_[np.full(n_prompt, -1), versions],
+            token_ids=[*pending, *gen.output_ids], logprobs=logprobs, loss_mask=mask,
+            versions=np.concatenate([np.full(n_prompt, -1, dtype=np.int32), versions]),
             routed_experts=experts,
         )
 
