@@ -19,7 +19,8 @@ from agent_rl.cli.common import console, state
 def eval_cmd(
     ctx: typer.Context,
     version: Annotated[str, typer.Option(
-        help="Policy version of the run to evaluate, or 'latest'.")] = "latest",
+        help="Policy version of the run to evaluate, 'latest', or 'none' for --weights that are "
+             "no version of the run.")] = "latest",
     env: Annotated[Optional[str], typer.Option(help="Environment id (default: rollout.env).")] = None,
     split: Annotated[str, typer.Option(help="Task split.")] = "eval",
     tasks: Annotated[int, typer.Option(min=1, help="The split's first N tasks.")] = 64,
@@ -41,17 +42,19 @@ def eval_cmd(
     consumes, every request sampled with its own seed (a rerun gives the same rewards)."""
     from agent_rl.evaluation import evaluate, resolve_version, weights_of
 
-    if version != "latest" and not version.isdigit():
-        raise typer.BadParameter(f"--version must be a number or 'latest', not {version!r}")
+    if version not in ("latest", "none") and not version.isdigit():
+        raise typer.BadParameter(f"--version must be a number, 'latest' or 'none', not {version!r}")
+    if version == "none" and weights is None:
+        raise typer.BadParameter("--version none evaluates --weights DIR: pass them")
     cfg = state(ctx).config()
     of_run = run or cfg.run.name
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     async def go():  # type: ignore[no-untyped-def]
-        _, v = await resolve_version(cfg, of_run, version)
+        v = None if version == "none" else (await resolve_version(cfg, of_run, version))[1]
         token = cfg.router.admin_token.get_secret_value() if cfg.router.admin_token else None
         return await evaluate(
-            cfg, version=v, weights=weights or weights_of(cfg, v), tasks=tasks, samples=samples,
+            cfg, version=v, weights=weights or weights_of(cfg, v),  # type: ignore[arg-type] tasks=tasks, samples=samples,
             of_run=of_run, env=env, split=split, seed=seed, router_url=router_url, token=token,
             name=name,
         )  # fmt: skip

@@ -29,7 +29,7 @@ from rich.console import Console
 from agent_rl.config import Config
 from agent_rl.engine.launcher import free_port
 from agent_rl.errors import AgentRLError, ConfigError
-from agent_rl.quickstart.evaluate import Evaluation, evaluate
+from agent_rl.evaluation import Evaluation, score
 from agent_rl.quickstart.processes import Supervisor, agent_rl_command
 from agent_rl.quickstart.progress import Progress
 from agent_rl.quickstart.recipe import (
@@ -44,6 +44,10 @@ from agent_rl.quickstart.recipe import (
 from agent_rl.store import Store
 
 ENGINE_START_TIMEOUT_S = 600.0
+EVAL_SPLIT = "eval"
+EVAL_SEED = 1234
+"""The evaluation seed: the task order and every request's sampling seed, so two quickstarts
+that reach the same weights score them the same."""
 
 
 class QuickstartError(AgentRLError):
@@ -174,16 +178,29 @@ class Quickstart:
         return Fleet(router_url, engines, serves)
 
     async def eval_stage(self, label: str, weights: Path, version: int | None) -> Evaluation:
+        """`agent-rl eval` of `weights` as policy `version` on the fleet's engines, as a
+        supervised process; the result is read from the store."""
         done = self.state.evaluation(label)
         if done is not None and done.version == version:
             return done
         fleet = await self.ensure_fleet()
+        assert self.supervisor is not None
         self.say(f"evaluating {label} ({weights}): {self.opts.eval_tasks} fixed tasks x "
                  f"{self.opts.eval_samples} samples")
-        result = await evaluate(
-            self.cfg, fleet.router_url, label=label, weights=weights, version=version,
-            tasks=self.opts.eval_tasks, samples=self.opts.eval_samples, token=self.token,
-        )  # fmt: skip
+        run = await _fresh_run_name(self.cfg, f"{self.cfg.run.name}-eval-{label}")
+        name = f"eval-{label}"
+        m = self.supervisor.add(name, agent_rl_command(
+            "eval", "--version", "none" if version is None else str(version),
+            "--weights", str(weights), "--router-url", fleet.router_url, "--name", run,
+            "--split", EVAL_SPLIT, "--seed", str(EVAL_SEED),
+            "--tasks", str(self.opts.eval_tasks), "--samples", str(self.opts.eval_samples)),
+            log_path=Path(f"runs/logs/{name}.log"), restart=False)  # fmt: skip
+        code = await self.supervisor.wait(name)
+        if code != 0:
+            raise QuickstartError(f"evaluation {label} failed (exit status {code}); see "
+                                  f"{self.workdir / m.log_path}")
+        result = await score(self.cfg, run, label=label, weights=weights, version=version,
+                             seed=EVAL_SEED)
         self.state.set_evaluation(result)
         self.say(f"{label}: mean reward {result.mean:.3f} (tool use {result.tool_use:.0%})")
         return result
@@ -268,6 +285,17 @@ class Quickstart:
         self.state.data["rl_version"] = version
         self.state.save()
         return version
+
+
+async def _fresh_run_name(cfg: Config, base: str) -> str:
+    """`base`, or `base-2`, `-3`... if an interrupted earlier attempt already used it."""
+    async with await Store.open(cfg.store) as store:
+        names = {r["name"] for r in await store.list_runs()}
+    name, n = base, 1
+    while name in names:
+        n += 1
+        name = f"{base}-{n}"
+    return name
 
 
 def export_path(cfg: Config, version: int) -> Path:

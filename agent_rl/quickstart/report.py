@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agent_rl.quickstart.evaluate import Evaluation, compare
+from agent_rl.evaluation import Evaluation, compare
 from agent_rl.store import Audit
 
 PLOT_FILE = "reward_curve.png"
