@@ -34,6 +34,10 @@ from transformers.utils.chat_template_utils import _alias_reasoning_fields, _com
 from agent_rl.messages import Message
 
 
+ENCODE_CACHE_SIZE = 4096
+"""Texts whose ids a renderer remembers."""
+
+
 class ChatRenderer:
     """The model's chat template and tokenizer (loaded once per process, shared by runners)."""
 
@@ -51,6 +55,9 @@ class ChatRenderer:
         plain = not getattr(self.tokenizer, "split_special_tokens", False) and not getattr(
             self.tokenizer, "clean_up_tokenization_spaces", False)
         self._backend = backend if backend is not None and plain else None
+        # The same texts come back all the time: a group's n episodes share their prompt, and
+        # observations repeat ("<tool_response>413</tool_response>" and the markup around it).
+        self._encoded: dict[str, list[int]] = {}
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]], *, generation_prompt: bool = True) -> str:
         """The chat template's text, as `apply_chat_template(..., tokenize=False)` renders it.
@@ -85,9 +92,16 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         if not text:
             return []
-        if self._backend is not None:
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self._encoded.get(text)
+        if ids is None:
+            if self._backend is not None:
+                ids = self._backend.encode(text, add_special_tokens=False).ids
+            else:
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if len(self._encoded) >= ENCODE_CACHE_SIZE:
+                del self._encoded[next(iter(self._encoded))]  # the oldest
+            self._encoded[text] = ids
+        return list(ids)
 
     def decode(self, ids: list[int]) -> str:
         if self._backend is not None:
