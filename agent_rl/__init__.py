@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ imports them
+    from agent_rl.agent import AgentEnv  # noqa: F401
     from agent_rl.env import Env, EnvCodeError, ResetResult, StepInfo, StepResult  # noqa: F401
     from agent_rl.errors import EnvError, ToolError  # noqa: F401
     from agent_rl.messages import AssistantTurn, MalformedToolCall, Message, ToolCall  # noqa: F401
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ impo
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "agent_rl.agent": ("AgentEnv",),
     "agent_rl.env": ("Env", "EnvCodeError", "ResetResult", "StepInfo", "StepResult"),
     "agent_rl.errors": ("EnvError", "ToolError"),
     "agent_rl.messages": ("AssistantTurn", "MalformedToolCall", "Message", "ToolCall"),

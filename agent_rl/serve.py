@@ -28,6 +28,7 @@ from agent_rl.store import Endings, Ledger, Store
 
 if TYPE_CHECKING:
     from agent_rl.engine.client import EngineClient
+    from agent_rl.rollout.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
             run_name=cfg.run.name, model_name=model.name, sandbox_backend=backend,
             routed_experts=cfg.engine.moe_routing_replay,
         )
+        gateway = await _agent_gateway(tg, env, cfg, model.name)
         if with_api:
             from agent_rl.api import create_app, serve_api
 
@@ -123,7 +125,7 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
         scheduler = Scheduler(
             ctx, env_id=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
             max_staleness=cfg.trainer.max_staleness, max_queued_groups=queued_groups_bound(cfg),
-            run_config=cfg.model_dump(mode="json"),
+            run_config=cfg.model_dump(mode="json"), gateway=gateway,
         )
         with anyio.CancelScope() as scope:
             tg.start_soon(_drain_on_sigterm, scheduler, scope)
@@ -141,6 +143,29 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
             endings=await store.endings(run_id, owner=ctx.owner),
             run_ledger=await store.ledger(run_id), scheduler=scheduler.stats,
         )  # fmt: skip
+
+
+async def _agent_gateway(tg: anyio.abc.TaskGroup, env: Any, cfg: Config, model_name: str) -> Gateway | None:
+    """For an agent env, the OpenAI-compatible gateway its programs call, listening on
+    `rollout.gateway_host`/`gateway_port` for as long as serve runs; None for an SDK env."""
+    from agent_rl.agent import AgentEnv
+
+    if not isinstance(env, AgentEnv):
+        return None
+    from agent_rl.api import serve_api
+    from agent_rl.config import ApiConfig
+    from agent_rl.rollout.gateway import Gateway
+    from agent_rl.rollout.gateway_app import gateway_app
+
+    gateway = Gateway(model_name)
+    # The episode keys are the gateway's only credential: like the API, it binds loopback
+    # unless told otherwise (and then needs the API's token to be set, as the API does).
+    where = ApiConfig(host=cfg.rollout.gateway_host, port=cfg.rollout.gateway_port, token=cfg.api.token)
+    port = await tg.start(serve_api, gateway_app(gateway), where)
+    host = cfg.rollout.gateway_host
+    gateway.base_url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    log.info("agent gateway at %s/agents/{episode_key}/v1", gateway.base_url)
+    return gateway
 
 
 async def sample_engines(store: Store, client: EngineClient, url: str, run_id: int,

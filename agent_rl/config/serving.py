@@ -88,6 +88,13 @@ class RolloutConfig(Section):
     """How often serve records each engine's load (SGLang's `/v1/loads`: running and queued
     requests, KV-cache use, generation throughput) for `agent-rl audit`; 0: never."""
 
+    gateway_host: str = "127.0.0.1"
+    """Address of the OpenAI-compatible gateway that agent environments' programs call
+    (`/agents/{episode_key}/v1`); loopback by default, since the agents run beside serve."""
+
+    gateway_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the gateway (0 picks a free one; serve logs where it listens)."""
+
     decode_table: Path | None = None
     """bench/decode.py's `--out` file: `agent-rl audit` compares the run's decode throughput
     with its cell for the run's completion length and concurrency."""

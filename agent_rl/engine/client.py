@@ -46,6 +46,9 @@ class GenerateOptions(TypedDict, total=False):
     """Routed experts from this position on (earlier ones are already known)."""
     extra: dict[str, Any] | None
     """More /generate fields, sent as they are."""
+    routing_key: str | None
+    """Session key for the router's affinity (the `X-SMG-Routing-Key` header): the turns of
+    one episode stay on one worker, whose radix cache holds their prefix."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,15 @@ class Generation:
         )
 
 
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+
+def _routed(headers: dict[str, str], options: GenerateOptions) -> dict[str, str]:
+    """The request's headers, with its session key for the router's affinity if it has one."""
+    key = options.get("routing_key")
+    return {**headers, ROUTING_KEY_HEADER: key} if key else headers
+
+
 def decode_routed_experts(b64: str, rows: int, topk: int | None) -> np.ndarray:
     """Base64 of little-endian int32 -> [rows, layers, topk] ([rows, layers * topk] if topk is
     unknown: the payload does not say how a row splits into layers and experts)."""
@@ -219,7 +231,7 @@ class EngineClient:
     ) -> Generation:
         """POST /generate for one prompt of token ids; `extra` fields are sent as they are."""
         body = await self._generate_body(input_ids, sampling_params, options, stream=False)
-        raw = await self._post("/generate", body)
+        raw = await self._post("/generate", body, _routed(self._headers, options))
         return Generation.from_response(
             raw, self.moe_topk, options.get("routed_experts_start_len", 0)
         )
@@ -235,7 +247,8 @@ class EngineClient:
         start_len = options.get("routed_experts_start_len", 0)
         try:
             async with self.session.post(
-                self.base_url + "/generate", json=body, headers=self._headers, timeout=self._timeout
+                self.base_url + "/generate", json=body, headers=_routed(self._headers, options),
+                timeout=self._timeout,
             ) as resp:
                 await _raise_for_status(resp, "/generate")
                 async for line in resp.content:
@@ -352,19 +365,21 @@ class EngineClient:
                 "pass moe_topk to EngineClient"
             ) from e
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        return await self._request("POST", path, body)
+    async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+        return await self._request("POST", path, body, headers=headers)
 
     async def _get(self, path: str, timeout_s: float | None = None) -> Any:
         return await self._request("GET", path, None, timeout_s)
 
     async def _request(
-        self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None = None
-    ) -> Any:
+        self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:  # fmt: skip
         timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self.session.request(
-                method, self.base_url + path, json=body, headers=self._headers, timeout=timeout
+                method, self.base_url + path, json=body, headers=headers or self._headers,
+                timeout=timeout,
             ) as resp:
                 await _raise_for_status(resp, path)
                 text = await resp.text()

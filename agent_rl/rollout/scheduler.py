@@ -26,6 +26,8 @@ from agent_rl.env import Env
 from agent_rl.errors import EngineError, EnvError, StoreError
 from agent_rl.registry import make
 from agent_rl.rewards import EpisodeOutcome
+from agent_rl.rollout.agent_runner import AgentRunner
+from agent_rl.rollout.gateway import Gateway
 from agent_rl.rollout.recorded import recorded_turns
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
 from agent_rl.tasks import Task
@@ -46,10 +48,13 @@ class SchedulerStats:
 class Scheduler:
     def __init__(self, ctx: RunnerContext, *, env_id: str, max_staleness: int,
                  max_queued_groups: int = 0, env_kwargs: dict[str, Any] | None = None,
-                 run_config: dict[str, Any] | None = None, version_poll_s: float = 0.5) -> None:
+                 run_config: dict[str, Any] | None = None, version_poll_s: float = 0.5,
+                 gateway: Gateway | None = None) -> None:  # fmt: skip
         """`max_queued_groups`: admit only while fewer of the run's groups are queued for the
-        trainer, running or ready (0: no bound); see `RolloutConfig.max_queued_groups`."""
+        trainer, running or ready (0: no bound); see `RolloutConfig.max_queued_groups`.
+        `gateway`: where an agent env's episodes talk to the policy (`AgentRunner` runs them)."""
         self.ctx = ctx
+        self.gateway = gateway
         self.env_id = env_id
         self.env_kwargs = env_kwargs or {}
         self.max_staleness = max_staleness
@@ -247,9 +252,13 @@ class Scheduler:
     async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None,
                            resume: bool = False) -> None:  # fmt: skip
         try:
-            prefix = await recorded_turns(self.ctx.store, episode_id, observations=True) if resume else None
-            await EpisodeRunner(self.ctx, episode_id, self.env_id, task, seed, self.env_kwargs,
-                                prefix=prefix, resume=resume).run()
+            if self.gateway is not None:  # an agent env: its program drives the episode
+                await AgentRunner(self.ctx, self.gateway, episode_id, self.env_id, task, seed,
+                                  self.env_kwargs).run()
+            else:
+                prefix = await recorded_turns(self.ctx.store, episode_id, observations=True) if resume else None
+                await EpisodeRunner(self.ctx, episode_id, self.env_id, task, seed, self.env_kwargs,
+                                    prefix=prefix, resume=resume).run()
         except anyio.get_cancelled_exc_class():
             await self._interrupt_unstarted(episode_id)  # a no-op once its runner started
             raise

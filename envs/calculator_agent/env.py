@@ -1,0 +1,55 @@
+"""`calculator-agent` and `calculator-agent-cli`: the calculator's tasks and reward, with the
+episode driven by agent.py's `openai` program instead of the SDK's tool loop.
+
+`calculator-agent` runs the agent as a coroutine in serve's process; `calculator-agent-cli`
+runs the same program as a subprocess (`python -m envs.calculator_agent.agent`), which finds
+the gateway through `OPENAI_BASE_URL`/`OPENAI_API_KEY` and prints its answer.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from agent_rl.agent import AgentEnv
+from agent_rl.rewards import Reward, number_reward
+from agent_rl.tasks import GeneratedTasks, Task, TaskSource
+from envs.calculator.env import make_problem
+
+
+class CalculatorAgentEnv(AgentEnv):
+    """Arithmetic questions; reward 1 for the exact integer in the agent's answer."""
+
+    def __init__(self, *, min_terms: int = 2, max_terms: int = 4, max_digits: int = 3,
+                 max_calls: int = 4, tools_in_prompt: bool = True, max_tokens: int | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        """`max_calls`: model calls the agent makes at most; `tools_in_prompt=False`: the agent
+        sends no tool schemas (a tiny model's prompt stays short; it still calls `calc`);
+        `max_tokens`: the agent's per-call completion limit."""
+        super().__init__(tools_in_prompt=tools_in_prompt, **kwargs)
+        self.problem_kwargs = {"min_terms": min_terms, "max_terms": max_terms, "max_digits": max_digits}
+        self.max_calls = max_calls
+        self.max_completion = max_tokens
+
+    def builtin_tasks(self, split: str = "train") -> TaskSource:
+        return GeneratedTasks(
+            "calculator", lambda rng: make_problem(rng, **self.problem_kwargs), split=split
+        )
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        from openai import AsyncOpenAI
+
+        from envs.calculator_agent.agent import solve
+
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+            return await solve(client, task["question"], tools=self.tools_in_prompt,
+                               max_calls=self.max_calls, max_tokens=self.max_completion)  # fmt: skip
+
+    async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> Reward:
+        return number_reward(str(result), task["answer"])
+
+
+class CalculatorAgentCliEnv(CalculatorAgentEnv):
+    """The same agent as a command: a subprocess with OPENAI_BASE_URL / OPENAI_API_KEY set."""
+
+    command = (sys.executable, "-m", "envs.calculator_agent.agent")

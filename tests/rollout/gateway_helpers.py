@@ -1,0 +1,148 @@
+"""What the gateway tests share: a tap between serve and the engine that keeps what the engine
+saw and produced, and the checks every stored agent episode must pass against it.
+
+The tap is a real HTTP hop on loopback (not a fake): it forwards every request to the real
+SGLang server unchanged and keeps each `/generate`'s `input_ids` and the engine's `output_ids`,
+so a test can compare the store with the engine's own answers.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from agent_rl.rollout.render import ChatRenderer
+from agent_rl.store import Store
+
+
+class Tap:
+    """A loopback proxy in front of one engine that records every generation."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.generations: list[tuple[list[int], list[int]]] = []
+        """(input_ids, output_ids) of every /generate, in order of completion."""
+        self.routing_keys: list[str | None] = []
+        self.url = ""
+
+    def outputs_for(self, input_ids: list[int]) -> list[list[int]]:
+        return [out for inp, out in self.generations if inp == input_ids]
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}
+        async with self._session.request(request.method, self.upstream + request.path_qs, data=body or None,
+                                         headers=headers) as resp:  # fmt: skip
+            payload = await resp.read()
+            if request.path == "/generate" and resp.status == 200:
+                sent = json.loads(body)
+                self.routing_keys.append(request.headers.get("X-SMG-Routing-Key"))
+                if sent.get("stream"):
+                    last = [line for line in payload.decode().splitlines()
+                            if line.startswith("data:") and "[DONE]" not in line][-1]  # fmt: skip
+                    out = json.loads(last[len("data:"):])
+                else:
+                    out = json.loads(payload)
+                self.generations.append((list(sent["input_ids"]), list(out["output_ids"])))
+            return web.Response(body=payload, status=resp.status,
+                                content_type=resp.content_type if resp.content_type else None)  # fmt: skip
+
+    @asynccontextmanager
+    async def running(self):  # type: ignore[no-untyped-def]
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as self._session:
+            try:
+                yield self
+            finally:
+                await runner.cleanup()
+
+
+async def check_agent_episode(store: Store, renderer: ChatRenderer, tap: Tap, episode_id: int,
+                              tools: list[dict[str, Any]], *, experts: bool = True) -> None:  # fmt: skip
+    """Tokens are the truth for an agent episode of one segment: every turn's completion is
+    what the engine produced for exactly the carried prompt, the tokens decode to the
+    transcript, one logprob and one version per model token, and the loss mask is exactly
+    the model's tokens."""
+    detail = await store.get_episode(episode_id)
+    e = detail.episode
+    tokens = await store.episode_tokens(episode_id)
+    ids = tokens.token_ids.tolist()
+    assert e.drift_count == 0, f"episode {episode_id} drifted"
+    assert len(ids) == e.num_tokens == sum(t.num_tokens for t in detail.turns)
+    for t in detail.turns:
+        start, prompt_end, end = t.span_start, t.span_start + t.num_prompt_tokens, t.span_start + t.num_tokens
+        # The engine saw the carried stream up to here, and produced exactly this completion.
+        assert ids[start:end][t.num_prompt_tokens:] in tap.outputs_for(ids[:prompt_end]), \
+            f"episode {episode_id} turn {t.index}: not the engine's output for its prompt"
+        assert tokens.loss_mask[start:end].tolist() == [0] * t.num_prompt_tokens + [1] * (t.num_tokens - t.num_prompt_tokens)
+    model = tokens.loss_mask == 1
+    assert int(model.sum()) == e.num_model_tokens > 0
+    assert np.all(np.isfinite(tokens.logprobs[model])) and np.all(tokens.logprobs[model] <= 0)
+    assert np.all(tokens.versions[model] >= 0) and np.all(tokens.versions[~model] == -1)
+    assert np.all(tokens.logprobs[~model] == 0)
+
+    messages = [{k: v for k, v in m.items() if k in ("role", "content", "tool_calls", "name") and v is not None}
+                for m in detail.messages]  # fmt: skip
+    last_assistant = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    rendered = renderer.render(messages[: last_assistant + 1], tools, generation_prompt=False)
+    decoded = renderer.decode(ids)
+    assert rendered.startswith(decoded), "the token stream is not the rendered transcript"
+    assert rendered[len(decoded):] in ("\n", renderer.eos_text + "\n")
+    if experts:
+        assert tokens.routed_experts is not None and tokens.routed_experts.shape[0] == len(ids)
+        known = tokens.routed_experts[:, 0, 0] >= 0
+        assert known.sum() >= len(ids) - len(detail.turns)
+
+
+QUESTION = "What is 2+3?"
+CALL_TEXT = '<tool_call>\n{"name": "calc", "arguments": {"expression": "2+3"}}\n</tool_call>'
+FINAL_TEXT = "The answer is 5."
+
+
+def memorize_calculator(model_dir: Path, out_dir: Path, tools: list[dict[str, Any]]) -> Path:
+    """`model_dir`'s weights fine-tuned (plain torch, a few dozen steps) until greedy decoding
+    answers QUESTION with CALL_TEXT and, after the tool's "5", with FINAL_TEXT: a random tiny
+    model never writes a tool call, and the tests need the engine itself to write real ones.
+    Writes only the weights (what `update_weights_from_disk` loads) to `out_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agent_rl.rollout.render import encode_transcript
+
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    renderer = ChatRenderer(model_dir)
+    messages = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": CALL_TEXT},
+                {"role": "tool", "content": "5", "name": "calc", "tool_call_id": "call_0_0"},
+                {"role": "assistant", "content": FINAL_TEXT}]  # fmt: skip
+    encoded = encode_transcript(renderer, messages, tools)  # type: ignore[arg-type]
+    assert encoded is not None
+    ids, mask = encoded
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    x = torch.tensor([ids])
+    labels = x.clone()
+    labels[torch.tensor([mask]) == 0] = -100
+    for _ in range(300):
+        loss = model(input_ids=x, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.002:
+            break
+    model.save_pretrained(out_dir)
+    return out_dir

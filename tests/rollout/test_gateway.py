@@ -1,0 +1,217 @@
+"""The agent gateway end to end: agent programs written with the official `openai` client call
+`serve`'s gateway, which generates on the session's real SGLang engine (tiny-moe, routing
+replay on) and records every call; each stored episode is checked against what the engine
+itself saw and produced (`gateway_helpers.Tap`, a recording hop on loopback).
+
+A random tiny model never writes a tool call, so the module loads weights memorized to answer
+one question with a `calc` call and then the result (`memorize_calculator`) into the shared
+engine, and puts the engine's own weights back afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from agent_rl.agent import AgentEnv
+from agent_rl.engine.client import EngineClient
+from agent_rl.registry import register
+from agent_rl.rewards import number_reward
+from agent_rl.rollout.render import ChatRenderer
+from agent_rl.serve import serve
+from agent_rl.store import Store
+from agent_rl.tasks import ListTasks, Task, TaskSource
+from envs.calculator_agent.agent import CALC, calc
+from tests.rollout.conftest import serve_config
+from tests.rollout.gateway_helpers import (
+    CALL_TEXT,
+    FINAL_TEXT,
+    QUESTION,
+    Tap,
+    check_agent_episode,
+    memorize_calculator,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+SEEN: dict[str, list[Any]] = {}
+"""What each agent got back, by its API key (the episode's key)."""
+KEYS: list[tuple[str, str]] = []
+"""(base_url, key) of every episode, in the order they ran."""
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def memorized(sglang_moe_server, tiny_moe_model: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    weights = memorize_calculator(tiny_moe_model, tmp_path_factory.mktemp("memorized") / "model", [CALC])
+    async with EngineClient(sglang_moe_server.url) as client:
+        await client.update_weights_from_disk(weights, weight_version="default")
+        try:
+            yield sglang_moe_server
+        finally:
+            await client.update_weights_from_disk(tiny_moe_model, weight_version="default")
+
+
+class _OneQuestion(AgentEnv):
+    def builtin_tasks(self, split: str = "train") -> TaskSource:
+        return ListTasks([Task(id="q", data={"question": QUESTION, "answer": "5"})])
+
+    async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> Any:
+        return number_reward(str(result), task["answer"])
+
+    def client(self, base_url: str, api_key: str) -> openai.AsyncOpenAI:
+        KEYS.append((base_url, api_key))
+        return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+
+
+@register("test-openai-tools")
+class ToolsAgent(_OneQuestion):
+    """The plain client: tools, greedy, logprobs with two alternatives; runs calc itself."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        client = self.client(base_url, api_key)
+        SEEN[api_key] = [await client.models.list()]
+        messages: list[Any] = [{"role": "user", "content": task["question"]}]
+        for _ in range(3):
+            r = await client.chat.completions.create(model="policy", messages=messages, tools=[CALC],
+                                                     temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
+            SEEN[api_key].append(r)
+            message = r.choices[0].message
+            if not message.tool_calls:
+                return message.content or ""
+            messages.append(message.model_dump(exclude_none=True))
+            for c in message.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": calc(c.function.arguments)})
+        return ""
+
+
+@register("test-openai-stream")
+class StreamingAgent(_OneQuestion):
+    """The same agent, streaming: content, tool calls and logprobs put together from chunks."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        client = self.client(base_url, api_key)
+        SEEN[api_key] = []
+        messages: list[Any] = [{"role": "user", "content": task["question"]}]
+        for _ in range(3):
+            stream = await client.chat.completions.create(
+                model="policy", messages=messages, tools=[CALC], temperature=0, logprobs=True,
+                stream=True, stream_options={"include_usage": True})  # fmt: skip
+            content, calls, logprobs, finish, usage = "", {}, [], None, None
+            async for c in stream:
+                usage = c.usage or usage
+                if not c.choices:
+                    continue
+                choice = c.choices[0]
+                content += choice.delta.content or ""
+                for t in choice.delta.tool_calls or []:
+                    calls[t.index] = t
+                logprobs += choice.logprobs.content if choice.logprobs and choice.logprobs.content else []
+                finish = choice.finish_reason or finish
+            SEEN[api_key].append({"content": content, "calls": calls, "logprobs": logprobs,
+                                  "finish": finish, "usage": usage})  # fmt: skip
+            if not calls:
+                return content
+            messages.append({"role": "assistant", "content": content or None, "tool_calls": [
+                {"id": t.id, "type": "function", "function": {"name": t.function.name,
+                                                              "arguments": t.function.arguments}}
+                for t in calls.values()]})  # fmt: skip
+            for t in calls.values():
+                messages.append({"role": "tool", "tool_call_id": t.id, "content": calc(t.function.arguments)})
+        return ""
+
+
+def _key(episode_id: int) -> str:
+    """The API key the latest run's episode `episode_id` was given (each test has its store)."""
+    return next(k for _, k in reversed(KEYS) if k.startswith(f"ep{episode_id}-"))
+
+
+async def _serve(tmp_path: Path, tap: Tap, model: Path, env: str, episodes: int = 2, **rollout: Any):  # type: ignore[no-untyped-def]
+    rollout.setdefault("max_new_tokens", 48)
+    cfg = serve_config(f"sqlite:///{tmp_path / f'{env}.db'}", tap.url, model, env=env, **rollout)
+    summary = await serve(cfg, max_episodes=episodes)
+    assert summary.admitted == episodes and summary.run_ledger.balances()
+    assert summary.run_ledger.running == summary.run_ledger.waiting == 0
+    return cfg, summary
+
+
+async def test_openai_client_with_tools_and_logprobs(tmp_path: Path, memorized, tiny_moe_model: Path) -> None:
+    async with Tap(memorized.url).running() as tap:
+        cfg, summary = await _serve(tmp_path, tap, tiny_moe_model, "test-openai-tools")
+    renderer = ChatRenderer(tiny_moe_model)
+    async with await Store.open(cfg.store) as store:
+        episodes = await store.list_episodes(run_id=summary.run_id)
+        assert {e.status for e in episodes} <= {"completed", "filtered"}, [e.error_cause for e in episodes]
+        for e in episodes:
+            await check_agent_episode(store, renderer, tap, e.id, [CALC])
+            assert e.reward == 1.0 and e.num_turns == 2
+            assert e.reward_details["segments"] == 1 and e.reward_details["rewrites"] == 0
+            tokens = await store.episode_tokens(e.id)
+            detail = await store.get_episode(e.id)
+            key = _key(e.id)
+            models, first, second = SEEN[key]
+            assert [m.id for m in models.data] == [tiny_moe_model.name]
+            # The engine wrote the call; the client got it parsed, arguments as written.
+            assert first.choices[0].finish_reason == "tool_calls"
+            (call,) = first.choices[0].message.tool_calls
+            assert call.function.name == "calc" and call.function.arguments == '{"expression": "2+3"}'
+            assert second.choices[0].message.content == FINAL_TEXT
+            assert second.choices[0].finish_reason == "stop"
+            assert detail.messages[1]["content"] == CALL_TEXT  # stored as the model wrote it
+            for response, turn in zip((first, second), detail.turns):
+                span = slice(turn.span_start + turn.num_prompt_tokens, turn.span_start + turn.num_tokens)
+                returned = response.choices[0].logprobs.content
+                assert len(returned) == turn.num_tokens - turn.num_prompt_tokens
+                assert np.allclose([t.logprob for t in returned], tokens.logprobs[span], atol=1e-6)
+                assert all(len(t.top_logprobs) == 2 for t in returned)
+                assert "".join(t.token for t in returned) == renderer.decode(tokens.token_ids[span].tolist())
+                assert response.usage.completion_tokens == turn.num_tokens - turn.num_prompt_tokens
+                assert response.usage.prompt_tokens == turn.span_start + turn.num_prompt_tokens
+
+
+async def test_openai_client_streaming(tmp_path: Path, memorized, tiny_moe_model: Path) -> None:
+    async with Tap(memorized.url).running() as tap:
+        cfg, summary = await _serve(tmp_path, tap, tiny_moe_model, "test-openai-stream")
+    renderer = ChatRenderer(tiny_moe_model)
+    async with await Store.open(cfg.store) as store:
+        for e in await store.list_episodes(run_id=summary.run_id):
+            assert e.status in ("completed", "filtered"), e.error_cause
+            await check_agent_episode(store, renderer, tap, e.id, [CALC])
+            assert e.reward == 1.0 and e.num_turns == 2
+            tokens = await store.episode_tokens(e.id)
+            detail = await store.get_episode(e.id)
+            key = _key(e.id)
+            first, second = SEEN[key]
+            assert first["finish"] == "tool_calls" and first["content"] == ""
+            (call,) = first["calls"].values()
+            assert call.function.name == "calc" and json.loads(call.function.arguments) == {"expression": "2+3"}
+            assert second["finish"] == "stop" and second["content"] == FINAL_TEXT
+            for seen, turn in zip((first, second), detail.turns):
+                span = slice(turn.span_start + turn.num_prompt_tokens, turn.span_start + turn.num_tokens)
+                assert np.allclose([t.logprob for t in seen["logprobs"]], tokens.logprobs[span], atol=1e-6)
+                assert seen["usage"].completion_tokens == turn.num_tokens - turn.num_prompt_tokens
+
+
+async def test_command_agent_gets_the_gateway_from_its_environment(
+    tmp_path: Path, memorized, tiny_moe_model: Path
+) -> None:
+    """`calculator-agent-cli`: the example agent as a subprocess that reads OPENAI_BASE_URL and
+    OPENAI_API_KEY, as any OpenAI program does."""
+    async with Tap(memorized.url).running() as tap:
+        cfg, summary = await _serve(tmp_path, tap, tiny_moe_model, "calculator-agent-cli")
+    renderer = ChatRenderer(tiny_moe_model)
+    async with await Store.open(cfg.store) as store:
+        for e in await store.list_episodes(run_id=summary.run_id):
+            assert e.status in ("completed", "filtered"), e.error_cause
+            await check_agent_episode(store, renderer, tap, e.id, [CALC])
