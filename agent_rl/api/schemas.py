@@ -154,10 +154,30 @@ class PolicyVersionOut(Schema):
     created_at: float
 
 
+class EvaluationOut(Schema):
+    """One evaluation of a training run's policy (`agent-rl eval`)."""
+
+    run_id: int
+    name: str
+    version: int | None = Field(description="The policy version evaluated (None: other weights).")
+    created_at: float
+    tasks: int
+    episodes: int
+    failed: int
+    task_rewards: list[float] = Field(description="Mean reward per task, in task order.")
+    mean: float
+    stderr: float | None = Field(description="Standard error of the mean over tasks.")
+
+
 class RunOut(Schema):
     id: int
     name: str
     created_at: float
+    kind: str = Field(description="train, or eval: an evaluation that no trainer consumes.")
+    evaluates_run_id: int | None
+    evaluates_version: int | None
+    evaluations: list[EvaluationOut] = Field(
+        description="A training run's evaluations, by policy version (empty for an eval run).")
     config: dict[str, Any]
     policy_versions: list[PolicyVersionOut]
     metrics: dict[str, list[list[float]]] = Field(

@@ -90,3 +90,30 @@ def stacked(parts: list[tuple[str, float]], width: int = 720) -> list[dict[str, 
                     "cls": f"seg{i % 8}"})
         x += w
     return out
+
+
+def eval_curve(evals: list[dict[str, Any]], width: int = 480, height: int = 160) -> dict[str, Any] | None:
+    """The evaluations of a run as an SVG curve: mean reward by policy version, with a bar of
+    +-1 standard error at each point (evaluations of weights that are no version are left
+    out). None with no evaluation at a version."""
+    pts = [e for e in evals if e["version"] is not None]
+    if not pts:
+        return None
+    lo = min(e["mean"] - (e["stderr"] or 0) for e in pts)
+    hi = max(e["mean"] + (e["stderr"] or 0) for e in pts)
+    x0, x1 = min(e["version"] for e in pts), max(e["version"] for e in pts)
+    dx, dy, pad = (x1 - x0) or 1.0, (hi - lo) or 1.0, 10
+
+    def xy(v: float, r: float) -> tuple[float, float]:
+        return (round(pad + (v - x0) / dx * (width - 2 * pad), 1),
+                round(height - pad - (r - lo) / dy * (height - 2 * pad), 1))
+
+    marks = []
+    for e in pts:
+        x, y = xy(e["version"], e["mean"])
+        se = e["stderr"] or 0.0
+        marks.append({"x": x, "y": y, "y_lo": xy(e["version"], e["mean"] - se)[1],
+                      "y_hi": xy(e["version"], e["mean"] + se)[1],
+                      "title": f"v{e['version']}: {e['mean']:.3f} +- {se:.3f} ({e['name']})"})
+    return {"width": width, "height": height, "ymin": lo, "ymax": hi, "xmin": x0, "xmax": x1,
+            "points": " ".join(f"{m['x']},{m['y']}" for m in marks), "marks": marks}

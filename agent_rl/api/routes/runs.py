@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path
 
 from agent_rl.api.convert import json_safe, metric_series, policy_version_out
 from agent_rl.api.deps import StoreDep
-from agent_rl.api.schemas import RunOut, RunSummaryOut
+from agent_rl.api.schemas import EvaluationOut, RunOut, RunSummaryOut
 from agent_rl.store.models import ID_MAX
 
 router = APIRouter(tags=["runs"])
@@ -22,7 +22,8 @@ async def list_runs(store: StoreDep) -> list[RunSummaryOut]:
 
 @router.get("/runs/{run_id}", response_model=RunOut)
 async def get_run(run_id: Annotated[int, Path(ge=0, le=ID_MAX)], store: StoreDep) -> RunOut:
-    """One run: its recorded config, policy versions with their metrics, and its ledger."""
+    """One run: its kind (an evaluation names the run and version it scored), recorded config,
+    policy versions with their metrics, evaluations, and its ledger."""
     run = await store.get_run(run_id)
     versions = await store.policy_versions(run_id)
     ledger = await store.ledger(run_id)
@@ -30,6 +31,11 @@ async def get_run(run_id: Annotated[int, Path(ge=0, le=ID_MAX)], store: StoreDep
         id=run["id"],
         name=run["name"],
         created_at=run["created_at"],
+        kind=run["kind"],
+        evaluates_run_id=run["evaluates_run_id"],
+        evaluates_version=run["evaluates_version"],
+        evaluations=[EvaluationOut(**e) for e in await store.evaluations(run_id)]
+        if run["kind"] == "train" else [],
         config=json_safe(run["config"] or {}),
         policy_versions=[policy_version_out(v) for v in versions],
         metrics=metric_series(versions),

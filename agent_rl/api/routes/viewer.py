@@ -22,7 +22,7 @@ from agent_rl.api.deps import ConfigDep, StoreDep
 from agent_rl.api.filters import EpisodeQueryDep, fetch_page
 from agent_rl.api.stats import run_stats
 from agent_rl.api.tokens import token_view
-from agent_rl.api.viewer_data import MAX_STRIP_TOKENS, plot, stacked, token_strip
+from agent_rl.api.viewer_data import MAX_STRIP_TOKENS, eval_curve, plot, stacked, token_strip
 from agent_rl.store.models import ID_MAX
 
 router = APIRouter(default_response_class=HTMLResponse)
@@ -101,6 +101,21 @@ async def run_page(request: Request, run_id: Id, store: StoreDep) -> HTMLRespons
     run = await store.get_run(run_id)
     versions = await store.policy_versions(run_id)
     plots = {name: plot(points) for name, points in metric_series(versions).items()}
+    ledger = await store.ledger(run_id)
+    evaluated = score = None
+    if run["kind"] == "eval":
+        # No trainer consumes an evaluation: its ended episodes are scored, not awaiting one.
+        shown = {"admitted": ledger.admitted, "scored": ledger.completed + ledger.trained
+                 + ledger.filtered, "failed": ledger.failed, "running": ledger.running,
+                 "waiting": ledger.waiting}
+        if run["evaluates_run_id"] is not None:
+            evaluated = await store.get_run(run["evaluates_run_id"])
+            score = next((e for e in await store.evaluations(evaluated["id"])
+                          if e["run_id"] == run_id), None)
+        evaluations: list[dict[str, Any]] = []
+    else:
+        shown = ledger.as_dict()
+        evaluations = await store.evaluations(run_id)
     return page(
         request,
         "run.html",
@@ -108,7 +123,11 @@ async def run_page(request: Request, run_id: Id, store: StoreDep) -> HTMLRespons
         config=json_safe(run["config"] or {}),
         versions=versions,
         plots=plots,
-        ledger=(await store.ledger(run_id)).as_dict(),
+        ledger=shown,
+        evaluated=evaluated,
+        score=score,
+        evaluations=evaluations,
+        curve=eval_curve(evaluations),
     )
 
 
