@@ -1,0 +1,238 @@
+"""The gateway's limits and failures, each ending its episode in exactly one recorded state:
+an agent that raises or a command that exits non-zero fails it with the traceback or stderr;
+spent turn and token budgets answer 400 and end it truncated; the deadline cuts it; malformed
+requests get OpenAI-shaped 400s; a wrong key reaches nothing; a call after the end gets 409.
+Real serve, real SGLang engine (the session's), the official openai client and raw HTTP."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from agent_rl.agent import AgentEnv
+from agent_rl.registry import register
+from agent_rl.rollout.render import ChatRenderer
+from agent_rl.serve import serve
+from agent_rl.store import Store
+from agent_rl.tasks import ListTasks, Task, TaskSource
+from tests.rollout.conftest import serve_config
+from tests.rollout.gateway_helpers import QUESTION, Tap, check_agent_episode
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+KEYS: list[tuple[str, str]] = []
+OUTCOMES: dict[str, Any] = {}
+
+
+class _Agent(AgentEnv):
+    def builtin_tasks(self, split: str = "train") -> TaskSource:
+        return ListTasks([Task(id="q", data={"question": QUESTION})])
+
+    async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> float:
+        return 1.0
+
+    async def ask(self, base_url: str, api_key: str, **kwargs: Any) -> Any:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        return await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": QUESTION}], **kwargs)
+
+
+@register("test-agent-raises")
+class RaisesAgent(_Agent):
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        await self.ask(base_url, api_key)
+        raise ValueError("the agent's own bug")
+
+
+@register("test-agent-exits")
+class ExitsAgent(_Agent):
+    command = (sys.executable, "-c", "import sys; sys.stderr.write('agent broke down\\n'); sys.exit(3)")
+
+
+@register("test-agent-turns")
+class TurnBudgetAgent(_Agent):
+    """Calls until refused, then gives up by raising what the client raised."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        try:
+            for _ in range(5):
+                await self.ask(base_url, api_key)
+        except openai.BadRequestError as e:
+            OUTCOMES.setdefault("turns", []).append(e)
+            raise
+        return "never refused"
+
+
+@register("test-agent-tokens")
+class TokenBudgetAgent(_Agent):
+    """Catches the refusal and returns normally: the episode is truncated all the same."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        first = await self.ask(base_url, api_key)
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        messages = [{"role": "user", "content": QUESTION},
+                    {"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "Go on."}]  # fmt: skip
+        try:
+            await client.chat.completions.create(model="policy", messages=messages)  # type: ignore[arg-type]
+        except openai.BadRequestError as e:
+            OUTCOMES.setdefault("tokens", []).append((first, e))
+        return "5"
+
+
+@register("test-agent-malformed")
+class MalformedAgent(_Agent):
+    """Raw HTTP with what a client must not send, and keys that are not its own."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        KEYS.append((base_url, api_key))
+        auth = {"Authorization": f"Bearer {api_key}"}
+        good = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        answers = {}
+        async with httpx.AsyncClient(timeout=60) as http:
+            url = f"{base_url}/chat/completions"
+            answers["not json"] = await http.post(url, content=b"{not json", headers=auth)
+            answers["n=2"] = await http.post(url, json={**good, "n": 2}, headers=auth)
+            answers["no messages"] = await http.post(url, json={**good, "messages": []}, headers=auth)
+            answers["bad role"] = await http.post(url, json={**good, "messages": [{"role": "wizard", "content": "x"}]},
+                                                  headers=auth)  # fmt: skip
+            answers["temperature"] = await http.post(url, json={**good, "temperature": 9}, headers=auth)
+            answers["image"] = await http.post(url, json={**good, "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, headers=auth)
+            answers["wrong key"] = await http.post(url, json=good, headers={"Authorization": "Bearer nope"})
+            answers["no key"] = await http.post(url, json=good)
+            unknown = base_url.replace(api_key, "ep0-unknown")
+            answers["unknown episode"] = await http.post(f"{unknown}/chat/completions", json=good, headers=auth)
+            with anyio.fail_after(60):  # the other episode of the group runs beside this one
+                while len([k for _, k in KEYS if k != api_key]) < 1:
+                    await anyio.sleep(0.05)
+            other_url, _ = next((u, k) for u, k in reversed(KEYS) if k != api_key)
+            answers["other episode"] = await http.post(f"{other_url}/chat/completions", json=good, headers=auth)
+            answers["good"] = await http.post(url, json=good, headers=auth)
+        OUTCOMES.setdefault("malformed", []).append(answers)
+        return "5"
+
+
+@register("test-agent-deadline")
+class DeadlineAgent(_Agent):
+    """The first episode calls once and then hangs past the deadline; the next one calls the
+    first one's endpoint (ended: 409), then its own."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        earlier = list(KEYS)
+        KEYS.append((base_url, api_key))
+        await self.ask(base_url, api_key, max_tokens=4)
+        if not earlier:
+            await anyio.sleep(3600)
+        old_url, old_key = earlier[-1]
+        try:
+            await self.ask(old_url, old_key, max_tokens=4)
+        except openai.APIStatusError as e:
+            OUTCOMES["late"] = e
+        return "5"
+
+
+async def _run(tmp_path: Path, url: str, model: Path, env: str, episodes: int = 2, **rollout: Any):  # type: ignore[no-untyped-def]
+    rollout.setdefault("max_new_tokens", 16)
+    cfg = serve_config(f"sqlite:///{tmp_path / 'store.db'}", url, model, env=env, **rollout)
+    summary = await serve(cfg, max_episodes=episodes)
+    assert summary.admitted == episodes and summary.run_ledger.balances()
+    assert summary.run_ledger.running == summary.run_ledger.waiting == 0
+    async with await Store.open(cfg.store) as store:
+        episodes_ = await store.list_episodes(run_id=summary.run_id)
+        audit = await store.audit(summary.run_id)
+    assert audit.problems() == [], audit.problems()
+    return cfg, episodes_
+
+
+async def test_an_agent_that_raises_fails_its_episode_with_the_traceback(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    _, episodes = await _run(tmp_path, sglang_moe_server.url, tiny_moe_model, "test-agent-raises")
+    for e in episodes:
+        assert (e.status, e.error_type, e.reward) == ("failed", "EnvError", None)
+        assert "ValueError: the agent's own bug" in e.error_cause and "Traceback" in e.error_cause
+        assert e.num_turns == 1  # its call was recorded before it failed
+
+
+async def test_a_command_that_exits_non_zero_fails_with_its_stderr(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    _, episodes = await _run(tmp_path, sglang_moe_server.url, tiny_moe_model, "test-agent-exits")
+    for e in episodes:
+        assert (e.status, e.error_type) == ("failed", "EnvError")
+        assert "exited with status 3" in e.error_cause and "agent broke down" in e.error_cause
+
+
+async def test_the_turn_budget_answers_400_and_truncates(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    OUTCOMES.clear()
+    _, episodes = await _run(tmp_path, sglang_moe_server.url, tiny_moe_model, "test-agent-turns", max_turns=2)
+    for e in episodes:
+        assert e.status in ("completed", "filtered") and e.reward == 0.0
+        assert e.reward_details["truncated"] == "max_turns" and e.num_turns == 2
+    for refusal in OUTCOMES["turns"]:
+        assert refusal.status_code == 400 and refusal.code == "budget_exhausted"
+        assert "rollout.max_turns = 2" in refusal.message
+
+
+async def test_the_token_budget_ends_a_call_with_length_then_refuses(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    OUTCOMES.clear()
+    renderer = ChatRenderer(tiny_moe_model)
+    prompt = len(renderer.encode(renderer.render([{"role": "user", "content": QUESTION}], [])))
+    async with Tap(sglang_moe_server.url).running() as tap:
+        cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-tokens",
+                                   max_tokens=prompt + 6, max_new_tokens=48)
+        async with await Store.open(cfg.store) as store:
+            for e in episodes:
+                assert e.status in ("completed", "filtered") and e.reward == 0.0
+                assert e.reward_details["truncated"] == "max_tokens"
+                assert e.num_turns == 1 and e.num_tokens <= prompt + 6
+                await check_agent_episode(store, renderer, tap, e.id, [])
+    for first, refusal in OUTCOMES["tokens"]:
+        assert first.choices[0].finish_reason == "length" or first.usage.total_tokens < prompt + 6
+        assert refusal.status_code == 400 and "rollout.max_tokens" in refusal.message
+
+
+async def test_malformed_requests_and_other_keys_are_refused_in_openai_shape(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    OUTCOMES.clear()
+    KEYS.clear()
+    _, episodes = await _run(tmp_path, sglang_moe_server.url, tiny_moe_model, "test-agent-malformed")
+    assert all(e.status in ("completed", "filtered") and e.num_turns == 1 for e in episodes)
+    expected = {"not json": 400, "n=2": 400, "no messages": 400, "bad role": 400, "temperature": 400,
+                "image": 400, "wrong key": 401, "no key": 401, "unknown episode": 404,
+                "other episode": 401, "good": 200}  # fmt: skip
+    for answers in OUTCOMES["malformed"]:
+        assert {k: r.status_code for k, r in answers.items()} == expected
+        for name, r in answers.items():
+            if name != "good":
+                error = r.json()["error"]
+                assert error["message"] and error["type"] and set(error) == {"message", "type", "param", "code"}
+        assert answers["n=2"].json()["error"]["param"] == "n"
+        assert answers["good"].json()["choices"][0]["message"]["role"] == "assistant"
+
+
+async def test_the_deadline_truncates_and_a_late_call_gets_409(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    OUTCOMES.clear()
+    KEYS.clear()
+    _, episodes = await _run(tmp_path, sglang_moe_server.url, tiny_moe_model, "test-agent-deadline",
+                             group_size=1, max_concurrent_episodes=1, episode_timeout_s=4.0)
+    first, second = sorted(episodes, key=lambda e: e.id)
+    assert first.status == "completed" and first.reward == 0.0
+    assert first.reward_details["truncated"] == "deadline" and first.num_turns == 1
+    assert second.status == "completed" and second.reward == 1.0 and second.num_turns == 1
+    late = OUTCOMES["late"]
+    assert late.status_code == 409 and late.code == "episode_ended"
