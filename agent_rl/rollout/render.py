@@ -31,6 +31,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils.chat_template_utils import _alias_reasoning_fields, _compile_jinja_template
 
+from agent_rl.engine.client import TokenIds
 from agent_rl.messages import Message
 
 
@@ -115,8 +116,8 @@ class Conversation:
 
     renderer: ChatRenderer
     tools: list[dict[str, Any]]
-    ids: list[int] = field(default_factory=list)
-    """Every token the engine has seen or produced, in order."""
+    ids: TokenIds = field(default_factory=TokenIds)
+    """Every token the engine has seen or produced, in order (sent as JSON kept as it grows)."""
     anchor: str = ""
     """The generation prompt, which precedes every completion in a rendering."""
     head: list[Message] = field(default_factory=list)
@@ -132,7 +133,7 @@ class Conversation:
         self.head = list(messages)
         self.anchor = self.renderer.generation_prompt(messages, self.tools)
         self.prompt_text = self.renderer.render(messages, self.tools)
-        self.ids = self.renderer.encode(self.prompt_text)
+        self.ids = TokenIds(self.renderer.encode(self.prompt_text))
         return list(self.ids)
 
     def add_turn(self, completion_ids: list[int], messages: list[Message], *,

@@ -4,6 +4,7 @@ writes them, shapes taken from recorded responses)."""
 from __future__ import annotations
 
 import base64
+import json
 
 import numpy as np
 import pytest
@@ -71,3 +72,22 @@ def test_streaming_chunk_without_finish_reason() -> None:
     body = _body([7], prompt_tokens=3, finish_reason=None)
     g = Generation.from_response(body)
     assert g.finish_reason is None and not g.aborted
+
+
+def test_token_ids_keep_their_json_as_they_grow() -> None:
+    from agent_rl.engine.client import TokenIds, json_body
+
+    ids = TokenIds([1, 2])
+    ids.extend([3, 40000])
+    ids.append(5)
+    ids += [6]
+    ids.extend([])
+    assert ids == [1, 2, 3, 40000, 5, 6] and json.loads(ids.json()) == ids
+    assert json.loads(TokenIds().json()) == []
+    body = {"input_ids": ids, "sampling_params": {"temperature": 1.0}, "rid": "r"}
+    assert json.loads(json_body(body)) == {**body, "input_ids": list(ids)}
+    assert json.loads(json_body({"input_ids": ids})) == {"input_ids": list(ids)}
+    for edit in (lambda: ids.insert(0, 1), ids.pop, lambda: ids.__setitem__(0, 9), ids.clear):
+        with pytest.raises(TypeError, match="only grow"):
+            edit()
+    assert json.loads(ids.json()) == ids == [1, 2, 3, 40000, 5, 6]

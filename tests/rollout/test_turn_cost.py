@@ -67,11 +67,14 @@ class CountingEngine(StandInEngine):
     def __init__(self, work: collections.Counter[str], *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.work, self.snapshots = work, []  # type: ignore[var-annotated]
+        self.input_ids: list[list[int]] = []
 
     async def generate(self, request: web.Request) -> web.Response:
         body = await request.read()
         payload = json.loads(body)
-        self.work["request bytes, without input ids"] += len(body) - len(json.dumps(payload["input_ids"]))
+        self.input_ids.append(payload["input_ids"])
+        del payload["input_ids"]
+        self.work["request bytes, without input ids"] += len(json.dumps(payload))
         self.snapshots.append(collections.Counter(self.work))
         return await super().generate(request)
 
@@ -108,6 +111,9 @@ async def test_turn_50_costs_what_turn_2_does(tmp_path: Path, tiny_dense_model: 
         detail = await store.get_episode(episode)
         assert detail.episode.num_turns == TURNS and detail.episode.drift_count == 0
 
+    # What was sent is the carried stream: each request's ids extend the previous one's.
+    sent = engine.input_ids
+    assert all(later[: len(earlier)] == earlier for earlier, later in zip(sent, sent[1:]))
     snaps = engine.snapshots
     assert len(snaps) == TURNS
     cost = {t: {k: snaps[t + 1][k] - snaps[t][k] for k in work} for t in (2, 50)}
