@@ -197,17 +197,31 @@ class StoreBase:
             ),
             reraise=True,
         )
+
+        async def once() -> R:
+            try:
+                if write:
+                    return await self._group_commit(fn, durable)
+                return await anyio.to_thread.run_sync(attempt_once, limiter=self._limiter)
+            except _InDoubt as doubt:
+                if await self._committed(doubt.xid):
+                    return doubt.result  # type: ignore[no-any-return]
+                raise doubt.cause from None
+
         try:
+            # The first attempt outside tenacity, whose machinery cost more CPU than a turn's
+            # SQL; the retries only after a transient fault.
+            try:
+                return await once()
+            except DBAPIError as e:
+                if not is_transient(e):
+                    raise
+                log.warning("store: %s hit a transient database fault (%s); retrying",
+                            what, one_line(e))
+                await anyio.sleep(0.05)
             async for attempt in retrying:
                 with attempt:
-                    try:
-                        if write:
-                            return await self._group_commit(fn, durable)
-                        return await anyio.to_thread.run_sync(attempt_once, limiter=self._limiter)
-                    except _InDoubt as doubt:
-                        if await self._committed(doubt.xid):
-                            return doubt.result
-                        raise doubt.cause from None
+                    return await once()
         except DBAPIError as e:
             if is_transient(e):
                 raise StoreFault(
