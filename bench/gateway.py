@@ -1,0 +1,181 @@
+"""The agent gateway's cost, side by side in one run: an OpenAI chat-completions call through
+`serve`'s gateway vs `/generate` straight to the engine with the same tokens.
+
+One real SGLang engine (tiny-moe on CPU, routing replay on). Gateway side: `serve` runs an
+agent env whose every episode makes one call (`POST /agents/{key}/v1/chat/completions`, a
+distinct question each, greedy, `max_tokens` fixed) with a plain HTTP client, timing the call;
+the gateway renders it, generates through the engine, records the turn in the store (SQLite)
+and answers. Direct side: the stored prompt ids of each of those calls sent to the engine's
+`/generate` with the same sampling parameters and options (logprobs, routed experts), from the
+same process, at the same concurrency. Rounds alternate gateway and direct; each figure is the
+median over rounds. CPU is this process's (the gateway and the client; the engine is a process
+of its own), per call.
+
+`tokens_exact`: every stored completion is exactly what the engine generated for it, i.e. the
+direct call's greedy output for the same prompt ids equals the stored tokens, and the stored
+prompt is what the gateway sent.
+
+Last line: RESULT {"p50_ratio_c1", "p50_ratio_c16", "tokens_exact", ...}; target p50 ratio
+<= 1.1 at 16.
+
+    python bench/gateway.py [--calls 48] [--tokens 16] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent_rl.agent import AgentEnv
+from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig, TrainerConfig
+from agent_rl.engine.client import EngineClient
+from agent_rl.registry import register
+from agent_rl.tasks import ListTasks, Task, TaskSource
+
+LATENCIES: list[float] = []
+TOKENS = 16
+
+
+@register("bench-gateway-agent")
+class OneCallAgent(AgentEnv):
+    """One chat-completions call per episode, timed from the agent's side."""
+
+    def builtin_tasks(self, split: str = "train") -> TaskSource:
+        return ListTasks([Task(id=str(i), data={"question": f"What is {i}+{i * 7}?"}) for i in range(4096)],
+                         shuffle=False)  # fmt: skip
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        body = {"model": "policy", "messages": [{"role": "user", "content": task["question"]}],
+                "max_tokens": TOKENS, "temperature": 0}  # fmt: skip
+        t = time.perf_counter()
+        r = await HTTP.post(f"{base_url}/chat/completions", json=body, headers={"Authorization": f"Bearer {api_key}"})
+        LATENCIES.append(time.perf_counter() - t)
+        r.raise_for_status()
+        return r.json()["choices"][0]["message"]["content"] or ""
+
+    async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> float:
+        return 0.0
+
+
+HTTP: httpx.AsyncClient
+
+
+def config(db: Path, url: str, model: Path, concurrency: int, run: str) -> Config:
+    return Config(
+        run={"name": run}, store=StoreConfig(url=f"sqlite:///{db}"),
+        engine=EngineConfig(model=model, moe_routing_replay=True),
+        rollout=RolloutConfig(env="bench-gateway-agent", router_url=url, group_size=1,
+                              max_concurrent_episodes=concurrency, max_queued_groups=0,
+                              max_new_tokens=TOKENS, max_tokens=4096, engine_sample_s=0),
+        trainer=TrainerConfig(max_staleness=1000),
+    )  # fmt: skip
+
+
+async def gateway_round(db: Path, url: str, model: Path, calls: int, c: int, run: str) -> tuple[list[float], float]:
+    from agent_rl.serve import serve
+
+    global HTTP
+    LATENCIES.clear()
+    cpu = time.process_time()
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=c)) as HTTP:
+        summary = await serve(config(db, url, model, c, run), max_episodes=calls)
+    assert summary.failed == 0, "an episode failed"
+    return list(LATENCIES), (time.process_time() - cpu) / calls
+
+
+async def stored_calls(db: Path, run: str) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) of every call a run recorded."""
+    from agent_rl.store import Store
+
+    out = []
+    async with await Store.open(StoreConfig(url=f"sqlite:///{db}")) as store:
+        run_id = await store.run_id(run)
+        for e in await store.list_episodes(run_id=run_id, limit=100_000):
+            tokens = await store.episode_tokens(e.id)
+            (turn,) = (await store.get_episode(e.id)).turns
+            ids = tokens.token_ids.tolist()
+            out.append((ids[: turn.num_prompt_tokens], ids[turn.num_prompt_tokens:]))
+    return out
+
+
+async def direct_round(url: str, calls: list[tuple[list[int], list[int]]], c: int) -> tuple[list[float], float, bool]:
+    gate = asyncio.Semaphore(c)
+    latencies: list[float] = []
+    exact = True
+    cpu = time.process_time()
+    async with EngineClient(url) as client:
+        async def one(i: int, prompt: list[int], completion: list[int]) -> None:
+            nonlocal exact
+            async with gate:
+                t = time.perf_counter()
+                gen = await client.generate(prompt, {"temperature": 0, "top_p": 1.0, "max_new_tokens": TOKENS},
+                                            rid=f"direct-{c}-{i}-{time.monotonic_ns()}", return_logprob=True,
+                                            return_routed_experts=True)  # fmt: skip
+                latencies.append(time.perf_counter() - t)
+                exact &= gen.output_ids == completion
+
+        await asyncio.gather(*(one(i, p, o) for i, (p, o) in enumerate(calls)))
+    return latencies, (time.process_time() - cpu) / len(calls), exact
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    from agent_rl.config import load_config
+    from agent_rl.engine.launcher import EngineServer
+    from agent_rl.models import init_model
+
+    global TOKENS
+    TOKENS = args.tokens
+    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    model = init_model(work / "tiny-moe", "tiny-moe", seed=0)
+    engine = EngineServer(model, venv=load_config().engine.venv, log_dir=work / "logs", moe_routing_replay=True,
+                          max_running_requests=64)  # fmt: skip
+    await engine.astart()
+    result: dict[str, Any] = {}
+    exact = True
+    try:
+        for c in (1, 16):
+            gw, direct, gw_cpu, direct_cpu = [], [], [], []
+            for r in range(args.rounds):
+                run, db = f"c{c}-r{r}", work / f"c{c}-r{r}.db"
+                lat, cpu = await gateway_round(db, engine.url, model, args.calls, c, run)
+                gw.append(statistics.median(lat))
+                gw_cpu.append(cpu)
+                calls = await stored_calls(db, run)
+                lat, cpu, same = await direct_round(engine.url, calls, c)
+                direct.append(statistics.median(lat))
+                direct_cpu.append(cpu)
+                exact &= same
+                print(f"c={c} round {r}: gateway p50 {gw[-1] * 1e3:.1f} ms ({gw_cpu[-1] * 1e3:.1f} ms CPU/call), "
+                      f"direct p50 {direct[-1] * 1e3:.1f} ms ({direct_cpu[-1] * 1e3:.1f} ms CPU/call), "
+                      f"tokens exact: {same}", flush=True)  # fmt: skip
+            result[f"p50_ratio_c{c}"] = round(statistics.median(gw) / statistics.median(direct), 3)
+            result[f"gateway_p50_ms_c{c}"] = round(statistics.median(gw) * 1e3, 1)
+            result[f"direct_p50_ms_c{c}"] = round(statistics.median(direct) * 1e3, 1)
+            result[f"gateway_cpu_ms_per_call_c{c}"] = round(statistics.median(gw_cpu) * 1e3, 2)
+            result[f"direct_cpu_ms_per_call_c{c}"] = round(statistics.median(direct_cpu) * 1e3, 2)
+    finally:
+        engine.stop()
+    result["tokens_exact"] = exact
+    return result
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=48, help="calls per round and concurrency")
+    parser.add_argument("--tokens", type=int, default=16, help="max_tokens of every call")
+    parser.add_argument("--rounds", type=int, default=2)
+    started = time.time()
+    out = asyncio.run(main(parser.parse_args()))
+    print(f"wall {time.time() - started:.0f} s")
+    print("RESULT " + json.dumps(out))
