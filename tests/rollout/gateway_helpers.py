@@ -112,11 +112,12 @@ CALL_TEXT = '<tool_call>\n{"name": "calc", "arguments": {"expression": "2+3"}}\n
 FINAL_TEXT = "The answer is 5."
 
 
-def memorize_calculator(model_dir: Path, out_dir: Path, tools: list[dict[str, Any]]) -> Path:
+def memorize_calculator(model_dir: Path, out_dir: Path, tool_sets: list[list[dict[str, Any]]]) -> Path:
     """`model_dir`'s weights fine-tuned (plain torch, a few dozen steps) until greedy decoding
-    answers QUESTION with CALL_TEXT and, after the tool's "5", with FINAL_TEXT: a random tiny
-    model never writes a tool call, and the tests need the engine itself to write real ones.
-    Writes only the weights (what `update_weights_from_disk` loads) to `out_dir`."""
+    answers QUESTION, asked with any of `tool_sets`, with CALL_TEXT and, after the tool's "5",
+    with FINAL_TEXT: a random tiny model never writes a tool call, and the tests need the
+    engine itself to write real ones. Writes only the weights (what `update_weights_from_disk`
+    loads) to `out_dir`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -128,21 +129,25 @@ def memorize_calculator(model_dir: Path, out_dir: Path, tools: list[dict[str, An
     messages = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": CALL_TEXT},
                 {"role": "tool", "content": "5", "name": "calc", "tool_call_id": "call_0_0"},
                 {"role": "assistant", "content": FINAL_TEXT}]  # fmt: skip
-    encoded = encode_transcript(renderer, messages, tools)  # type: ignore[arg-type]
-    assert encoded is not None
-    ids, mask = encoded
+    batch = []
+    for tools in tool_sets:
+        encoded = encode_transcript(renderer, messages, tools)  # type: ignore[arg-type]
+        assert encoded is not None
+        ids, mask = encoded
+        x = torch.tensor([ids])
+        labels = x.clone()
+        labels[torch.tensor([mask]) == 0] = -100
+        batch.append((x, labels))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    x = torch.tensor([ids])
-    labels = x.clone()
-    labels[torch.tensor([mask]) == 0] = -100
     for _ in range(300):
-        loss = model(input_ids=x, labels=labels).loss
+        losses = [model(input_ids=x, labels=labels).loss for x, labels in batch]
+        loss = torch.stack(losses).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if loss.item() < 0.002:
+        if max(x.item() for x in losses) < 0.002:
             break
     model.save_pretrained(out_dir)
     return out_dir

@@ -4,8 +4,10 @@ replay on) and records every call; each stored episode is checked against what t
 itself saw and produced (`gateway_helpers.Tap`, a recording hop on loopback).
 
 A random tiny model never writes a tool call, so the module loads weights memorized to answer
-one question with a `calc` call and then the result (`memorize_calculator`) into the shared
-engine, and puts the engine's own weights back afterwards.
+one question with a `calc` call and then the result (`memorize_calculator`, for the tool schema
+each client sends) into the shared engine, and puts the engine's own weights back afterwards.
+The OpenAI Agents SDK and LangGraph (with `langchain-openai`) run their own tool-using agents
+against the gateway, offline (the Agents SDK's tracing is off).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from agent_rl.rollout.render import ChatRenderer
 from agent_rl.serve import serve
 from agent_rl.store import Store
 from agent_rl.tasks import ListTasks, Task, TaskSource
+from envs.calculator.env import safe_eval
 from envs.calculator_agent.agent import CALC, calc
 from tests.rollout.conftest import serve_config
 from tests.rollout.gateway_helpers import (
@@ -52,9 +55,41 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def calc_tool(expression: str) -> str:
+    """Evaluate integer arithmetic with +, -, * and parentheses.
+
+    Args:
+        expression: The expression to evaluate, e.g. "37*48+12".
+    """
+    value = safe_eval(expression)
+    return "error: bad expression" if value is None else str(value)
+
+
+def agents_sdk_tool() -> Any:
+    from agents import function_tool
+
+    return function_tool(calc_tool, name_override="calc")
+
+
+def langchain_tool() -> Any:
+    from langchain_core.tools import StructuredTool
+
+    return StructuredTool.from_function(calc_tool, name="calc")
+
+
+def tool_schemas() -> dict[str, dict[str, Any]]:
+    """The `calc` schema as each client sends it in `tools`."""
+    from agents.models.chatcmpl_converter import Converter
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    return {"openai": CALC, "agents": dict(Converter.tool_to_openai(agents_sdk_tool())),
+            "langchain": convert_to_openai_tool(langchain_tool())}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 async def memorized(sglang_moe_server, tiny_moe_model: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    weights = memorize_calculator(tiny_moe_model, tmp_path_factory.mktemp("memorized") / "model", [CALC])
+    weights = memorize_calculator(tiny_moe_model, tmp_path_factory.mktemp("memorized") / "model",
+                                  [[t] for t in tool_schemas().values()])  # fmt: skip
     async with EngineClient(sglang_moe_server.url) as client:
         await client.update_weights_from_disk(weights, weight_version="default")
         try:
@@ -137,6 +172,36 @@ def _key(episode_id: int) -> str:
     return next(k for _, k in reversed(KEYS) if k.startswith(f"ep{episode_id}-"))
 
 
+@register("test-openai-agents-sdk")
+class AgentsSdkAgent(_OneQuestion):
+    """The OpenAI Agents SDK's own agent loop, on its chat-completions model."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, set_tracing_disabled
+
+        set_tracing_disabled(True)
+        model = OpenAIChatCompletionsModel(model="policy", openai_client=self.client(base_url, api_key))
+        agent = Agent(name="calculator", tools=[agents_sdk_tool()], model=model,
+                      model_settings=ModelSettings(temperature=0))  # fmt: skip
+        result = await Runner.run(agent, task["question"], max_turns=3, run_config=RunConfig(tracing_disabled=True))
+        return str(result.final_output)
+
+
+@register("test-langgraph")
+class LangGraphAgent(_OneQuestion):
+    """LangGraph's prebuilt ReAct agent over `langchain-openai`'s ChatOpenAI."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        from langchain_openai import ChatOpenAI
+        from langgraph.prebuilt import create_react_agent
+
+        KEYS.append((base_url, api_key))
+        llm = ChatOpenAI(model="policy", base_url=base_url, api_key=api_key, temperature=0, max_retries=0)
+        graph = create_react_agent(llm, [langchain_tool()])
+        out = await graph.ainvoke({"messages": [("user", task["question"])]})
+        return str(out["messages"][-1].content)
+
+
 async def _serve(tmp_path: Path, tap: Tap, model: Path, env: str, episodes: int = 2, **rollout: Any):  # type: ignore[no-untyped-def]
     rollout.setdefault("max_new_tokens", 48)
     cfg = serve_config(f"sqlite:///{tmp_path / f'{env}.db'}", tap.url, model, env=env, **rollout)
@@ -215,3 +280,22 @@ async def test_command_agent_gets_the_gateway_from_its_environment(
         for e in await store.list_episodes(run_id=summary.run_id):
             assert e.status in ("completed", "filtered"), e.error_cause
             await check_agent_episode(store, renderer, tap, e.id, [CALC])
+
+
+@pytest.mark.parametrize(("env", "schema"), [("test-openai-agents-sdk", "agents"), ("test-langgraph", "langchain")])
+async def test_frameworks_run_their_tool_using_agents(tmp_path: Path, memorized, tiny_moe_model: Path,
+                                                      env: str, schema: str) -> None:  # fmt: skip
+    """Agent loops nobody here wrote: each sends the calc schema its way, gets the engine's call
+    parsed into tool_calls, runs the tool, sends the history back, and gets the answer."""
+    async with Tap(memorized.url).running() as tap:
+        cfg, summary = await _serve(tmp_path, tap, tiny_moe_model, env)
+    renderer = ChatRenderer(tiny_moe_model)
+    async with await Store.open(cfg.store) as store:
+        for e in await store.list_episodes(run_id=summary.run_id):
+            assert e.status in ("completed", "filtered"), e.error_cause
+            await check_agent_episode(store, renderer, tap, e.id, [tool_schemas()[schema]])
+            assert (e.reward, e.num_turns, e.reward_details["segments"]) == (1.0, 2, 1)
+            detail = await store.get_episode(e.id)
+            assert [m["role"] for m in detail.messages] == ["user", "assistant", "tool", "assistant"]
+            assert detail.messages[1]["content"] == CALL_TEXT and detail.messages[2]["content"] == "5"
+            assert detail.messages[3]["content"] == FINAL_TEXT
