@@ -151,22 +151,17 @@ class LifecycleWrites(StoreBase):
         if end.messages:
             self._add_messages(conn, episode_id, end.messages)
         if end.status == "completed":
+            statement, allowed = _COMPLETE, "running"
             values: dict[str, Any] = dict(reward=float(end.reward or 0.0),
-                                          reward_details=end.reward_details)
-            allowed: tuple[str, ...] = ("running",)
+                                          details=end.reward_details)
         elif end.status == "failed":
-            values = dict(error_type=end.error_type, error_cause=_text(end.error_cause))
-            allowed = ("waiting", "running")
+            statement, allowed = _FAIL, "waiting or running"
+            values = dict(error_type=end.error_type, cause=_text(end.error_cause))
         else:
             raise ValueError(f"an episode ends completed or failed, not {end.status!r}")
-        res = conn.execute(
-            update(Episode)
-            .where(Episode.id == episode_id, Episode.status.in_(allowed))
-            .values(status=end.status, finished_at=now(), **values)
-            .returning(Episode.num_turns)
-        ).one_or_none()
+        res = conn.execute(statement, dict(eid=episode_id, t=now(), **values)).one_or_none()
         if res is None:
-            _raise_state(conn, episode_id, " or ".join(allowed))
+            _raise_state(conn, episode_id, allowed)
         return int(res.num_turns)
 
     def _append(self, conn: Connection, episode_id: int, turn: TurnRecord) -> int:
@@ -394,6 +389,20 @@ _UPDATE_FOR_TURN = (
         heartbeat_at=bindparam("heartbeat_at"),
     )
     .returning(Episode.num_turns, Episode.num_tokens, Episode.num_messages)
+)
+_COMPLETE = (
+    update(Episode)
+    .where(Episode.id == bindparam("eid"), Episode.status == "running")
+    .values(status="completed", finished_at=bindparam("t"), reward=bindparam("reward"),
+            reward_details=bindparam("details", type_=Episode.reward_details.type))
+    .returning(Episode.num_turns)
+)
+_FAIL = (
+    update(Episode)
+    .where(Episode.id == bindparam("eid"), Episode.status.in_(("waiting", "running")))
+    .values(status="failed", finished_at=bindparam("t"), error_type=bindparam("error_type"),
+            error_cause=bindparam("cause"))
+    .returning(Episode.num_turns)
 )
 _SET_REWARD = (
     update(Episode)
