@@ -151,11 +151,12 @@ class TokenIds(list):  # type: ignore[type-arg]
     __slots__ = ("_json",)
 
     def __init__(self, ids: Sequence[int] = ()) -> None:
-        super().__init__(int(i) for i in ids)
+        super().__init__(ids)
         self._json = ",".join(map(str, self))
 
     def extend(self, ids: Sequence[int]) -> None:  # type: ignore[override]
-        ids = [int(i) for i in ids]
+        if not isinstance(ids, (list, tuple)):
+            ids = list(ids)  # read once, kept twice
         if ids:
             super().extend(ids)
             piece = ",".join(map(str, ids))
