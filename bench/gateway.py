@@ -2,23 +2,24 @@
 `serve`'s gateway vs `/generate` straight to the engine with the same tokens.
 
 One real SGLang engine (tiny-moe on CPU, routing replay on). Gateway side: `serve` runs an
-agent env whose every episode makes one call (`POST /agents/{key}/v1/chat/completions`, a
-distinct question each, greedy, `max_tokens` fixed) with a plain HTTP client, timing the call;
-the gateway renders it, generates through the engine, records the turn in the store (SQLite)
-and answers. Direct side: the stored prompt ids of each of those calls sent to the engine's
-`/generate` with the same sampling parameters and options (logprobs, routed experts), from the
-same process, at the same concurrency. Rounds alternate gateway and direct; each figure is the
-median over rounds. CPU is this process's (the gateway and the client; the engine is a process
-of its own), per call.
+agent env whose every episode makes `--calls` calls (`POST /agents/{key}/v1/chat/completions`,
+each extending the conversation with the answer and a new user message, greedy, `max_tokens`
+fixed) with a plain HTTP client, timing each call; the gateway renders it, generates through
+the engine, records the turn in the store (SQLite) and answers. Direct side: the stored prompt
+ids of each of those calls sent to the engine's `/generate` with the same sampling parameters
+and options (logprobs, routed experts), from the same process, episodes at the same
+concurrency and each one's calls in order. The engine's prefix cache is flushed before each
+side. Rounds alternate gateway and direct; each figure is the median over rounds. CPU is this
+process's (for the gateway: serve, the gateway and the agents' client; the engine is a process
+of its own), per call, from the first call's start to the last one's end.
 
-`tokens_exact`: every stored completion is exactly what the engine generated for it, i.e. the
-direct call's greedy output for the same prompt ids equals the stored tokens, and the stored
-prompt is what the gateway sent.
+`tokens_exact`: every stored completion is exactly what the engine generates for its stored
+prompt (the direct call's greedy output for the same prompt ids equals the stored tokens).
 
 Last line: RESULT {"p50_ratio_c1", "p50_ratio_c16", "tokens_exact", ...}; target p50 ratio
 <= 1.1 at 16.
 
-    python bench/gateway.py [--calls 48] [--tokens 16] [--rounds 2]
+    python bench/gateway.py [--episodes 32] [--calls 4] [--tokens 16] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -42,30 +43,41 @@ from agent_rl.tasks import ListTasks, Task, TaskSource
 
 LATENCIES: list[float] = []
 TOKENS = 16
+TASKS = 1024
+"""Distinct questions (more than any round's calls, so no prompt repeats in a round)."""
 
 
 @register("bench-gateway-agent")
-class OneCallAgent(AgentEnv):
-    """One chat-completions call per episode, timed from the agent's side."""
+class AgentLoop(AgentEnv):
+    """CALLS_PER_EPISODE chat-completions calls per episode, each extending the conversation
+    (the usual agent loop), timed from the agent's side."""
 
     def builtin_tasks(self, split: str = "train") -> TaskSource:
-        return ListTasks([Task(id=str(i), data={"question": f"What is {i}+{i * 7}?"}) for i in range(4096)],
+        return ListTasks([Task(id=str(i), data={"question": f"What is {i}+{i * 7}?"}) for i in range(TASKS)],
                          shuffle=False)  # fmt: skip
 
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
-        body = {"model": "policy", "messages": [{"role": "user", "content": task["question"]}],
-                "max_tokens": TOKENS, "temperature": 0}  # fmt: skip
-        t = time.perf_counter()
-        r = await HTTP.post(f"{base_url}/chat/completions", json=body, headers={"Authorization": f"Bearer {api_key}"})
-        LATENCIES.append(time.perf_counter() - t)
-        r.raise_for_status()
-        return r.json()["choices"][0]["message"]["content"] or ""
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task["question"]}]
+        auth = {"Authorization": f"Bearer {api_key}"}
+        for k in range(CALLS_PER_EPISODE):
+            body = {"model": "policy", "messages": messages, "max_tokens": TOKENS, "temperature": 0}
+            t, cpu = time.perf_counter(), time.process_time()
+            WINDOW[0] = min(WINDOW[0], cpu)
+            r = await HTTP.post(f"{base_url}/chat/completions", json=body, headers=auth)
+            LATENCIES.append(time.perf_counter() - t)
+            WINDOW[1] = max(WINDOW[1], time.process_time())
+            r.raise_for_status()
+            messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"And {k}+{k}?"}]
+        return ""
 
     async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> float:
         return 0.0
 
 
 HTTP: httpx.AsyncClient
+CALLS_PER_EPISODE = 4
+WINDOW = [float("inf"), 0.0]
+"""This process's CPU time at the first call's start and the last call's end."""
 
 
 def config(db: Path, url: str, model: Path, concurrency: int, run: str) -> Config:
@@ -79,51 +91,60 @@ def config(db: Path, url: str, model: Path, concurrency: int, run: str) -> Confi
     )  # fmt: skip
 
 
-async def gateway_round(db: Path, url: str, model: Path, calls: int, c: int, run: str) -> tuple[list[float], float]:
+async def gateway_round(db: Path, url: str, model: Path, episodes: int, c: int, run: str) -> tuple[list[float], float]:
+    """Latencies of every call, and this process's CPU per call from the first call's start
+    to the last one's end (serve's start and end left out)."""
     from agent_rl.serve import serve
 
     global HTTP
     LATENCIES.clear()
-    cpu = time.process_time()
+    WINDOW[:] = [float("inf"), 0.0]
+    async with EngineClient(url) as engine:
+        await engine.flush_cache()  # both sides start from a cold prefix cache
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=c)) as HTTP:
-        summary = await serve(config(db, url, model, c, run), max_episodes=calls)
+        summary = await serve(config(db, url, model, c, run), max_episodes=episodes)
     assert summary.failed == 0, "an episode failed"
-    return list(LATENCIES), (time.process_time() - cpu) / calls
+    return list(LATENCIES), (WINDOW[1] - WINDOW[0]) / len(LATENCIES)
 
 
-async def stored_calls(db: Path, run: str) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids) of every call a run recorded."""
+async def stored_calls(db: Path, run: str) -> list[list[tuple[list[int], list[int]]]]:
+    """Per episode, (prompt ids, completion ids) of every call it recorded, in order."""
     from agent_rl.store import Store
 
     out = []
     async with await Store.open(StoreConfig(url=f"sqlite:///{db}")) as store:
         run_id = await store.run_id(run)
         for e in await store.list_episodes(run_id=run_id, limit=100_000):
-            tokens = await store.episode_tokens(e.id)
-            (turn,) = (await store.get_episode(e.id)).turns
-            ids = tokens.token_ids.tolist()
-            out.append((ids[: turn.num_prompt_tokens], ids[turn.num_prompt_tokens:]))
+            ids = (await store.episode_tokens(e.id)).token_ids.tolist()
+            out.append([(ids[: t.span_start + t.num_prompt_tokens], ids[t.span_start + t.num_prompt_tokens:
+                                                                         t.span_start + t.num_tokens])
+                        for t in (await store.get_episode(e.id)).turns])  # fmt: skip
     return out
 
 
-async def direct_round(url: str, calls: list[tuple[list[int], list[int]]], c: int) -> tuple[list[float], float, bool]:
+async def direct_round(url: str, episodes: list[list[tuple[list[int], list[int]]]], c: int) -> tuple[list[float], float, bool]:
+    """The same calls straight to /generate: episodes `c` at a time, each one's calls in order."""
     gate = asyncio.Semaphore(c)
     latencies: list[float] = []
     exact = True
-    cpu = time.process_time()
     async with EngineClient(url) as client:
-        async def one(i: int, prompt: list[int], completion: list[int]) -> None:
+        await client.flush_cache()
+        cpu = time.process_time()
+
+        async def episode(i: int, calls: list[tuple[list[int], list[int]]]) -> None:
             nonlocal exact
             async with gate:
-                t = time.perf_counter()
-                gen = await client.generate(prompt, {"temperature": 0, "top_p": 1.0, "max_new_tokens": TOKENS},
-                                            rid=f"direct-{c}-{i}-{time.monotonic_ns()}", return_logprob=True,
-                                            return_routed_experts=True)  # fmt: skip
-                latencies.append(time.perf_counter() - t)
-                exact &= gen.output_ids == completion
+                for k, (prompt, completion) in enumerate(calls):
+                    t = time.perf_counter()
+                    gen = await client.generate(prompt, {"temperature": 0, "top_p": 1.0, "max_new_tokens": TOKENS},
+                                                rid=f"direct-{c}-{i}-{k}-{time.monotonic_ns()}", return_logprob=True,
+                                                return_routed_experts=True)  # fmt: skip
+                    latencies.append(time.perf_counter() - t)
+                    exact &= gen.output_ids == completion
 
-        await asyncio.gather(*(one(i, p, o) for i, (p, o) in enumerate(calls)))
-    return latencies, (time.process_time() - cpu) / len(calls), exact
+        await asyncio.gather(*(episode(i, calls) for i, calls in enumerate(episodes)))
+        cpu = time.process_time() - cpu
+    return latencies, cpu / len(latencies), exact
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -131,8 +152,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     from agent_rl.engine.launcher import EngineServer
     from agent_rl.models import init_model
 
-    global TOKENS
-    TOKENS = args.tokens
+    global TOKENS, CALLS_PER_EPISODE
+    TOKENS, CALLS_PER_EPISODE = args.tokens, args.calls
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     model = init_model(work / "tiny-moe", "tiny-moe", seed=0)
     engine = EngineServer(model, venv=load_config().engine.venv, log_dir=work / "logs", moe_routing_replay=True,
@@ -145,7 +166,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             gw, direct, gw_cpu, direct_cpu = [], [], [], []
             for r in range(args.rounds):
                 run, db = f"c{c}-r{r}", work / f"c{c}-r{r}.db"
-                lat, cpu = await gateway_round(db, engine.url, model, args.calls, c, run)
+                lat, cpu = await gateway_round(db, engine.url, model, args.episodes, c, run)
                 gw.append(statistics.median(lat))
                 gw_cpu.append(cpu)
                 calls = await stored_calls(db, run)
@@ -172,7 +193,8 @@ if __name__ == "__main__":
 
     logging.basicConfig(level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=48, help="calls per round and concurrency")
+    parser.add_argument("--episodes", type=int, default=32, help="episodes per round and concurrency")
+    parser.add_argument("--calls", type=int, default=4, help="calls per episode")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of every call")
     parser.add_argument("--rounds", type=int, default=2)
     started = time.time()
