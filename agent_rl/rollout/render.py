@@ -131,8 +131,10 @@ class Conversation:
     def start(self, messages: list[Message]) -> list[int]:
         """Render the initial prompt; returns its ids (all of them new)."""
         self.head = list(messages)
-        self.anchor = self.renderer.generation_prompt(messages, self.tools)
         self.prompt_text = self.renderer.render(messages, self.tools)
+        without = self.renderer.render(messages, self.tools, generation_prompt=False)
+        # As `ChatRenderer.generation_prompt`, from the rendering the prompt needs anyway.
+        self.anchor = self.prompt_text[len(without):] if self.prompt_text.startswith(without) else ""
         self.ids = TokenIds(self.renderer.encode(self.prompt_text))
         return list(self.ids)
 
