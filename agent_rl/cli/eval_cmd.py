@@ -54,7 +54,8 @@ def eval_cmd(
         v = None if version == "none" else (await resolve_version(cfg, of_run, version))[1]
         token = cfg.router.admin_token.get_secret_value() if cfg.router.admin_token else None
         return await evaluate(
-            cfg, version=v, weights=weights or weights_of(cfg, v),  # type: ignore[arg-type] tasks=tasks, samples=samples,
+            cfg, version=v, weights=weights or weights_of(cfg, v),  # type: ignore[arg-type]
+            tasks=tasks, samples=samples,
             of_run=of_run, env=env, split=split, seed=seed, router_url=router_url, token=token,
             name=name,
         )  # fmt: skip
