@@ -56,6 +56,8 @@ from agent_rl.rollout.render import Conversation
 from agent_rl.store import MessageRecord, ToolCallRecord, TurnRecord
 from agent_rl.tool_calls import CLOSE, OPEN, parse_completion
 
+from agent_rl.rollout.runner import request_seed
+
 if TYPE_CHECKING:
     from agent_rl.rollout.runner import EpisodeRunner
 
@@ -224,6 +226,8 @@ class AgentSession:
             params["stop"] = stops
         if req.seed is not None:
             params["sampling_seed"] = req.seed
+        elif cfg.seeded_sampling and self.runner.seed is not None:
+            params["sampling_seed"] = request_seed(self.runner.seed, self.calls)
         self._tools_key = tools_key
         return _Prepared(req, sent, internal, new, tools, pending, params, drift, started)
 

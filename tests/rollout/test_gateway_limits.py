@@ -236,3 +236,45 @@ async def test_the_deadline_truncates_and_a_late_call_gets_409(
     assert second.status == "completed" and second.reward == 1.0 and second.num_turns == 1
     late = OUTCOMES["late"]
     assert late.status_code == 409 and late.code == "episode_ended"
+
+
+@register("test-agent-rewrites")
+class RewritingAgent(_Agent):
+    """Call 1, then a rewritten history (the system prompt and the answer dropped, the question
+    summarised), then a call that extends the rewritten one."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        ask = lambda m: client.chat.completions.create(model="policy", messages=m, max_tokens=8)  # noqa: E731
+        await ask([{"role": "system", "content": "Be terse."}, {"role": "user", "content": QUESTION}])
+        rewritten = [{"role": "user", "content": f"Summary: I asked {QUESTION}"}, {"role": "user", "content": "Answer."}]
+        second = await ask(rewritten)
+        await ask([*rewritten, {"role": "assistant", "content": second.choices[0].message.content},
+                   {"role": "user", "content": "Sure?"}])
+        return "5"
+
+
+async def test_a_rewritten_history_starts_a_new_segment(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    """The rewrite is a fresh prompt that the engine sees alone (not after the first
+    segment's tokens); the call after it extends the new segment; both are counted."""
+    renderer = ChatRenderer(tiny_moe_model)
+    async with Tap(sglang_moe_server.url).running() as tap:
+        cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-rewrites")
+    async with await Store.open(cfg.store) as store:
+        for e in episodes:
+            assert e.status in ("completed", "filtered") and e.num_turns == 3, e.error_cause
+            assert (e.reward_details["segments"], e.reward_details["rewrites"]) == (2, 1)
+            detail = await store.get_episode(e.id)
+            ids = (await store.episode_tokens(e.id)).token_ids.tolist()
+            first, second, third = detail.turns
+            fresh = renderer.encode(renderer.render(
+                [{"role": "user", "content": f"Summary: I asked {QUESTION}"}, {"role": "user", "content": "Answer."}], []))
+            assert ids[second.span_start: second.span_start + second.num_prompt_tokens] == fresh
+            # What the engine saw for each call: its segment only, from the segment's start.
+            for turn, start in ((first, 0), (second, second.span_start), (third, second.span_start)):
+                prompt = ids[start: turn.span_start + turn.num_prompt_tokens]
+                completion = ids[turn.span_start + turn.num_prompt_tokens: turn.span_start + turn.num_tokens]
+                assert completion in tap.outputs_for(prompt)
+            assert len(tap.outputs_for(ids[: second.span_start + second.num_prompt_tokens])) == 0
