@@ -7,7 +7,8 @@ fewer are ready, give them back and wait, counting the wait as idle time and say
 terminal; build the batch from the stored tokens (trainer/data.py);
 take one RL step; then ONE `store.commit` marks the groups' episodes trained and publishes the
 new policy version (with the step's metrics, read by the web API). Every `export_every` steps
-the weights are exported as HF safetensors and the router is asked to load them; every
+the weights are exported as HF safetensors and the router is asked to load them (and every
+`eval_every` versions one is evaluated in a process of its own, trainer/evals.py); every
 `checkpoint_every` steps and at shutdown a dist_checkpointing checkpoint is written. A restart
 resumes from the latest checkpoint; versions continue from the store's latest, and groups a dead
 trainer held return to the store when its lease expires (commits are by claim id, so no episode
@@ -38,6 +39,7 @@ from agent_rl.errors import EngineError, LeaseLostError
 from agent_rl.store import Claim, Span, Store
 from agent_rl.store.staleness import bucket
 from trainer.data import TrainingData, load_batch
+from trainer.evals import Evaluations
 from trainer.learner import Learner, latest_checkpoint
 
 T = TypeVar("T")
@@ -93,6 +95,8 @@ class TrainLoop:
         self._last_checkpoint_step = -1
         self._spans: list[Span] = []
         """This step's spans of time, recorded once it is done."""
+        self.evaluations = Evaluations(cfg, log)
+        """`trainer.eval_every`: evaluations of published versions, in processes of their own."""
         self.stopping = False
         """Set by `request_stop` (a signal handler): the loop ends at its next safe point."""
 
@@ -151,6 +155,7 @@ class TrainLoop:
             if self.learner.step != self._last_checkpoint_step:
                 self._checkpoint()
         finally:
+            self.evaluations.close()
             if self._tb is not None:
                 self._tb.close()
             if self._engines is not None:
@@ -265,6 +270,8 @@ class TrainLoop:
         # No new version after a lost lease: nothing to label an export with until the next one.
         if self._broadcast(committed):
             self._export_and_sync(step)
+            if self.rank0:
+                self.evaluations.after_publish(self.stats.version)
         if self.rank0 and self._spans:
             self._call(self.store.record_timings(self.run_id, self._spans))
         self.stats.steps += 1

@@ -113,6 +113,29 @@ class TrainerConfig(Section):
     tensorboard_dir: Path | None = Path("runs/tensorboard")
     """Where per-step TensorBoard scalars go (offline event files); unset: none."""
 
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate every k policy versions (`agent-rl eval` of that version's export, in a process
+    of its own, while rollout and training go on); 0: never."""
+
+    eval_tasks: int = Field(default=64, ge=1)
+    """Tasks of each `eval_every` evaluation (the split's first ones)."""
+
+    eval_samples: int = Field(default=4, ge=1)
+    """Episodes per task of each `eval_every` evaluation."""
+
+    eval_env: str | None = None
+    """Environment of the `eval_every` evaluations; unset: `rollout.env`."""
+
+    eval_split: str = "eval"
+    """Task split of the `eval_every` evaluations."""
+
+    eval_seed: int = 1234
+    """Seed of the `eval_every` evaluations (task order and every request's sampling seed)."""
+
+    eval_router_url: str | None = None
+    """Engines the `eval_every` evaluations load their weights on (a fleet of their own: the
+    training fleet keeps serving the newest policy); unset: each starts an engine of its own."""
+
     sft_lr: float = Field(default=1e-3, gt=0)
     """Learning rate of `agent-rl train --sft` (cross-entropy on demonstration tokens)."""
 

@@ -173,3 +173,45 @@ def test_routing_replay_uses_rollout_experts(
     print(f"R3: replay on, 100% of {int(valid.sum())} recorded tokens used the rollout's experts; "
           f"replay off, free routing differs on {mismatch.fraction:.4f} of them")
     assert mismatch.fraction > 0
+
+
+def test_eval_every_evaluates_pinned_versions_beside_training(
+    store_copy: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path,
+    restore_engine: None,
+) -> None:
+    """`trainer.eval_every = 1`: after v1 the trainer starts `agent-rl eval` of v1 in a process
+    of its own (its own engine, on v1's export) and goes on training; v2 comes while it runs
+    and is skipped, with a line saying so. The evaluation run records v1 as the version it
+    scored, and every token it sampled says v1."""
+    cfg = trainer_config(store_copy, tmp_path, sglang_moe_server.url, tiny_moe_model,
+                         eval_every=1, eval_tasks=2, eval_samples=2, eval_env="calculator")
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"log_dir": tmp_path / "logs"})})
+    lines: list[str] = []
+    with learner(tiny_moe_model, cfg.trainer) as e:
+        loop = TrainLoop(cfg, e, log=lines.append)
+        stats = loop.run(max_steps=2)
+    print("\n".join(lines))
+    assert stats.steps == 2 and loop.evaluations.started == [1]
+    assert any("evaluating v1 in the background" in ln for ln in lines)
+    assert any("evaluation of v2 skipped: v1's is still running" in ln for ln in lines)
+    assert any("evaluation of v1 done" in ln for ln in lines), (
+        lines, (tmp_path / "logs" / "eval-v000001.log").read_text()[-3000:])
+    (evaluation,) = _ask(cfg, lambda s, r: s.evaluations(r))
+    assert evaluation["version"] == 1 and evaluation["episodes"] == 4 and evaluation["failed"] == 0
+
+    async def tokens() -> set[int]:
+        async with await Store.open(cfg.store) as store:
+            run = await store.run_id(evaluation["name"])
+            seen: set[int] = set()
+            for ep in await store.list_episodes(run_id=run):
+                t = await store.episode_tokens(ep.id)
+                seen |= set(t.versions[t.loss_mask == 1].tolist())
+            return seen
+
+    assert asyncio.run(tokens()) == {1}
+    assert not (tmp_path / "exports" / "eval" / "v000001").exists()  # its weights, cleaned up
+    # The trainer took its second step while the evaluation ran (it never waited for it).
+    spans = _ask(cfg, lambda s, r: s.run_timeline(r)).spans
+    eval_span = next(sp for sp in spans if sp.kind == "eval")
+    second_step = [sp for sp in spans if sp.kind == "step"][1]
+    assert second_step.finished_at < eval_span.finished_at
