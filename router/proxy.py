@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -134,7 +135,7 @@ class Proxy:
         if not ((want_session and b'"session_id"' in body) or b'"rid"' in body):
             return session, []
         try:
-            payload = json.loads(body)
+            payload = _facts_json(body)
         except ValueError:
             return session, []  # the worker answers malformed JSON itself, in its own words
         if not isinstance(payload, dict):
@@ -251,3 +252,16 @@ def _end_to_end(headers: Any) -> CIMultiDict[str]:
 
 class _NotSent(Exception):
     """This worker could not be reached; the request may go to another one."""
+
+
+_LEADING_IDS = re.compile(rb'\{\s*"input_ids"\s*:\s*\[[0-9,\s]*\]\s*,')
+
+
+def _facts_json(body: bytes) -> Any:
+    """The body parsed, less a leading `input_ids` array of plain integers (agent-rl's client
+    sends the context first): the router needs none of it, and parsing thousands of ids per
+    turn was most of its CPU on a long conversation. Anything else is parsed whole."""
+    m = _LEADING_IDS.match(body)
+    if m is None:
+        return json.loads(body)
+    return json.loads(b"{" + body[m.end():])

@@ -142,17 +142,25 @@ async def test_workers_can_be_listed_added_and_removed(
             assert (await r.json())["meta_info"]["worker"] == "b"
 
 
+@pytest.mark.parametrize("context", [0, 3000], ids=["rid-only", "after-input-ids"])
 async def test_abort_by_rid_goes_to_every_worker_holding_it(
-    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession,
+    context: int,
 ) -> None:
     workers = [await make_worker(name=f"w{i}", mode="slow", delay_s=0.5) for i in range(3)]
     router = await make_router([w.url for w in workers], policy="round-robin")
+
+    def body(rid: str) -> bytes:  # as agent-rl's client writes it: the context first
+        ids = ",".join(str(i) for i in range(context))
+        head = f'{{"input_ids": [{ids}], "sampling_params": {{}}, ' if context else "{"
+        return f'{head}"rid": "{rid}"}}'.encode()
+
     # Two live requests share a rid (one SGLang server would refuse that; a router can spread it).
-    pending = [asyncio.create_task(http.post(router.url + "/generate", json={"rid": rid}))
+    pending = [asyncio.create_task(http.post(router.url + "/generate", data=body(rid)))
                for rid in ("r-42", "r-42", "other")]
     await asyncio.sleep(0.2)
     holders = {w.url for w in workers
-               if any(json.loads(s.body) == {"rid": "r-42"} for s in w.calls("/generate"))}
+               if any(s.body == body("r-42") for s in w.calls("/generate"))}
     assert len(holders) == 2
     async with http.post(router.url + "/abort_request", json={"rid": "r-42"}, headers=ADMIN) as r:
         body = await r.json()
