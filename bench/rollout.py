@@ -6,9 +6,10 @@
    store without stopping; after `--warmup-s` (engine warm, prefix cache filled, every
    episode slot busy), completion tokens/s are counted over `--window-s` from the turns the
    store records as finished inside the window.
-3. Then serve is stopped and the bare engine replays exactly the window's generations (same
-   prompt ids, same completion lengths via ignore_eos) through the same router, closed loop at
-   the same concurrency, measured the same way after its own warm-up.
+3. Then serve is frozen (SIGSTOP) and the bare engine replays exactly the generations serve
+   made (same prompt ids, same completion lengths via ignore_eos) through the same router,
+   closed loop at the same concurrency, measured the same way after its own warm-up; then
+   serve goes on (SIGCONT). `--rounds` rounds of both, so that both meet the same machine.
 runner_ratio = serve tokens/s / bare tokens/s: what serve's scheduler, runners, env, tools,
 drift check and store cost the engine. The load average is printed with the result: on a
 shared machine the engine's speed moves, and the ratio with it.
@@ -91,9 +92,10 @@ def window_turns(url: str, t0: float, t1: float) -> tuple[list[tuple[list[int], 
 
 
 async def replay(url: str, generations: list[tuple[list[int], int]], concurrency: int,
-                 warmup_s: float, window_s: float) -> float:  # fmt: skip
-    """Closed-loop replay at `concurrency`, cycling through `generations`; completion tokens/s
-    over `window_s` after `warmup_s` (tokens of requests that finished inside the window)."""
+                 warmup_s: float, window_s: float, offset: int = 0) -> tuple[int, float]:  # fmt: skip
+    """Closed-loop replay at `concurrency`, cycling through `generations` from `offset`; the
+    completion tokens of requests that finished in the `window_s` after `warmup_s`, and the
+    window's length."""
     from agent_rl.engine.client import EngineClient
 
     done: list[tuple[float, int]] = []
@@ -102,7 +104,7 @@ async def replay(url: str, generations: list[tuple[list[int], int]], concurrency
     async with EngineClient(url) as client:
 
         async def worker(k: int) -> None:
-            i = k
+            i = offset + k
             while time.monotonic() < stop_at:
                 prompt, n = generations[i % len(generations)]
                 await client.generate(prompt, {"max_new_tokens": n, "ignore_eos": True,
@@ -114,7 +116,39 @@ async def replay(url: str, generations: list[tuple[list[int], int]], concurrency
             for k in range(concurrency):
                 tg.start_soon(worker, k)
     t0, t1 = start + warmup_s, stop_at
-    return sum(n for t, n in done if t0 <= t < t1) / (t1 - t0)
+    return sum(n for t, n in done if t0 <= t < t1), t1 - t0
+
+
+class InFlight:
+    """Samples the router's in-flight requests (its /metrics gauge) every 0.25 s in a thread."""
+
+    def __init__(self, router: str) -> None:
+        import threading
+
+        self.url, self.samples = router + "/metrics", []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(0.25):
+            try:
+                text = urllib.request.urlopen(self.url, timeout=2).read().decode()
+            except OSError:
+                continue
+            n = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith("agent_rl_router_in_flight{"))
+            self.samples.append((time.time(), n))
+
+    def mean(self, spans: list[tuple[float, float]]) -> float:
+        inside = [n for t, n in self.samples if any(a <= t < b for a, b in spans)]
+        return sum(inside) / max(len(inside), 1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 def wait_url(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> str:
@@ -159,35 +193,64 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                           "--model", str(model), "--concurrency", str(args.concurrency))
             procs.append(serve)
             time.sleep(args.warmup_s)
-            t0 = time.time()
-            load0 = os.getloadavg()[0]
-            time.sleep(args.window_s)
-            t1 = time.time()
-            load_serve = os.getloadavg()[0]
-            kill(serve)
-            generations, episodes = window_turns(store, t0, t1)
-            if not generations:
-                raise RuntimeError(f"serve finished no turn in the window: {(tmp / 'serve.log').read_text()[-3000:]}")
-            serve_tok_s = sum(n for _, n in generations) / (t1 - t0)
-            bare_tok_s = anyio.run(replay, router, generations, args.concurrency,
-                                   args.bare_warmup_s, args.window_s)
-            load_bare = os.getloadavg()[0]
+            # Rounds of serve and bare in turn, so both meet the same machine (a shared one's
+            # load moves by the minute): serve is frozen (SIGSTOP) while the bare engine runs.
+            serve_tokens = bare_tokens = episodes = 0
+            serve_s = bare_s = 0.0
+            generations: list[tuple[list[int], int]] = []
+            loads = []
+            in_flight = InFlight(router)
+            serve_spans: list[tuple[float, float]] = []
+            bare_spans: list[tuple[float, float]] = []
+            for r in range(args.rounds):
+                if r:
+                    os.killpg(serve.pid, signal.SIGCONT)
+                    time.sleep(args.rewarm_s)
+                t0 = time.time()
+                time.sleep(args.window_s)
+                t1 = time.time()
+                os.killpg(serve.pid, signal.SIGSTOP)
+                loads.append(os.getloadavg()[0])
+                window, ended = window_turns(store, t0, t1)
+                if not window:
+                    raise RuntimeError(f"serve finished no turn in a window: "
+                                       f"{(tmp / 'serve.log').read_text()[-3000:]}")
+                generations += window
+                serve_tokens += sum(n for _, n in window)
+                serve_s += t1 - t0
+                episodes += ended
+                serve_spans.append((t0, t1))
+                b0 = time.time() + args.rewarm_s
+                tokens, seconds = anyio.run(replay, router, generations, args.concurrency,
+                                            args.rewarm_s, args.window_s, len(generations) - len(window))
+                bare_spans.append((b0, b0 + seconds))
+                bare_tokens += tokens
+                bare_s += seconds
+                loads.append(os.getloadavg()[0])
+            serve_tok_s, bare_tok_s = serve_tokens / serve_s, bare_tokens / bare_s
+            in_flight.stop()
+            serve_busy, bare_busy = in_flight.mean(serve_spans), in_flight.mean(bare_spans)
         finally:
             for p in procs:
                 kill(p)
             engine.stop()
-    print(f"window {args.window_s:.0f} s after {args.warmup_s:.0f} s warm-up: {len(generations)} "
-          f"generations, {episodes} episodes, concurrency {args.concurrency}")
-    print(f"serve: {serve_tok_s:7.1f} tok/s  {episodes / (t1 - t0):5.2f} episodes/s  "
-          f"(load average {load0:.2f} -> {load_serve:.2f})")
-    print(f"bare:  {bare_tok_s:7.1f} tok/s  (same router, load average {load_bare:.2f})")
+    print(f"{args.rounds} rounds of {args.window_s:.0f} s each (serve after a {args.warmup_s:.0f} s "
+          f"warm-up, then each side after {args.rewarm_s:.0f} s): {len(generations)} generations, "
+          f"{episodes} episodes, concurrency {args.concurrency}")
+    print(f"serve: {serve_tok_s:7.1f} tok/s  {episodes / serve_s:5.2f} episodes/s")
+    print(f"bare:  {bare_tok_s:7.1f} tok/s  (same router, same generations)")
+    print("load average after each window: " + ", ".join(f"{x:.2f}" for x in loads))
+    print(f"requests in flight at the engine (router's gauge): serve {serve_busy:.1f}, "
+          f"bare {bare_busy:.1f} of {args.concurrency}")
     return {
         "runner_ratio": round(serve_tok_s / bare_tok_s, 3),
         "serve_tok_s": round(serve_tok_s, 1),
         "bare_tok_s": round(bare_tok_s, 1),
-        "serve_episodes_s": round(episodes / (t1 - t0), 3),
+        "serve_episodes_s": round(episodes / serve_s, 3),
         "generations": len(generations),
-        "load_average": round(max(load_serve, load_bare), 2),
+        "serve_in_flight": round(serve_busy, 2),
+        "bare_in_flight": round(bare_busy, 2),
+        "load_average": round(max(loads), 2),
         "cores": os.cpu_count(),
     }
 
@@ -199,8 +262,10 @@ if __name__ == "__main__":
     parser.add_argument("--model", type=Path)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--warmup-s", type=float, default=20.0)
-    parser.add_argument("--bare-warmup-s", type=float, default=5.0)
-    parser.add_argument("--window-s", type=float, default=40.0)
+    parser.add_argument("--rewarm-s", type=float, default=4.0,
+                        help="warm-up of each later window (the other side's requests drain)")
+    parser.add_argument("--window-s", type=float, default=15.0)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.role == "serve":
         serve_role(args)
