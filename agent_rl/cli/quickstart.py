@@ -28,6 +28,9 @@ def quickstart(
     store_url: Annotated[
         Optional[str], typer.Option(help="Store URL (--cluster needs postgresql://...); default SQLite in the working directory.")
     ] = None,
+    agent: Annotated[
+        bool, typer.Option("--agent", help="Train the calculator agent written with the openai client, through serve's gateway.")
+    ] = False,
     serve_after: Annotated[
         bool, typer.Option("--serve-after/--no-serve-after", help="Keep the viewer up after the report, until Ctrl-C.")
     ] = True,
@@ -37,7 +40,7 @@ def quickstart(
 
     opts = Options(seed=seed, sft_steps=sft_steps, rl_steps=rl_steps, rl_minutes=rl_minutes,
                    eval_tasks=eval_tasks, eval_samples=eval_samples, cluster=cluster,
-                   store_url=store_url)
+                   store_url=store_url, agent=agent)
     try:
         anyio.run(lambda: run_quickstart(opts, workdir, console=console, serve_after=serve_after))
     except KeyboardInterrupt:

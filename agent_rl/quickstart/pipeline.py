@@ -35,6 +35,7 @@ from agent_rl.quickstart.progress import Progress
 from agent_rl.quickstart.recipe import (
     BASE_MODEL,
     ENV_ID,
+    ENV_KWARGS,
     MODEL_PRESET,
     SFT_MODEL,
     STATE_FILE,
@@ -216,8 +217,11 @@ class Quickstart:
             "train", "--sft", "--model", str(BASE_MODEL), "--output", str(SFT_MODEL),
             "--max-steps", str(self.opts.sft_steps), "--env", ENV_ID),
             log_path=Path("runs/logs/sft.log"), restart=False,
-            # The engines idle meanwhile: the trainer may use both cores.
-            env={"AGENT_RL_TRAINER__THREADS": "2"})  # fmt: skip
+            # The engines idle meanwhile: the trainer may use both cores. An agent run's
+            # demonstrations are the SDK env's (an agent has no teacher): its kwargs are the
+            # calculator's, plus the teacher's (the environment's settings add to the file's).
+            env={"AGENT_RL_TRAINER__THREADS": "2",
+                 **({"AGENT_RL_ROLLOUT__ENV_KWARGS": json.dumps(ENV_KWARGS)} if self.cfg.rollout.env != ENV_ID else {})})  # fmt: skip
         with Progress(self.console, "SFT") as progress:
             while m.running:
                 progress.update(_last_line(m.log_path, "SFT step"))

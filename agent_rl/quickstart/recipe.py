@@ -32,6 +32,13 @@ ENV_KWARGS: dict[str, Any] = {
     "teacher_tool_rate": 0.5, "tools_in_prompt": False, "min_terms": 3, "max_terms": 3,
     "max_digits": 1, "max_turns": 3,
 }
+AGENT_ENV_ID = "calculator-agent"
+"""`--agent`: the same tasks, solved by envs/calculator_agent's plain-`openai` agent through the
+gateway. Its prompts are the SDK env's token for token (no tool schemas, the same call and
+tool-message format), so the calculator's demonstrations warm-start it."""
+AGENT_ENV_KWARGS: dict[str, Any] = {
+    "tools_in_prompt": False, "min_terms": 3, "max_terms": 3, "max_digits": 1, "max_turns": 3,
+}
 MODEL_PRESET = "quickstart"
 BASE_MODEL = Path("runs/model")
 SFT_MODEL = Path("runs/sft")
@@ -54,6 +61,9 @@ class Options(BaseModel):
     """Multi-process mode: two engines behind a standalone router, two serves, one trainer."""
     store_url: str | None = None
     """Store URL (cluster mode needs PostgreSQL); unset: SQLite in the working directory."""
+    agent: bool = False
+    """Train the calculator agent written with the `openai` client (`calculator-agent`,
+    through serve's gateway) instead of the SDK's `calculator` env."""
 
 
 def recipe(opts: Options) -> dict[str, Any]:
@@ -68,7 +78,8 @@ def recipe(opts: Options) -> dict[str, Any]:
         "router": {"port": free_port(), "admin_token": secrets.token_urlsafe(24)},
         "api": {"port": free_port()},
         "rollout": {
-            "env": ENV_ID, "env_kwargs": ENV_KWARGS, "seed": opts.seed, "group_size": 8,
+            "env": AGENT_ENV_ID if opts.agent else ENV_ID,
+            "env_kwargs": AGENT_ENV_KWARGS if opts.agent else ENV_KWARGS, "seed": opts.seed, "group_size": 8,
             "max_concurrent_episodes": 64, "max_turns": 3, "max_tokens": 512,
             "max_new_tokens": 48, "temperature": 1.0, "heartbeat_s": 2.0, "stale_after_s": 15.0,
         },  # fmt: skip

@@ -21,14 +21,14 @@ class CalculatorAgentEnv(AgentEnv):
     """Arithmetic questions; reward 1 for the exact integer in the agent's answer."""
 
     def __init__(self, *, min_terms: int = 2, max_terms: int = 4, max_digits: int = 3,
-                 max_calls: int = 4, tools_in_prompt: bool = True, max_tokens: int | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
-        """`max_calls`: model calls the agent makes at most; `tools_in_prompt=False`: the agent
-        sends no tool schemas (a tiny model's prompt stays short; it still calls `calc`);
-        `max_tokens`: the agent's per-call completion limit."""
-        super().__init__(tools_in_prompt=tools_in_prompt, **kwargs)
+                 max_turns: int | None = 4, tools_in_prompt: bool = True,
+                 max_tokens: int | None = None, **kwargs: Any) -> None:  # fmt: skip
+        """`max_turns`: model calls the agent makes at most (as the SDK env's turns);
+        `tools_in_prompt=False`: the agent sends no tool schemas (a tiny model's prompt stays
+        short; it still calls `calc`); `max_tokens`: the agent's per-call completion limit.
+        The task kwargs are the calculator's, so one set of kwargs serves both envs."""
+        super().__init__(tools_in_prompt=tools_in_prompt, max_turns=max_turns, **kwargs)
         self.problem_kwargs = {"min_terms": min_terms, "max_terms": max_terms, "max_digits": max_digits}
-        self.max_calls = max_calls
         self.max_completion = max_tokens
 
     def builtin_tasks(self, split: str = "train") -> TaskSource:
@@ -43,7 +43,7 @@ class CalculatorAgentEnv(AgentEnv):
 
         async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
             return await solve(client, task["question"], tools=self.tools_in_prompt,
-                               max_calls=self.max_calls, max_tokens=self.max_completion)  # fmt: skip
+                               max_calls=self.max_turns or 4, max_tokens=self.max_completion)  # fmt: skip
 
     async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> Reward:
         return number_reward(str(result), task["answer"])

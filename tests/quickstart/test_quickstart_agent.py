@@ -1,0 +1,38 @@
+"""`agent-rl quickstart --agent`: the same recipe with the episodes driven by
+envs/calculator_agent's plain-`openai` agent through serve's gateway (real SGLang, real
+Megatron-core, real processes, as `test_quickstart.py`). Asserted: RL beat SFT on the fixed
+evaluation tasks by a significant margin, the ledger balances and the audit is clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["--agent", "--sft-steps", "400", "--rl-steps", "60", "--rl-minutes", "5", "--eval-tasks", "64",
+        "--eval-samples", "4", "--no-serve-after"]  # fmt: skip
+
+
+def test_quickstart_agent_rl_beats_sft_and_the_ledger_balances(engine_venv: Path, tmp_path: Path) -> None:
+    workdir = tmp_path / "qs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
+    done = subprocess.run([sys.executable, "-m", "agent_rl.cli", "quickstart", "--workdir", str(workdir), *ARGS],
+                          env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert 'env = "calculator-agent"' in (workdir / "agent-rl.toml").read_text()
+    results = json.loads((workdir / "quickstart-results.json").read_text())
+    for e in results["evals"].values():
+        assert e["episodes"] == 64 * 4 and e["failed"] == 0
+    assert results["evals"]["rl"]["version"] >= 5
+    test = results["rl_vs_sft"]
+    assert test["gain"] > 0.05 and test["p_value"] < 0.01, results
+    assert results["audit_problems"] == []
+    ledger = results["ledger"]
+    assert ledger["admitted"] == ledger["trained"] + ledger["filtered"] + ledger["failed"] + ledger["in_flight"]
+    assert ledger["failed"] == 0 and ledger["running"] == ledger["waiting"] == 0
