@@ -254,7 +254,8 @@ def _engines(tl: RunTimeline, end: float) -> tuple[list[EngineUse], float]:
         busy_s = sum(w for _, w in busy)
         busy_total += busy_s
         usage = [s.token_usage for s in samples if s.token_usage is not None]
-        gen = [s.gen_tokens_per_s for s, _ in busy if s.gen_tokens_per_s is not None]
+        # 0 while busy means SGLang is not computing it (its stats logging is off), not idle.
+        gen = [s.gen_tokens_per_s for s, _ in busy if s.gen_tokens_per_s]
         counters = [s.prefill_tokens_total for s in samples if s.prefill_tokens_total is not None]
         out.append(EngineUse(
             engine=engine, samples=len(samples), decode_busy=busy_s / total if total else 0.0,
@@ -405,9 +406,17 @@ def _verdict(run: dict[str, Any], s: Shares, tp: Throughput, tail: Tail, et: Epi
     if idle >= 0.25:
         verdict = f"rollout-bound: the trainer waited {s.trainer_waiting:.0%} of the run{speed}"
         gain = _batch_headroom(tp)
+        busy = [e.decode_busy for e in tp.engines]
+        engine_busy = sum(busy) / len(busy) if busy else None
         if et.wall_s and et.share("tool_s") >= 0.5:
             advice = (f"tools take {et.share('tool_s'):.0%} of episode time: run more episodes "
                       "at once (rollout.max_concurrent_episodes) so decode overlaps them")
+        elif engine_busy is not None and engine_busy < 0.5:
+            advice = (f"the engines decoded only {engine_busy:.0%} of the time: rollout is held "
+                      f"back before them (episodes spent {et.share('other_s'):.0%} of their time "
+                      "outside generation and tools: env, runner, store), so run more episodes "
+                      "at once (rollout.max_concurrent_episodes) or more serve processes, not "
+                      "more engines")
         elif gain is not None and gain >= 1.5:
             advice = (f"larger groups in flight: the engines run {tp.mean_concurrency:.0f} "
                       f"requests at once, and the decode table gives {gain:.1f}x more tok/s at "
@@ -441,12 +450,16 @@ def _batch_headroom(tp: Throughput) -> float | None:
 
 def compute_audit(tl: RunTimeline, table: DecodeTable | None = None) -> ComputeAudit:
     """The audit of one run's timeline (see the module docstring)."""
-    times = [e.created_at for e in tl.episodes] + [s.started_at for s in tl.spans]
+    # The run's own activity: evaluations recorded on it (`eval` spans) run their own episodes
+    # in runs of their own, and the time around them (e.g. SFT before RL) is not this run's.
+    spans = [s for s in tl.spans if s.kind != "eval"]
+    times = [e.created_at for e in tl.episodes] + [s.started_at for s in spans]
     ends = ([e.finished_at for e in tl.episodes if e.finished_at is not None]
             + [e.started_at for e in tl.episodes if e.started_at is not None]
-            + [s.finished_at for s in tl.spans] + [s.sampled_at for s in tl.samples])
+            + [s.finished_at for s in spans])
     start = min(times) if times else 0.0
     end = max([start, *ends])
+    tl.samples = [s for s in tl.samples if start <= s.sampled_at <= end]
     shares = _shares(tl, start, end)
     tp = _throughput(tl, shares, end, table)
     if tp.reference is not None and table is not None:

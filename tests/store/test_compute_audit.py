@@ -30,7 +30,8 @@ SCHEDULE = {
     "e4": (5, 5, 15, 5, 12, 0.0, 4),
 }
 TRAINER = [("wait", 0, 20), ("step", 20, 30), ("export", 30, 32), ("sync", 32, 35),
-           ("wait", 35, 65), ("step", 65, 75), ("wait", 75, 90)]
+           ("wait", 35, 65), ("step", 65, 75), ("wait", 75, 90), ("step", 95, 100),
+           ("eval", -50, -10)]  # an evaluation before: its own runs, not this run's time
 
 
 async def _fill(store: Store) -> int:
@@ -88,13 +89,13 @@ async def test_shares_add_up_to_the_schedule(db_url: str, tmp_path: Path) -> Non
     assert s.wall_s == pytest.approx(100.0)
     # Worked out by hand from SCHEDULE and TRAINER (rollout busy: [0, 60] and [70, 80]).
     expected = {"waiting/busy": 0.50, "stepping/busy": 0.15, "syncing/busy": 0.05,
-                "waiting/idle": 0.15, "stepping/idle": 0.05, "other/idle": 0.10}
+                "waiting/idle": 0.15, "stepping/idle": 0.10, "other/idle": 0.05}
     for cell, share in s.cells.items():
         assert share == pytest.approx(expected.get(cell, 0.0), abs=1e-9), cell
     assert sum(s.cells.values()) == pytest.approx(1.0, abs=1e-12)
     assert s.rollout_busy == pytest.approx(0.70)
     assert (s.trainer_stepping, s.trainer_syncing, s.trainer_waiting, s.trainer_other) == (
-        pytest.approx(0.20), pytest.approx(0.05), pytest.approx(0.65), pytest.approx(0.10))
+        pytest.approx(0.25), pytest.approx(0.05), pytest.approx(0.65), pytest.approx(0.05))
     assert s.trainer_stepping + s.trainer_syncing + s.trainer_waiting + s.trainer_other == (
         pytest.approx(1.0))
     assert s.stepping_while_rollout == pytest.approx(0.15)
