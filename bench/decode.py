@@ -11,8 +11,11 @@ flight, closed loop:
 Steady state at length L means the running requests sit at every position from 0 to L, not all
 at the start: each request gets a prompt of P random tokens, P uniform in [8, L), and
 generates exactly L - P tokens (ignore_eos), so from the first decode step on the engine
-decodes at the positions a long-running closed loop would (prefill of the prompts is done before
-the window: it opens once c requests run on the engine, plus `--settle-s`). The meter is the
+decodes at the positions a long-running closed loop would. The prompts are prefixes of one
+random sequence (the runner's: of one text), so SGLang's prefix cache prefills each position
+once: otherwise 64 prompts of ~2k tokens took this CPU longer to prefill than the whole bench may
+run, and prefill is not what the bench measures. The window opens once c requests run on the
+engine (or after 8 s), plus `--settle-s`. The meter is the
 same for the three drivers: every /generate call of this process (the drivers' and serve's
 runner's) is timed and its returned tokens counted, each call's tokens spread evenly over its
 time; at the window's end every request is aborted, so calls in flight return what they got.
@@ -52,6 +55,11 @@ CONCURRENCY = (1, 8, 32, 64)
 PATHS = ("engine", "router", "runner")
 VOCAB = 1000
 ENV_ID = "decode-bench"
+BASE = [random.Random(0).randrange(10, VOCAB) for _ in range(max(LENGTHS))]
+"""Every prompt is a prefix of this one sequence (see the module docstring)."""
+OPEN_WAIT_S = 8.0
+"""Longest wait for c requests to run before a window opens anyway (on a loaded 2-core machine
+64 long requests may never all run at once: the cell then measures what does)."""
 
 
 def register_env() -> None:
@@ -83,7 +91,7 @@ def register_env() -> None:
             return Stream(self.length)
 
         def initial_messages(self, task: Task) -> list[Message]:
-            rng = random.Random(task.id)
+            rng = random.Random(0)  # every prompt a prefix of one text: see the module docstring
             return [user(" ".join(str(rng.randrange(10)) for _ in range(task["words"])))]
 
         def sampling_params(self) -> dict[str, Any]:
@@ -128,11 +136,11 @@ class Recorder:
 
 
 async def window(engine_url: str, window_s: float, settle_s: float, c: int) -> tuple[float, float]:
-    """The measured window: it opens once `c` requests run on the engine (at most 60 s of
-    waiting) plus `settle_s`, and lasts `window_s`; then every request is aborted, so each
+    """The measured window: it opens once `c` requests run on the engine (at most OPEN_WAIT_S
+    of waiting) plus `settle_s`, and lasts `window_s`; then every request is aborted, so each
     call in flight returns with the tokens it got (counted up to the abort)."""
     async with EngineClient(engine_url) as engine:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + OPEN_WAIT_S
         while time.monotonic() < deadline:
             loads = await engine.loads()
             if sum(x.get("num_running_reqs", 0) for x in loads) >= c:
@@ -153,7 +161,7 @@ async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: 
     async def worker(client: EngineClient) -> None:
         while not stop.is_set():
             p = rng.randrange(8, length)
-            prompt = [rng.randrange(10, VOCAB) for _ in range(p)]
+            prompt = BASE[:p]
             await client.generate(prompt, {"max_new_tokens": length - p, "ignore_eos": True,
                                            "temperature": 1.0}, return_logprob=True)
 
@@ -229,6 +237,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     from agent_rl.engine.launcher import EngineServer
     from agent_rl.models import init_model
 
+    import logging
+
+    # The runner's episodes in flight at each window's end fail as aborted, by design.
+    logging.getLogger("agent_rl").setLevel(logging.ERROR)
     t_start = time.monotonic()
     register_env()
     Recorder.install()
@@ -296,7 +308,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             "cores": os.cpu_count(), "wall_s": round(time.monotonic() - t_start, 1)}
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(143)  # the `finally`s stop the engine and the router
+
+
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="model directory (default: a fresh tiny-dense)")
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
