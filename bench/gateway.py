@@ -4,7 +4,7 @@
 One real SGLang engine (tiny-moe on CPU, routing replay on). Gateway side: `serve` runs an
 agent env whose every episode makes `--calls` calls (`POST /agents/{key}/v1/chat/completions`,
 each extending the conversation with the answer and a new user message, greedy, `max_tokens`
-fixed) with a plain HTTP client, timing each call; the gateway renders it, generates through
+fixed) with aiohttp (the direct side's client too), timing each call; the gateway renders it, generates through
 the engine, records the turn in the store (SQLite) and answers. Direct side: the stored prompt
 ids of each of those calls sent to the engine's `/generate` with the same sampling parameters
 and options (logprobs, routed experts), from the same process, episodes at the same
@@ -19,7 +19,7 @@ prompt (the direct call's greedy output for the same prompt ids equals the store
 Last line: RESULT {"p50_ratio_c1", "p50_ratio_c16", "tokens_exact", ...}; target p50 ratio
 <= 1.1 at 16.
 
-    python bench/gateway.py [--episodes 32] [--calls 4] [--tokens 16] [--rounds 2]
+    python bench/gateway.py [--episodes 32] [--calls 4] [--tokens 16] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from agent_rl.agent import AgentEnv
 from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig, TrainerConfig
@@ -63,18 +63,21 @@ class AgentLoop(AgentEnv):
             body = {"model": "policy", "messages": messages, "max_tokens": TOKENS, "temperature": 0}
             t, cpu = time.perf_counter(), time.process_time()
             WINDOW[0] = min(WINDOW[0], cpu)
-            r = await HTTP.post(f"{base_url}/chat/completions", json=body, headers=auth)
+            async with HTTP.post(f"{base_url}/chat/completions", json=body, headers=auth) as r:
+                r.raise_for_status()
+                answer = (await r.json())["choices"][0]["message"]
             LATENCIES.append(time.perf_counter() - t)
             WINDOW[1] = max(WINDOW[1], time.process_time())
-            r.raise_for_status()
-            messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"And {k}+{k}?"}]
+            messages += [answer, {"role": "user", "content": f"And {k}+{k}?"}]
         return ""
 
     async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> float:
         return 0.0
 
 
-HTTP: httpx.AsyncClient
+HTTP: aiohttp.ClientSession
+"""The agents' HTTP client: aiohttp, as the direct side's EngineClient, so both sides pay for
+the same client."""
 CALLS_PER_EPISODE = 4
 WINDOW = [float("inf"), 0.0]
 """This process's CPU time at the first call's start and the last call's end."""
@@ -101,7 +104,7 @@ async def gateway_round(db: Path, url: str, model: Path, episodes: int, c: int, 
     WINDOW[:] = [float("inf"), 0.0]
     async with EngineClient(url) as engine:
         await engine.flush_cache()  # both sides start from a cold prefix cache
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=c)) as HTTP:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as HTTP:
         summary = await serve(config(db, url, model, c, run), max_episodes=episodes)
     assert summary.failed == 0, "an episode failed"
     return list(LATENCIES), (WINDOW[1] - WINDOW[0]) / len(LATENCIES)
@@ -196,7 +199,7 @@ if __name__ == "__main__":
     parser.add_argument("--episodes", type=int, default=32, help="episodes per round and concurrency")
     parser.add_argument("--calls", type=int, default=4, help="calls per episode")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of every call")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     started = time.time()
     out = asyncio.run(main(parser.parse_args()))
     print(f"wall {time.time() - started:.0f} s")

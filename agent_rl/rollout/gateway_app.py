@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_rl.rollout.gateway import AgentSession, Gateway
@@ -58,8 +58,9 @@ def gateway_app(gateway: Gateway) -> FastAPI:
         except (ValueError, UnicodeDecodeError) as e:
             raise GatewayError(400, f"the request body is not JSON: {e}") from e
         req = ChatRequest.parse(body)
-        if not req.stream:
-            return await session.complete(req)
+        if not req.stream:  # plain JSON, not FastAPI's encoder: it walks every value again
+            return Response(json.dumps(await session.complete(req), separators=(",", ":")),
+                            media_type="application/json")
         chunks = session.stream(req)
         first = await anext(chunks)  # refusals (budget, 409, a bad message) come before any byte
         return StreamingResponse(_sse(first, chunks), media_type="text/event-stream")
