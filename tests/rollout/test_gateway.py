@@ -16,8 +16,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import anyio
-import httpx
 import numpy as np
 import openai
 import pytest
