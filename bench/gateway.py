@@ -4,14 +4,16 @@
 One real SGLang engine (tiny-moe on CPU, routing replay on). Gateway side: `serve` runs an
 agent env whose every episode makes `--calls` calls (`POST /agents/{key}/v1/chat/completions`,
 each extending the conversation with the answer and a new user message, greedy, `max_tokens`
-fixed) with aiohttp (the direct side's client too), timing each call; the gateway renders it, generates through
-the engine, records the turn in the store (SQLite) and answers. Direct side: the stored prompt
-ids of each of those calls sent to the engine's `/generate` with the same sampling parameters
-and options (logprobs, routed experts), from the same process, episodes at the same
-concurrency and each one's calls in order. The engine's prefix cache is flushed before each
-side. Rounds alternate gateway and direct; each figure is the median over rounds. CPU is this
-process's (for the gateway: serve, the gateway and the agents' client; the engine is a process
-of its own), per call, from the first call's start to the last one's end.
+fixed) with aiohttp (the direct side's client too), timing each call; the gateway renders it,
+generates through the engine, records the turn in the store (SQLite) and answers. Direct side:
+the stored prompt ids of each of those calls sent to the engine's `/generate` with the same
+sampling parameters and options (logprobs, routed experts), from the same process, episodes at
+the same concurrency and each one's calls in order. The engine's prefix cache is flushed
+before each side. Rounds alternate gateway and direct; a ratio is the median over rounds of
+the round's gateway p50 over its direct p50 (the two sides of a round meet the same machine
+load), the other figures are medians over rounds. CPU is this process's (for the gateway:
+serve, the gateway and the agents' client; the engine is a process of its own), per call,
+from the first call's start to the last one's end.
 
 `tokens_exact`: every stored completion is exactly what the engine generates for its stored
 prompt (the direct call's greedy output for the same prompt ids equals the stored tokens).
@@ -19,7 +21,7 @@ prompt (the direct call's greedy output for the same prompt ids equals the store
 Last line: RESULT {"p50_ratio_c1", "p50_ratio_c16", "tokens_exact", ...}; target p50 ratio
 <= 1.1 at 16.
 
-    python bench/gateway.py [--episodes 32] [--calls 4] [--tokens 16] [--rounds 3]
+    python bench/gateway.py [--episodes 24] [--calls 4] [--tokens 16] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -180,7 +182,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"c={c} round {r}: gateway p50 {gw[-1] * 1e3:.1f} ms ({gw_cpu[-1] * 1e3:.1f} ms CPU/call), "
                       f"direct p50 {direct[-1] * 1e3:.1f} ms ({direct_cpu[-1] * 1e3:.1f} ms CPU/call), "
                       f"tokens exact: {same}", flush=True)  # fmt: skip
-            result[f"p50_ratio_c{c}"] = round(statistics.median(gw) / statistics.median(direct), 3)
+            # Each round's ratio pairs sides that ran back to back on the same machine load.
+            result[f"p50_ratio_c{c}"] = round(statistics.median(g / d for g, d in zip(gw, direct)), 3)
             result[f"gateway_p50_ms_c{c}"] = round(statistics.median(gw) * 1e3, 1)
             result[f"direct_p50_ms_c{c}"] = round(statistics.median(direct) * 1e3, 1)
             result[f"gateway_cpu_ms_per_call_c{c}"] = round(statistics.median(gw_cpu) * 1e3, 2)
@@ -196,7 +199,7 @@ if __name__ == "__main__":
 
     logging.basicConfig(level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=32, help="episodes per round and concurrency")
+    parser.add_argument("--episodes", type=int, default=24, help="episodes per round and concurrency")
     parser.add_argument("--calls", type=int, default=4, help="calls per episode")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of every call")
     parser.add_argument("--rounds", type=int, default=3)
