@@ -12,8 +12,8 @@ Two forms, both subclasses registered and made like every env:
 
     class MyAgent(AgentEnv):                      # 1. an async function
         async def run(self, base_url, api_key, task):
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key)
-            ...                                   # any number of chat.completions calls
+            async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
+                ...                               # any number of chat.completions calls
             return answer                         # the result `score` judges
 
     class MyCli(AgentEnv):                        # 2. a command, run as a subprocess

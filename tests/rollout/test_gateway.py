@@ -104,6 +104,8 @@ class _OneQuestion(AgentEnv):
         return number_reward(str(result), task["answer"])
 
     def client(self, base_url: str, api_key: str) -> openai.AsyncOpenAI:
+        """A client for the episode, to be closed by the agent (`async with`): one left to the
+        garbage collector closes its connections on a later test's event loop and fails it."""
         KEYS.append((base_url, api_key))
         return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
 
@@ -113,7 +115,10 @@ class ToolsAgent(_OneQuestion):
     """The plain client: tools, greedy, logprobs with two alternatives; runs calc itself."""
 
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
-        client = self.client(base_url, api_key)
+        async with self.client(base_url, api_key) as client:
+            return await self.converse(client, api_key, task)
+
+    async def converse(self, client: openai.AsyncOpenAI, api_key: str, task: Task) -> str:
         SEEN[api_key] = [await client.models.list()]
         messages: list[Any] = [{"role": "user", "content": task["question"]}]
         for _ in range(3):
@@ -134,7 +139,10 @@ class StreamingAgent(_OneQuestion):
     """The same agent, streaming: content, tool calls and logprobs put together from chunks."""
 
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
-        client = self.client(base_url, api_key)
+        async with self.client(base_url, api_key) as client:
+            return await self.converse(client, api_key, task)
+
+    async def converse(self, client: openai.AsyncOpenAI, api_key: str, task: Task) -> str:
         SEEN[api_key] = []
         messages: list[Any] = [{"role": "user", "content": task["question"]}]
         for _ in range(3):
@@ -178,10 +186,12 @@ class AgentsSdkAgent(_OneQuestion):
         from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, set_tracing_disabled
 
         set_tracing_disabled(True)
-        model = OpenAIChatCompletionsModel(model="policy", openai_client=self.client(base_url, api_key))
-        agent = Agent(name="calculator", tools=[agents_sdk_tool()], model=model,
-                      model_settings=ModelSettings(temperature=0))  # fmt: skip
-        result = await Runner.run(agent, task["question"], max_turns=3, run_config=RunConfig(tracing_disabled=True))
+        async with self.client(base_url, api_key) as client:
+            model = OpenAIChatCompletionsModel(model="policy", openai_client=client)
+            agent = Agent(name="calculator", tools=[agents_sdk_tool()], model=model,
+                          model_settings=ModelSettings(temperature=0))  # fmt: skip
+            result = await Runner.run(agent, task["question"], max_turns=3,
+                                      run_config=RunConfig(tracing_disabled=True))
         return str(result.final_output)
 
 

@@ -38,9 +38,11 @@ class _Agent(AgentEnv):
         return 1.0
 
     async def ask(self, base_url: str, api_key: str, **kwargs: Any) -> Any:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        return await client.chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": QUESTION}], **kwargs)
+        # Every client is closed inside the test that made it: one left to the garbage
+        # collector closes its connections on a later test's event loop, which fails that test.
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+            return await client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": QUESTION}], **kwargs)
 
 
 @register("test-agent-raises")
@@ -75,14 +77,14 @@ class TokenBudgetAgent(_Agent):
 
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
         first = await self.ask(base_url, api_key)
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         messages = [{"role": "user", "content": QUESTION},
                     {"role": "assistant", "content": first.choices[0].message.content},
                     {"role": "user", "content": "Go on."}]  # fmt: skip
-        try:
-            await client.chat.completions.create(model="policy", messages=messages)  # type: ignore[arg-type]
-        except openai.BadRequestError as e:
-            OUTCOMES.setdefault("tokens", []).append((first, e))
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+            try:
+                await client.chat.completions.create(model="policy", messages=messages)  # type: ignore[arg-type]
+            except openai.BadRequestError as e:
+                OUTCOMES.setdefault("tokens", []).append((first, e))
         return "5"
 
 
@@ -247,13 +249,13 @@ class RewritingAgent(_Agent):
     summarised), then a call that extends the rewritten one."""
 
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        ask = lambda m: client.chat.completions.create(model="policy", messages=m, max_tokens=8)  # noqa: E731
-        await ask([{"role": "system", "content": "Be terse."}, {"role": "user", "content": QUESTION}])
-        rewritten = [{"role": "user", "content": f"Summary: I asked {QUESTION}"}, {"role": "user", "content": "Answer."}]
-        second = await ask(rewritten)
-        await ask([*rewritten, {"role": "assistant", "content": second.choices[0].message.content},
-                   {"role": "user", "content": "Sure?"}])
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+            ask = lambda m: client.chat.completions.create(model="policy", messages=m, max_tokens=8)  # noqa: E731
+            await ask([{"role": "system", "content": "Be terse."}, {"role": "user", "content": QUESTION}])
+            rewritten = [{"role": "user", "content": f"Summary: I asked {QUESTION}"}, {"role": "user", "content": "Answer."}]
+            second = await ask(rewritten)
+            await ask([*rewritten, {"role": "assistant", "content": second.choices[0].message.content},
+                       {"role": "user", "content": "Sure?"}])
         return "5"
 
 
