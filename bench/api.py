@@ -33,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -177,20 +176,9 @@ def median_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 @contextmanager
 def live_api(url: str) -> Iterator[str]:
-    import uvicorn
-
     app = create_app(Config(store={"url": url}))
-    server = EmbeddedServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive(), "the API did not start"
-        time.sleep(0.05)
-    try:
+    with EmbeddedServer.in_thread(app) as server:
         yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def api_ms(url: str, terms: list[str], repeats: int) -> dict[str, float]:

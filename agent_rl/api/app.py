@@ -12,6 +12,8 @@ a task group and cancel the group to stop it.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from importlib.resources import files
@@ -177,3 +179,23 @@ class EmbeddedServer(uvicorn.Server):
             for sock in s.sockets:
                 return int(sock.getsockname()[1])
         return int(self.config.port)
+
+    @classmethod
+    @contextmanager
+    def in_thread(cls, app: FastAPI, *, log_level: str = "warning",
+                  start_timeout_s: float = 60.0) -> Iterator[EmbeddedServer]:
+        """Serve `app` on a free loopback port from a daemon thread until the block ends (what
+        tests and benchmarks need: a real HTTP server beside synchronous code)."""
+        server = cls(uvicorn.Config(app, host="127.0.0.1", port=0, log_level=log_level))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + start_timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the API server did not start")
+            time.sleep(0.05)
+        try:
+            yield server
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)

@@ -3,8 +3,6 @@ an in-process client, and a live server on loopback (for the browser and schemat
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -90,20 +88,7 @@ def live_server(
     tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
 ) -> Iterator[LiveServer]:
     """The API over real HTTP on 127.0.0.1 (a free port), on a filled SQLite store."""
-    import uvicorn
-
     with fresh_database("sqlite", tmp_path_factory.mktemp("live")) as url:
         filled = fill_database(url, tokenizer_dir)
-        app = create_app(api_config(url))
-        server = EmbeddedServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "the API server did not start"
-            time.sleep(0.05)
-        try:
+        with EmbeddedServer.in_thread(create_app(api_config(url))) as server:
             yield LiveServer(f"http://127.0.0.1:{server.port}", filled)
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)

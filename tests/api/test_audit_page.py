@@ -7,8 +7,6 @@ evaluation run, which says so instead of "awaiting training" and "policy version
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,8 +41,6 @@ async def _evaluation(store: Any, of: int, version: int, rewards: list[float]) -
 
 @pytest.fixture(scope="module")
 def timed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    import uvicorn
-
     from agent_rl.store import Store
 
     with fresh_database("sqlite", tmp_path_factory.mktemp("audit")) as url:
@@ -59,18 +55,8 @@ def timed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         in_thread(go)
         app = create_app(api_config(url, port=0).model_copy(
             update={"run": api_config(url).run.model_copy(update={"name": "timed"})}))
-        server = EmbeddedServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "the API server did not start"
-            time.sleep(0.05)
-        try:
+        with EmbeddedServer.in_thread(app) as server:
             yield f"http://127.0.0.1:{server.port}"
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
 
 
 def test_audit_json(timed_server: str) -> None:

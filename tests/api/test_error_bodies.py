@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import http.client
 import re
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
@@ -73,19 +70,8 @@ def test_no_sql_in_any_error_body(filled: Filled) -> None:
 
 @contextmanager
 def live(cfg: Config) -> Iterator[int]:
-    server = EmbeddedServer(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=0,
-                                           log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
-        time.sleep(0.05)
-    try:
+    with EmbeddedServer.in_thread(create_app(cfg), log_level="critical") as server:
         yield server.port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def test_a_500_keeps_the_connection_and_says_only_what_failed(
