@@ -7,6 +7,9 @@ re-tokenized. Tokens sampled below the staleness floor keep their place in the c
 loss mask 0 (`agent_rl.store.staleness`). Advantages are GRPO's, normalised within each group. Routed experts keep the
 store's encoding of an unknown row (-1, e.g. a turn's last token, never fed back to the engine
 in that turn) into the batch, where routing replay leaves such rows to free routing.
+An episode whose conversation was rewritten (an agent's history summarised or edited, through
+the gateway) has more than one segment: each is a batch row of its own, with the episode's
+advantage, so no segment's tokens attend to another's (`ClaimedEpisode.segments`).
 `TrainingData` also carries what the step's metrics need: staleness per episode and token counts.
 """
 
@@ -38,8 +41,15 @@ class TrainingData:
     """Tokens trained on (loss mask 1)."""
     stale_tokens: int = 0
     """Model tokens left out for being sampled below the staleness floor."""
+    row_episodes: list[int] = field(default_factory=list)
+    """The episode of each batch row, in row order (an episode of several segments has one row
+    per segment, consecutive); empty: one row per episode, as `episode_ids`."""
     lengths: list[int] = field(default_factory=list)
+    """Tokens of each batch row."""
     rewards: list[float] = field(default_factory=list)
+
+    def rows_of_episodes(self) -> list[int]:
+        return self.row_episodes or self.episode_ids
 
 
 def to_batch(
@@ -74,23 +84,31 @@ async def load_batch(
     episodes = await store.claimed_episodes(claim)
     if not episodes:
         raise ValueError(f"claim {claim.claim_id} holds no completed episodes")
-    arrays, staleness, stale_tokens = [], [], 0
+    kept, staleness, stale_tokens = [], [], 0
     for e in episodes:
         tokens = e.tokens
         keep = trained_tokens(tokens.versions, floor, measure)
         stale_tokens += int((tokens.loss_mask.astype(bool) & ~keep).sum())
-        arrays.append(replace(tokens, loss_mask=np.where(keep, tokens.loss_mask, 0).astype(tokens.loss_mask.dtype)))
+        kept.append(replace(e, tokens=replace(
+            tokens, loss_mask=np.where(keep, tokens.loss_mask, 0).astype(tokens.loss_mask.dtype))))
         staleness.append(staleness_of(version, tokens.versions[keep]))
     rewards = [e.reward for e in episodes]
     adv = grpo_advantages(
         torch.tensor(rewards), torch.tensor([e.group_id for e in episodes]),
         std_normalize=std_normalize,
     ).tolist()
+    arrays, row_adv, row_episodes = [], [], []
+    for e, a in zip(kept, adv):
+        for segment in e.segments():
+            arrays.append(segment)
+            row_adv.append(a)
+            row_episodes.append(e.id)
     episode_ids = [e.id for e in episodes]
     return TrainingData(
-        batch=to_batch(arrays, adv, use_experts),
+        batch=to_batch(arrays, row_adv, use_experts),
         episode_ids=episode_ids,
         advantages=dict(zip(episode_ids, adv)),
+        row_episodes=row_episodes if len(row_episodes) != len(episode_ids) else [],
         staleness=staleness,
         model_tokens=int(sum(int(a.loss_mask.sum()) for a in arrays)),
         stale_tokens=stale_tokens,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 
 from agent_rl.config import Config
@@ -305,9 +306,12 @@ class TrainLoop:
         lp = self.learner.logprobs(mb)["logprobs"]
         if not self.rank0:
             return
-        for row, eid in enumerate(data.episode_ids[: mb.size]):
-            length = data.lengths[row]
-            self._call(self.store.record_trainer_logprobs(eid, lp[row, :length].numpy()))
+        rows: dict[int, list[Any]] = {}
+        for row, eid in enumerate(data.rows_of_episodes()):
+            rows.setdefault(eid, []).append(lp[row, : data.lengths[row]] if row < mb.size else None)
+        for eid, spans in rows.items():  # an episode's segments joined back into its stream
+            if all(span is not None for span in spans):
+                self._call(self.store.record_trainer_logprobs(eid, torch.cat(spans).numpy()))
 
     def _commit(
         self, claim: Claim, step: int, metrics: dict[str, Any], data: TrainingData,

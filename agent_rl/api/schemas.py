@@ -87,7 +87,10 @@ class ToolCallOut(Schema):
 TurnOut = from_record(
     TurnView,
     "One turn: where its tokens start in the episode's stream, how many, and how it ended.",
-    {"num_prompt_tokens": "Leading tokens of the span that are prompt or observation (mask 0)."},
+    {"num_prompt_tokens": "Leading tokens of the span that are prompt or observation (mask 0).",
+     "segment": "The episode's segment: 0, then one more at each turn whose conversation was "
+     "rewritten instead of extended (a gateway agent's edited history; that turn's prompt is "
+     "the whole new conversation). Each segment trains as a sequence of its own."},
 )
 
 

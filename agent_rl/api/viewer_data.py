@@ -1,6 +1,6 @@
 """What the viewer's templates draw, computed on the server so pages read without JavaScript:
 the token strip (tokens colored by rollout probability, prompt and observation tokens marked as
-masked, turn and policy-version boundaries shown) and the metric plots (SVG polylines)."""
+masked, turn, segment and policy-version boundaries shown) and the metric plots (SVG polylines)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,15 @@ def token_strip(view: TokenView, turns: list[TurnOut]) -> list[dict[str, Any]]:
     """Items in stream order: {"mark": label} at turn and version boundaries, else a token
     {"text", "cls", "style", "title", "i"}."""
     starts = {t.span_start: t.index for t in turns}
+    # Where a rewritten conversation begins (a gateway agent's new segment): a branch mark.
+    branches = {t.span_start: t.segment for prev, t in zip(turns, turns[1:])
+                if t.segment != prev.segment}
     items: list[dict[str, Any]] = []
     last_version: int | None = None
     n = min(len(view.token_ids), MAX_STRIP_TOKENS)
     for i in range(n):
+        if i in branches:
+            items.append({"mark": f"segment {branches[i]}: history rewritten", "cls": "segment"})
         if i in starts:
             items.append({"mark": f"turn {starts[i]}", "cls": "turn"})
         masked = view.loss_mask[i] == 0

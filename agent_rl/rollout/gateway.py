@@ -13,7 +13,8 @@ routed experts for MoE), and answered in OpenAI's shape with the tool calls pars
   generation prompt are rendered and tokenized (`Conversation.add_turn`, with its drift check).
 - **Rewrite**: anything else (history summarised, dropped or edited, other tools). The episode
   starts a new segment: the whole request is rendered as a fresh prompt, recorded on the turn
-  (`num_prompt_tokens` covers it). Earlier answers the request keeps are rendered as the model
+  (`num_prompt_tokens` covers it, `Turn.segment` numbers it), and the trainer trains each
+  segment as a sequence of its own. Earlier answers the request keeps are rendered as the model
   wrote them. Segments and rewrites are counted in the episode's reward details.
 
 Budgets are the rollout's: `max_turns` calls, `max_tokens` carried tokens, `max_new_tokens`
@@ -304,6 +305,7 @@ class AgentSession:
             started_at=p.started, finished_at=time.time(),
             messages=[_record(m) for m in [*p.new, answer]], tool_calls=_tool_records(turn),
             finish_reason=gen.finish_reason.type if gen.finish_reason else None, drift=p.drift,
+            segment=self.segments - 1,
         )  # fmt: skip
         async with self._write:
             if self.closed:

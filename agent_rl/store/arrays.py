@@ -98,6 +98,15 @@ class TokenArrays:
             pairs.append((self.routed_experts, other.routed_experts))
         return all(a.shape == b.shape and np.array_equal(a, b) for a, b in pairs)
 
+    def slice(self, start: int, stop: int) -> TokenArrays:
+        """Tokens [start, stop) of the stream, every array cut alike."""
+        experts = self.routed_experts
+        return TokenArrays(
+            token_ids=self.token_ids[start:stop], logprobs=self.logprobs[start:stop],
+            loss_mask=self.loss_mask[start:stop], versions=self.versions[start:stop],
+            routed_experts=None if experts is None else experts[start:stop],
+        )
+
     @staticmethod
     def concat(spans: list[TokenArrays]) -> TokenArrays:
         """Join spans in order into the episode's whole token stream."""

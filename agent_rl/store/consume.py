@@ -94,7 +94,8 @@ class Consumption(StoreBase):
             .where(Episode.id.in_(ids), Episode.status == "completed")
         )}
         streams = episode_streams(conn, [i for i in ids if i in rows])
-        return [ClaimedEpisode(i, rows[i].group_id, float(rows[i].reward or 0.0), streams[i][0])
+        return [ClaimedEpisode(i, rows[i].group_id, float(rows[i].reward or 0.0), streams[i][0],
+                               streams[i][2])
                 for i in ids if i in rows]
 
     @write()

@@ -193,7 +193,7 @@ class LifecycleWrites(StoreBase):
             dict(
                 episode_id=episode_id, index=index, span_start=row.num_tokens - len(tokens),
                 num_tokens=len(tokens), num_prompt_tokens=turn.num_prompt_tokens,
-                finish_reason=turn.finish_reason, drift=turn.drift,
+                finish_reason=turn.finish_reason, drift=turn.drift, segment=turn.segment,
                 started_at=turn.started_at, finished_at=turn.finished_at, codec=enc,
                 token_ids=codec.encode(tokens.token_ids, enc),
                 logprobs=codec.encode(tokens.logprobs, enc),

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_REVISION = "0004"
+SCHEMA_REVISION = "0005"
 """The Alembic revision these models are the head of (tests/store/test_migrations.py checks
 it); a store opens only on a database at this revision."""
 ID_MAX = 2**31 - 1
@@ -243,6 +243,11 @@ class Turn(Base):
     """`layers,topk` of routed_experts."""
     trainer_logprobs: Mapped[bytes | None] = mapped_column(LargeBinary)
     """Logprobs the trainer computed for this span, when recorded (for inspection)."""
+    segment: Mapped[int] = mapped_column(default=0, server_default="0")
+    """The episode's segment this turn belongs to: 0, then one more each time the conversation
+    was rewritten instead of extended (an agent that summarised, dropped or edited its history
+    through the gateway). A new segment's first turn holds its whole prompt; each segment is
+    trained as a sequence of its own (its tokens never see another segment's)."""
 
 
 class Message(Base):

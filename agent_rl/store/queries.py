@@ -179,7 +179,7 @@ class Queries(StoreBase):
             raise NotFoundError(f"episode {episode_id} does not exist: list ids with `agent-rl episodes list`")
         turns = conn.execute(
             select(Turn.index, Turn.span_start, Turn.num_tokens, Turn.num_prompt_tokens,
-                   Turn.finish_reason, Turn.drift, Turn.started_at, Turn.finished_at)
+                   Turn.finish_reason, Turn.drift, Turn.started_at, Turn.finished_at, Turn.segment)
             .where(Turn.episode_id == episode_id).order_by(Turn.index)
         ).all()
         messages = conn.execute(
@@ -215,7 +215,7 @@ class Queries(StoreBase):
     def _tokens(self, conn: Connection, episode_id: int) -> tuple[TokenArrays, np.ndarray | None]:
         if conn.scalar(select(Episode.id).where(Episode.id == episode_id)) is None:
             raise NotFoundError(f"episode {episode_id} does not exist")
-        tokens, trainer = episode_streams(conn, [episode_id])[episode_id]
+        tokens, trainer, _ = episode_streams(conn, [episode_id])[episode_id]
         return tokens, trainer
 
     @read
@@ -458,14 +458,16 @@ def _ledger(conn: Connection, run_id: int | None, owner: str | None = None) -> L
 
 def episode_streams(
     conn: Connection, episode_ids: list[int]
-) -> dict[int, tuple[TokenArrays, np.ndarray | None]]:
-    """Each episode's whole token stream (its turns' spans joined in order) and the trainer's
-    logprobs for it (None unless recorded for every turn), from one query over all of them."""
+) -> dict[int, tuple[TokenArrays, np.ndarray | None, list[int]]]:
+    """Each episode's whole token stream (its turns' spans joined in order), the trainer's
+    logprobs for it (None unless recorded for every turn) and where each of its segments starts
+    in the stream (`Turn.segment`; `[0]` for an episode of one), from one query over all of them."""
     import numpy as np
 
     rows = conn.execute(
         select(Turn.episode_id, Turn.codec, Turn.token_ids, Turn.logprobs, Turn.loss_mask,
-               Turn.versions, Turn.routed_experts, Turn.experts_shape, Turn.trainer_logprobs)
+               Turn.versions, Turn.routed_experts, Turn.experts_shape, Turn.trainer_logprobs,
+               Turn.span_start, Turn.segment)
         .where(Turn.episode_id.in_(episode_ids)).order_by(Turn.episode_id, Turn.index)
     ).all()
     turns: dict[int, list[Any]] = {eid: [] for eid in episode_ids}
@@ -477,7 +479,9 @@ def episode_streams(
         trainer = [codec.decode(t.trainer_logprobs, codec.LOGPROB_DTYPE, t.codec)
                    for t in rows_of if t.trainer_logprobs is not None]
         full = np.concatenate(trainer) if trainer and len(trainer) == len(rows_of) else None
-        out[eid] = (TokenArrays.concat(spans), full)
+        starts = [0] + [t.span_start for prev, t in zip(rows_of, rows_of[1:])
+                        if t.segment != prev.segment]
+        out[eid] = (TokenArrays.concat(spans), full, starts)
     return out
 
 

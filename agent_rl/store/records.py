@@ -50,6 +50,9 @@ class TurnRecord:
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     finish_reason: str | None = None
     drift: bool = False
+    segment: int = 0
+    """The episode's segment (`Turn.segment`): one more than the previous turn's when this turn
+    starts a rewritten conversation, whose whole prompt its span then holds."""
 
 
 @dataclass
@@ -117,6 +120,7 @@ class TurnView:
     drift: bool
     started_at: float
     finished_at: float
+    segment: int = 0
 
 
 @dataclass
@@ -244,6 +248,14 @@ class ClaimedEpisode:
     group_id: int
     reward: float
     tokens: TokenArrays
+    segment_starts: list[int] = field(default_factory=lambda: [0])
+    """Where each segment of the stream starts (`Turn.segment`): a rewritten conversation's
+    tokens are trained as a sequence of their own."""
+
+    def segments(self) -> list[TokenArrays]:
+        """The stream cut into its segments, in order."""
+        ends = [*self.segment_starts[1:], len(self.tokens)]
+        return [self.tokens.slice(a, b) for a, b in zip(self.segment_starts, ends)]
 
 
 @dataclass

@@ -264,14 +264,18 @@ async def test_a_rewritten_history_starts_a_new_segment(
 ) -> None:
     """The rewrite is a fresh prompt that the engine sees alone (not after the first
     segment's tokens); the call after it extends the new segment; both are counted."""
+    from trainer.data import load_batch
+
     renderer = ChatRenderer(tiny_moe_model)
     async with Tap(sglang_moe_server.url).running() as tap:
-        cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-rewrites")
+        cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-rewrites",
+                                   filter_zero_variance=False)
     async with await Store.open(cfg.store) as store:
         for e in episodes:
-            assert e.status in ("completed", "filtered") and e.num_turns == 3, e.error_cause
+            assert e.status == "completed" and e.num_turns == 3, e.error_cause
             assert (e.reward_details["segments"], e.reward_details["rewrites"]) == (2, 1)
             detail = await store.get_episode(e.id)
+            assert [t.segment for t in detail.turns] == [0, 1, 1]
             ids = (await store.episode_tokens(e.id)).token_ids.tolist()
             first, second, third = detail.turns
             fresh = renderer.encode(renderer.render(
@@ -283,3 +287,13 @@ async def test_a_rewritten_history_starts_a_new_segment(
                 completion = ids[turn.span_start + turn.num_prompt_tokens: turn.span_start + turn.num_tokens]
                 assert completion in tap.outputs_for(prompt)
             assert len(tap.outputs_for(ids[: second.span_start + second.num_prompt_tokens])) == 0
+        # Training reads each segment as a sequence of its own, with its routed experts.
+        claim = await store.claim(episodes[0].run_id, "trainer", 1)
+        data = await load_batch(store, claim, version=1)
+        assert data.row_episodes == [e for e in claim.episode_ids for _ in range(2)]
+        for row, eid in enumerate(data.row_episodes):
+            stream = await store.episode_tokens(eid)
+            cut = (await store.get_episode(eid)).turns[1].span_start
+            part = stream.token_ids[:cut] if row % 2 == 0 else stream.token_ids[cut:]
+            assert data.batch.tokens[row, : len(part)].tolist() == part.tolist()
+        assert data.batch.routed_experts is not None

@@ -69,3 +69,42 @@ async def test_a_step_reads_its_batch_in_one_transaction(
             assert bool((experts[row, n:] == -1).all())  # padding is "unknown" too
         # GRPO within each group of two rewards {0, 1}: one positive, one negative advantage.
         assert sorted(np.sign(list(data.advantages.values()))) == [-1.0] * groups + [1.0] * groups
+
+
+async def test_a_rewritten_conversation_trains_as_sequences_of_its_own(db_url: str) -> None:
+    """An episode of two segments (an agent rewrote its history: `TurnRecord.segment`) is two
+    batch rows with the episode's advantage, each holding exactly its segment's tokens; the
+    stored stream, the segment numbers and the trainer-logprob round trip stay the episode's."""
+    from dataclasses import replace
+
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("segments")
+        task = await store.add_task(run, "calculator-agent", "k", {})
+        group, episodes = await store.admit_group(run, task, "calculator-agent", 2)
+        turns = {}
+        for i, e in enumerate(episodes):
+            await store.start_episode(e, "test")
+            segments = [0, 0, 1, 1] if i == 0 else [0, 0, 0, 0]
+            turns[e] = [replace(make_turn(10 * e + t), segment=s) for t, s in enumerate(segments)]
+            for turn in turns[e]:
+                await store.append_turn(e, turn)
+            await store.finish_episode(e, float(i))
+        assert await store.complete_group(group) == "ready"
+        detail = await store.get_episode(episodes[0])
+        assert [t.segment for t in detail.turns] == [0, 0, 1, 1]
+        claim = await store.claim(run, "trainer", 1)
+        data = await load_batch(store, claim, version=1)
+
+        assert data.episode_ids == episodes
+        assert data.row_episodes == [episodes[0], episodes[0], episodes[1]]
+        assert data.batch.size == 3
+        rewritten = turns[episodes[0]]
+        for row, spans in enumerate([rewritten[:2], rewritten[2:], turns[episodes[1]]]):
+            ids = [int(x) for t in spans for x in t.tokens.token_ids]
+            assert data.lengths[row] == len(ids)
+            assert data.batch.tokens[row, : len(ids)].tolist() == ids
+            assert float(data.batch.advantages[row]) == data.advantages[data.rows_of_episodes()[row]]
+        # The segment's own prompt opens its row: loss mask 0 there, as at an episode's start.
+        assert data.batch.loss_mask[1, : rewritten[2].num_prompt_tokens].sum() == 0
+        stream = await store.episode_tokens(episodes[0])
+        assert len(stream) == data.lengths[0] + data.lengths[1]
