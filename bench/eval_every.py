@@ -1,0 +1,212 @@
+"""What `trainer.eval_every` costs the trainer: its step rate with and without evaluations
+running beside it, side by side in one run.
+
+Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter model, random-init,
+the `calculator` env, groups of 8, 8 groups a step), one SGLang engine behind a router for training, `serve`
+writing into a SQLite store, the Megatron trainer loop (trainer/loop.py) stepping, exporting and
+syncing weights every step. With `eval_every` on, every EVAL_EVERY versions the trainer starts
+`agent-rl eval` of that version in a process of its own (trainer/evals.py), on an evaluation
+engine of its own behind a second router (`trainer.eval_router_url`), as a deployment with an
+evaluation fleet runs it. Phases alternate off / on / off / on, each RUN_S seconds of training
+after its first step (the first step fills the pipeline and is not counted).
+
+On this machine every process shares the same 2 CPU cores: an evaluation's engine and its
+rollouts take CPU the training engine and the trainer would otherwise use. So besides the drop
+in step rate, the benchmark reports the CPU seconds the evaluations took (their processes and
+the evaluation engine's) as a share of the machine's, which is how much of the drop is
+contention for cores that a GPU deployment's separate evaluation fleet does not have; and
+`trainer_waited_s`, the time the trainer spent starting evaluations (it never waits for one).
+
+Run: `python bench/eval_every.py` (about 4-5 minutes; needs `agent-rl engine install`).
+Last line: RESULT {"step_rate_off", "step_rate_on", "step_rate_drop", "evaluations",
+"eval_cpu_share", ...}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent_rl.config import Config, RouterConfig  # noqa: E402
+from bench._serving import RouterThread, ServeThread  # noqa: E402
+
+RUN_S = 45.0
+"""Training seconds per phase, after its first step."""
+PHASES = ("off", "on", "off", "on")
+EVAL_EVERY = 2
+EVAL_TASKS, EVAL_SAMPLES = 16, 4
+
+
+def config(work: Path, model: Path, train: RouterThread, evals: RouterThread, phase: int,
+           eval_on: bool) -> Config:
+    from agent_rl.quickstart.recipe import Options, recipe
+
+    raw = recipe(Options())
+    run = f"phase{phase}-{'on' if eval_on else 'off'}"
+    raw["run"] = {"name": run}
+    raw["store"] = {"url": f"sqlite:///{work / 'bench.db'}"}
+    raw["engine"] = {"model": str(model), "log_dir": str(work / "logs")}
+    raw["router"] = {"admin_token": train.token}
+    raw["rollout"]["router_url"] = train.url
+    # The model is random-init (no SFT: it would cost minutes), so nearly every group has equal
+    # rewards; training those too keeps the trainer's steps what they cost with signal.
+    raw["rollout"]["filter_zero_variance"] = False
+    raw["trainer"].update(
+        model=str(model), router_url=train.url, checkpoint_every=10_000, tensorboard_dir=None,
+        checkpoint_dir=str(work / run / "ckpt"), export_dir=str(work / run / "exports"),
+        eval_every=EVAL_EVERY if eval_on else 0, eval_tasks=EVAL_TASKS,
+        eval_samples=EVAL_SAMPLES, eval_router_url=evals.url,
+    )
+    return Config(**raw)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children that ended (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in fields[11:15]) / tick
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and every live descendant (an engine runs a few)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_s(p)
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        todo += [int(c) for c in children]
+    return total
+
+
+def train_for(cfg: Config, model: Path, seconds: float, eval_engine_pid: int) -> dict[str, Any]:
+    """The trainer loop beside a running serve for `seconds` after its first step."""
+    from trainer.learner import learner
+    from trainer.loop import TrainLoop
+
+    with learner(model, cfg.trainer) as e:
+        loop = TrainLoop(cfg, e, log=lambda line: None)
+        loop.open()
+        waited = [0.0]
+        after_publish = loop.evaluations.after_publish
+
+        def timed(version: int) -> None:  # what starting an evaluation costs the trainer
+            t = time.monotonic()
+            after_publish(version)
+            waited[0] += time.monotonic() - t
+
+        loop.evaluations.after_publish = timed  # type: ignore[method-assign]
+        server = ServeThread(cfg, None)
+        server.start()
+        try:
+            while loop.step_once() is None:  # fills the pipeline: not counted
+                pass
+            children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            engine0 = tree_cpu_s(eval_engine_pid)
+            steps0, t0 = loop.stats.steps, time.monotonic()
+            waited[0] = 0.0
+            while time.monotonic() - t0 < seconds:
+                loop.step_once()
+            wall = time.monotonic() - t0
+            steps = loop.stats.steps - steps0
+            evals_started = list(loop.evaluations.started)
+        finally:
+            server.stop()
+            loop.close()  # waits for an evaluation in progress
+        children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        eval_cpu = ((children1.ru_utime - children0.ru_utime) + (children1.ru_stime - children0.ru_stime)
+                    + tree_cpu_s(eval_engine_pid) - engine0)  # fmt: skip
+        if server.error is not None:
+            raise server.error
+    return {"steps": steps, "wall_s": wall, "step_rate": steps / wall, "evals_started": evals_started,
+            "trainer_waited_s": waited[0], "eval_cpu_s": eval_cpu}  # fmt: skip
+
+
+def recorded_evaluations(cfg: Config) -> list[dict[str, Any]]:
+    """The evaluation runs the store holds for this phase's run, with their pinned versions."""
+    from agent_rl.store import Store
+
+    async def go() -> list[dict[str, Any]]:
+        async with await Store.open(cfg.store) as store:
+            run = await store.run_id(cfg.run.name)
+            return [{k: e[k] for k in ("version", "episodes", "failed", "mean")}
+                    for e in await store.evaluations(run)]
+
+    return asyncio.run(go())
+
+
+def main() -> None:
+    import torch
+
+    from agent_rl.config import load_config
+    from agent_rl.engine.launcher import EngineServer
+    from agent_rl.models import init_model
+    from agent_rl.quickstart.recipe import MODEL_PRESET
+    from agent_rl.store.migrate import upgrade
+
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    results: list[dict[str, Any]] = []
+    venv = load_config().engine.venv
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = init_model(work / "model", MODEL_PRESET, seed=0)
+        engines = [EngineServer(model, venv=venv, log_dir=work / "logs", startup_timeout_s=240.0)
+                   for _ in range(2)]
+        for engine in engines:
+            engine.start()
+        token = secrets.token_urlsafe(24)  # one admin token: the config has one
+        train = RouterThread([engines[0].url], RouterConfig(port=0, admin_token=token))
+        evals = RouterThread([engines[1].url], RouterConfig(port=0, admin_token=token))
+        for router in (train, evals):
+            router.start()
+            router.ready.wait(60)
+        try:
+            for i, phase in enumerate(PHASES):
+                cfg = config(work, model, train, evals, i, phase == "on")
+                asyncio.run(upgrade(cfg.store))
+                r = {"phase": phase, **train_for(cfg, model, RUN_S, engines[1].pid or 0)}
+                r["recorded"] = recorded_evaluations(cfg)
+                r["load"] = os.getloadavg()[0]
+                results.append(r)
+                print(f"{cfg.run.name}: {json.dumps(r)}", flush=True)
+        finally:
+            for router in (train, evals):
+                router.stop()
+            for engine in engines:
+                engine.stop()
+    off = [r for r in results if r["phase"] == "off"]
+    on = [r for r in results if r["phase"] == "on"]
+    rate = lambda rs: sum(r["steps"] for r in rs) / sum(r["wall_s"] for r in rs)  # noqa: E731
+    cores = os.cpu_count() or 1
+    recorded = [e for r in on for e in r["recorded"]]
+    result = {
+        "step_rate_off": round(rate(off), 3),
+        "step_rate_on": round(rate(on), 3),
+        "step_rate_drop": round(1 - rate(on) / rate(off), 3),
+        "evaluations": len(recorded),
+        "evaluated_versions": [e["version"] for e in recorded],
+        "eval_episodes_failed": sum(e["failed"] for e in recorded),
+        "eval_cpu_share": round(sum(r["eval_cpu_s"] for r in on) / (cores * sum(r["wall_s"] for r in on)), 3),
+        "trainer_waited_s": round(sum(r["trainer_waited_s"] for r in on), 3),
+        "load_avg_1m": round(max(r["load"] for r in results), 2),
+        "cores": cores,
+    }
+    print(f"wall {time.monotonic() - started:.0f} s")
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
