@@ -207,6 +207,7 @@ class Router:
         r.add_post("/update_weights_from_disk", admin(self.control.update_from_disk))
         r.add_post("/begin_weight_update", admin(self.control.begin_update))
         r.add_post("/end_weight_update", admin(self.control.end_update))
+        r.add_post("/restore_point", admin(self.control.restore_point))
         for path in BROADCAST:
             r.add_post(path, admin(self.control.broadcast))
         r.add_route("*", "/flush_cache", admin(self.control.broadcast))

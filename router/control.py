@@ -17,8 +17,11 @@ sent with `flush_cache: false` unless the caller chose otherwise: SGLang cannot 
 that paused requests still hold. The newest update every worker took is replayed to a worker
 restored from quarantine. While a worker is in that sequence it is marked `updating`, and new sessions go to
 workers that already finished. Tensor and distributed updates are driven by the trainer against
-each worker (they carry per-worker payloads and ranks); the router brackets them with
-`/begin_weight_update` and `/end_weight_update` fanned out to all.
+each worker (they carry per-worker payloads and ranks; `GET /workers` lists them); the router
+brackets them with `/begin_weight_update` (pause by the same mode, then begin) and
+`/end_weight_update` (end, resume, read back versions), fanned out to the workers in rotation.
+Such updates leave no files, so the trainer names its newest export with `/restore_point`: that
+is what a restored worker loads before it serves.
 """
 
 from __future__ import annotations
@@ -126,19 +129,77 @@ class Control:
         targets = holders if holders and not payload.get("abort_all") else None
         return self.answer(await self.fan_out("POST", "/abort_request", body, targets))
 
+    def _in_rotation(self) -> list[Worker]:
+        """The workers a fleet-wide update goes to: a quarantined one gets it when restored."""
+        return [w for w in self.pool.all() if not w.quarantined] or self.pool.all()
+
+    def _targets(self, body: bytes | None, default: list[Worker]) -> tuple[bytes | None, list[Worker]]:
+        """A begin/end body may name its `workers` (the ones a trainer's update reaches; an
+        engine it found dead is left alone): those, and the body SGLang gets without them."""
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            return body, default
+        if not isinstance(payload, dict) or not isinstance(payload.get("workers"), list):
+            return body, default
+        named = set(payload.pop("workers"))
+        return json.dumps(payload).encode(), [w for w in self.pool.all() if w.url in named]
+
     async def begin_update(self, request: web.Request) -> web.Response:
-        body = await request.read() if request.can_read_body else None
-        for w in self.pool:
+        """Open a tensor or distributed update on every worker in rotation: pause generation
+        (`update_pause_mode`, the same path as disk updates), then `/begin_weight_update`. The
+        answer says the pause mode, so the caller knows whether SGLang may flush its cache."""
+        body, workers = self._targets(await request.read() if request.can_read_body else None,
+                                      self._in_rotation())
+        for w in workers:
             w.updating = True
-        return self.answer(await self.fan_out("POST", "/begin_weight_update", body))
+
+        async def one(worker: Worker) -> Result:
+            paused = await self._pause(worker)
+            if paused is not None:
+                return paused
+            return await self.call(worker, "POST", "/begin_weight_update", body)
+
+        results = list(await asyncio.gather(*(one(w) for w in workers)))
+        return self.answer(results, update_pause_mode=self.config.update_pause_mode)
 
     async def end_update(self, request: web.Request) -> web.Response:
-        body = await request.read() if request.can_read_body else None
-        results = await self.fan_out("POST", "/end_weight_update", body)
-        versions = await asyncio.gather(*(self.refresh_version(w) for w in self.pool))
-        for w in self.pool:
-            w.updating = False
-        return self.answer(results, weight_version=_common(versions))
+        """Close the update on every worker in rotation or updating: `/end_weight_update`,
+        resume generation, read back each version."""
+        body, workers = self._targets(
+            await request.read() if request.can_read_body else None,
+            [w for w in self.pool.all() if w.updating or not w.quarantined])
+
+        async def one(worker: Worker) -> Result:
+            try:
+                result = await self.call(worker, "POST", "/end_weight_update", body)
+                resumed = await self._resume(worker)
+                if result["success"] and resumed is not None:
+                    result = resumed
+                result["weight_version"] = await self.refresh_version(worker)
+                return result
+            finally:
+                worker.updating = False
+
+        results = list(await asyncio.gather(*(one(w) for w in workers)))
+        return self.answer(results, weight_version=_common([r["weight_version"] for r in results]))
+
+    async def restore_point(self, request: web.Request) -> web.Response:
+        """`POST /restore_point {model_path, weight_version}`: weights on disk that a worker
+        coming back loads before it serves (as after an update from disk), for fleets whose
+        updates travel in memory and leave no files behind. Sent to no worker now."""
+        try:
+            payload = json.loads(await request.read())
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict) or not payload.get("model_path") \
+                or payload.get("weight_version") is None:
+            return error_response(400, "restore_point needs model_path and weight_version")
+        body = {"model_path": payload["model_path"], "weight_version": str(payload["weight_version"])}
+        if self.config.update_pause_mode == "in_place":
+            body["flush_cache"] = False
+        self.last_update = (json.dumps(body).encode(), body["weight_version"])
+        return web.json_response({"success": True, **body})
 
     async def update_from_disk(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -156,7 +217,7 @@ class Control:
         async with self.update_lock:
             # A quarantined worker is down or unhealthy: it gets this update when it is restored
             # (bring_up_to_date), instead of failing the fleet's update now.
-            workers = [w for w in self.pool.all() if not w.quarantined] or self.pool.all()
+            workers = self._in_rotation()
             for w in workers:
                 w.updating = True
             results = await asyncio.gather(*(self._update_one(w, body) for w in workers))
@@ -188,24 +249,37 @@ class Control:
         log.info("worker %s: restored at weight version %s (was %s)", worker.url, wanted, version)
 
     async def _update_one(self, worker: Worker, body: bytes) -> Result:
-        mode = self.config.update_pause_mode
         try:
-            if mode != "none":
-                paused = await self.call(worker, "POST", "/pause_generation",
-                                         json.dumps({"mode": mode}).encode())
-                if not paused["success"]:
-                    return dict(paused, step="pause_generation")
+            paused = await self._pause(worker)
+            if paused is not None:
+                return paused
             result = await self.call(worker, "POST", "/update_weights_from_disk", body)
-            if mode != "none":
-                # Continue even after a failed update: a worker left paused would hang every
-                # request sent to it.
-                resumed = await self.call(worker, "POST", "/continue_generation", b"{}")
-                if result["success"] and not resumed["success"]:
-                    result = dict(resumed, step="continue_generation")
+            # Resume even after a failed update: a worker left paused would hang every request
+            # sent to it.
+            resumed = await self._resume(worker)
+            if result["success"] and resumed is not None:
+                result = resumed
             result["weight_version"] = await self.refresh_version(worker)
             return result
         finally:
             worker.updating = False
+
+    async def _pause(self, worker: Worker) -> Result | None:
+        """Pause generation on `worker` by `update_pause_mode` (every kind of weight update goes
+        through here): None when paused (or mode none), else the failed call's result."""
+        mode = self.config.update_pause_mode
+        if mode == "none":
+            return None
+        paused = await self.call(worker, "POST", "/pause_generation",
+                                 json.dumps({"mode": mode}).encode())
+        return None if paused["success"] else dict(paused, step="pause_generation")
+
+    async def _resume(self, worker: Worker) -> Result | None:
+        """Undo `_pause`: None when resumed (or mode none), else the failed call's result."""
+        if self.config.update_pause_mode == "none":
+            return None
+        resumed = await self.call(worker, "POST", "/continue_generation", b"{}")
+        return None if resumed["success"] else dict(resumed, step="continue_generation")
 
     async def refresh_version(self, worker: Worker) -> str | None:
         """Read the worker's `weight_version` from `/model_info` (None if it cannot say)."""

@@ -313,6 +313,12 @@ class Learner:
         )
         return {"model": model_state, "optimizer": optimizer_state, "step": self.step}
 
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full weights in HF names and layouts (gathered over TP/EP: every rank calls it),
+        as engines load them; on ranks other than 0, {}."""
+        full = shard.gather_full_state_dict(self.module, self.arch)
+        return hf_convert.mcore_to_hf(full, self.arch) if dist.get_rank() == 0 else {}
+
     def export_hf(self, directory: str | Path) -> Path:
         """Write an HF safetensors model directory (config and tokenizer copied from the start)."""
         full = shard.gather_full_state_dict(self.module, self.arch)

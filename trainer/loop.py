@@ -42,6 +42,7 @@ from agent_rl.store.staleness import bucket
 from trainer.data import TrainingData, load_batch
 from trainer.evals import Evaluations
 from trainer.learner import Learner, latest_checkpoint
+from trainer.weight_sync import InMemorySync, make_sync
 
 T = TypeVar("T")
 WAIT_LOG_S = 30.0  # repeat the "waiting for data" line this often
@@ -57,6 +58,8 @@ class LoopStats:
     idle_s: float = 0.0
     wall_s: float = 0.0
     lost_leases: int = 0
+    failed_syncs: int = 0
+    """Weight syncs that left an engine without the new version (the engine was dropped)."""
     episodes: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
 
@@ -92,6 +95,8 @@ class TrainLoop:
         self._store: Store | None = None
         self._engines: EngineClient | None = None
         """The router (or SGLang server) that loads each export: one pooled client, rank 0."""
+        self._memory: InMemorySync | None = None
+        """`weight_sync` distributed / tensor: the in-memory sync through `_engines`."""
         self._tb: Any = None
         self._last_checkpoint_step = -1
         self._spans: list[Span] = []
@@ -143,6 +148,7 @@ class TrainLoop:
                 self.router_url, token=token.get_secret_value() if token is not None else None
             )
             self._call(self._engines.model_info(timeout_s=5.0))  # a wrong URL fails now
+            self._memory = make_sync(self._engines, self.tcfg)
         else:
             self.log("no router configured: weights are exported but not synced to engines")
         if self.tcfg.tensorboard_dir is not None:
@@ -159,6 +165,8 @@ class TrainLoop:
             self.evaluations.close()
             if self._tb is not None:
                 self._tb.close()
+            if self._memory is not None:
+                self._call(self._memory.close())
             if self._engines is not None:
                 self._call(self._engines.aclose())
             if self._store is not None:
@@ -258,6 +266,7 @@ class TrainLoop:
             tokens_per_s=data.model_tokens / max(step_s, 1e-9),
             episodes=len(data.episode_ids),
             stale_tokens=data.stale_tokens,
+            failed_syncs=self.stats.failed_syncs,
             reward_mean=sum(data.rewards) / len(data.rewards),
             staleness_mean=sum(data.staleness) / len(data.staleness),
             staleness_histogram={str(k): v for k, v in
@@ -288,13 +297,21 @@ class TrainLoop:
         stale for serve to admit anything, and this trainer would wait forever."""
         version = self.stats.version
         export = Path(self.tcfg.export_dir) / f"v{version:06d}"
-        if self._engines is None or version == 0 or not (export / "config.json").is_file():
+        # In memory only from a trainer of one rank: the weights are gathered collectively, and
+        # the other ranks are not in this loop. Otherwise the newest export, as for disk.
+        from_memory = self._memory is not None and (
+            not dist.is_initialized() or dist.get_world_size() == 1)
+        if self._engines is None or version == 0 or not (
+                from_memory or (export / "config.json").is_file()):
             return
         served = self._call(self._engines.served_versions())
         behind = {url: v for url, v in served.items() if v != str(version)}
         if not behind:
             return
         self.log(f"engines {behind} do not serve policy version {version}: loading it again")
+        if from_memory:
+            self._push(self.learner.step, version)
+            return
         try:
             self._sync(export, version)
         except EngineError as e:
@@ -355,6 +372,12 @@ class TrainLoop:
         return path
 
     def _export_and_sync(self, step: int) -> None:
+        """Disk: export every `export_every` steps, then every engine loads it. In memory: every
+        step a push, then the export every `export_every` steps, named to the router as the
+        weights a returning engine loads before it serves."""
+        in_memory = self.tcfg.weight_sync != "disk"
+        if in_memory:
+            self._push(step, self._broadcast(self.stats.version))
         if step % self.tcfg.export_every:
             return
         version = self._broadcast(self.stats.version)
@@ -367,7 +390,13 @@ class TrainLoop:
         # Keep the two newest exports: an engine may still be reading the previous one.
         for old in sorted(Path(self.tcfg.export_dir).glob("v*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
-        if self._engines is not None:
+        if self._engines is not None and in_memory:
+            try:
+                self._call(self._engines.restore_point(out, str(version)))
+            except EngineError as e:
+                self.log(f"step {step}: the router did not take v{version}'s export as its "
+                         f"restore point ({e}); a returning engine waits for the next push")
+        elif self._engines is not None:
             sync_started = time.time()
             try:
                 self._sync(out, version)
@@ -382,3 +411,29 @@ class TrainLoop:
         """Every engine behind the router loads `export`, labelled with its policy version."""
         assert self._engines is not None
         self._call(self._engines.update_weights_from_disk(export, weight_version=str(version)))
+
+    def _push(self, step: int, version: int) -> None:
+        """`weight_sync` distributed / tensor: every engine in rotation serves `version` from
+        the trainer's memory. A failure (an engine dropped, or none reached) is counted in
+        `failed_syncs` and logged; training goes on."""
+        started = time.time()
+        weights = self.learner.hf_state_dict()  # collective: every rank gathers
+        if not self.rank0 or self._memory is None:
+            return
+        try:
+            report = self._call(self._memory.push(weights, version))
+            problem = "" if report.ok else f"engines dropped: {report.dropped}"
+        except EngineError as e:
+            report, problem = None, str(e)
+        self._span("sync", started)
+        if problem:
+            self.stats.failed_syncs += 1
+            self.log(f"step {step}: weight sync of v{version} incomplete ({problem[:500]}); "
+                     f"{self.stats.failed_syncs} failed so far; training continues")
+        if self.stats.history and self.stats.history[-1].get("version") == version:
+            self.stats.history[-1].update(
+                weight_sync_s=time.time() - started, weight_sync_ok=not problem,
+                failed_syncs=self.stats.failed_syncs)
+        if report is not None and self._tb is not None:
+            self._tb.add_scalar("train/weight_sync_s", report.seconds, step)
+            self._tb.add_scalar("train/failed_syncs", self.stats.failed_syncs, step)

@@ -101,8 +101,25 @@ class TrainerConfig(Section):
     episodes first; kept for comparison). See agent_rl/store/staleness.py."""
 
     router_url: str | None = None
-    """Router (or single SGLang server) that loads each export via /update_weights_from_disk;
+    """Router (or single SGLang server) the weights are synced through (`weight_sync`);
     unset: `rollout.router_url`; neither: weights are exported but not synced."""
+
+    weight_sync: Literal["disk", "distributed", "tensor"] = "disk"
+    """How new weights reach the engines after a step: disk (every engine loads the step's HF
+    export), distributed (a broadcast over a process group of this trainer and every engine:
+    gloo on CPU, NCCL on GPU), tensor (tensors in shared memory: engines on this host only).
+    In-memory modes sync after every step; exports are still written every `export_every`."""
+
+    weight_sync_bucket_mb: float = Field(default=256.0, gt=0)
+    """distributed / tensor: weights travel in buckets of at most this many MB (one broadcast
+    or one update call each; a larger tensor travels alone)."""
+
+    weight_sync_timeout_s: float = Field(default=60.0, gt=0)
+    """distributed / tensor: longest wait for one bucket (or for the group to form) before the
+    engine that did not take it is dropped from the sync and the sync counted as failed."""
+
+    weight_sync_host: str = "127.0.0.1"
+    """distributed: this trainer's address as the engines reach it (the group's rendezvous)."""
 
     claim_lease_s: float = Field(default=300.0, gt=0)
     """Lease of a claim on ready groups; a trainer that dies holding one gives them back after it."""

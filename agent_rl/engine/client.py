@@ -352,12 +352,86 @@ class EngineClient:
             )
         return result
 
-    async def begin_weight_update(self) -> Any:
-        """Open the bracket SGLang 0.5.2x requires around tensor and distributed updates."""
-        return await self._post("/begin_weight_update", {})
+    async def begin_weight_update(
+        self, *, workers: list[str] | None = None, timeout_s: float | None = None
+    ) -> Any:
+        """Open the bracket SGLang 0.5.2x requires around tensor and distributed updates (the
+        router also pauses generation there, by its `update_pause_mode`; on `workers` only,
+        when given, else on every worker in rotation)."""
+        body = {} if workers is None else {"workers": workers}
+        return await self._request("POST", "/begin_weight_update", body, timeout_s)
 
-    async def end_weight_update(self) -> Any:
-        return await self._post("/end_weight_update", {})
+    async def end_weight_update(
+        self, *, workers: list[str] | None = None, timeout_s: float | None = None
+    ) -> Any:
+        """Close the bracket (the router resumes generation and reads back every version)."""
+        body = {} if workers is None else {"workers": workers}
+        return await self._request("POST", "/end_weight_update", body, timeout_s)
+
+    async def workers(self, *, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """The router's workers (`GET /workers`: url, quarantined, weight_version, ...); a bare
+        SGLang server, which has no such list, is its own one worker."""
+        try:
+            async with self.session.get(
+                self.base_url + "/workers", headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                if resp.status == 404:
+                    return [{"url": self.base_url, "quarantined": False}]
+                await _raise_for_status(resp, "/workers")
+                return list((await resp.json()).get("workers", []))
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(f"engine at {self.base_url} unreachable (/workers): {e!r}") from e
+
+    async def init_weights_update_group(
+        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
+        group_name: str, backend: str, timeout_s: float | None = None,
+    ) -> Any:  # fmt: skip
+        """Join the trainer's weight-update process group (one engine: per-engine rank offset).
+        Returns once every rank joined."""
+        body = {"master_address": master_address, "master_port": master_port,
+                "rank_offset": rank_offset, "world_size": world_size,
+                "group_name": group_name, "backend": backend}
+        return await self._request("POST", "/init_weights_update_group", body, timeout_s)
+
+    async def destroy_weights_update_group(
+        self, group_name: str, *, timeout_s: float | None = None
+    ) -> Any:
+        return await self._request(
+            "POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout_s
+        )
+
+    async def update_weights_from_distributed(
+        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+        weight_version: str | None, flush_cache: bool, flattened: bool = True,
+        timeout_s: float | None = None,
+    ) -> Any:  # fmt: skip
+        """Receive one broadcast bucket (`flattened`: one flat uint8 tensor of every named
+        tensor's bytes, in order) and load it; `weight_version` is set once it is loaded."""
+        body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes,
+                                "group_name": group_name, "flush_cache": flush_cache}
+        if flattened:
+            body["load_format"] = "flattened_bucket"
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        return await self._request("POST", "/update_weights_from_distributed", body, timeout_s)
+
+    async def update_weights_from_tensor(
+        self, serialized: list[str], *, weight_version: str | None, flush_cache: bool,
+        timeout_s: float | None = None,
+    ) -> Any:  # fmt: skip
+        """Load named tensors the engine reads from this host's shared memory: `serialized`
+        holds one base64 pickle (multiprocessing's ForkingPickler) per engine TP rank."""
+        body: dict[str, Any] = {"serialized_named_tensors": serialized, "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        return await self._request("POST", "/update_weights_from_tensor", body, timeout_s)
+
+    async def restore_point(self, model_path: str | Path, weight_version: str) -> Any:
+        """Router only: the newest weights as files, loaded by a worker that comes back (it
+        restarted, or left quarantine) before it serves; weights synced in memory leave none."""
+        return await self._post("/restore_point", {"model_path": os.path.abspath(model_path),
+                                                   "weight_version": weight_version})
 
     async def health_generate(self) -> bool:
         """True if the engine completes a one-token generation (503 while starting: False)."""
@@ -394,8 +468,8 @@ class EngineClient:
             return {str(k): v for k, v in workers.items() if k not in down}
         return {self.base_url: info.get("weight_version")}
 
-    async def server_info(self) -> dict[str, Any]:
-        return await self._get("/server_info")
+    async def server_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._get("/server_info", timeout_s)
 
     async def flush_cache(self) -> None:
         await self._post("/flush_cache", {})

@@ -295,6 +295,26 @@ async def test_begin_and_end_weight_update_bracket_all_workers(
         assert r.status == 400 and "each worker directly" in (await r.json())["error"]["message"]
 
 
+async def test_begin_pauses_and_end_resumes_the_named_workers_only(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    # A trainer's in-memory update names the engines it reaches; a dead one is left alone.
+    a, b = await make_worker(name="a"), await make_worker(name="b")
+    router = await make_router([a.url, b.url])
+    async with http.post(router.url + "/begin_weight_update", json={"workers": [a.url]},
+                         headers=ADMIN) as r:
+        reply = await r.json()
+        assert r.status == 200 and reply["update_pause_mode"] == "retract"
+    assert json.loads(a.calls("/pause_generation")[0].body) == {"mode": "retract"}
+    assert json.loads(a.calls("/begin_weight_update")[0].body) == {}  # the list stays ours
+    assert not b.calls("/pause_generation") and not b.calls("/begin_weight_update")
+    async with http.post(router.url + "/end_weight_update", json={"workers": [a.url]},
+                         headers=ADMIN) as r:
+        assert r.status == 200
+    assert len(a.calls("/continue_generation")) == 1 and not b.calls("/end_weight_update")
+    assert not any(w.updating for w in router.pool)
+
+
 async def test_loads_are_aggregated_and_metrics_exported(
     make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:

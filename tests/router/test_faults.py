@@ -237,6 +237,35 @@ async def test_restarted_worker_gets_the_current_weights_before_serving(
     assert versions == {"7"}
 
 
+async def test_restored_worker_loads_the_restore_point_of_in_memory_updates(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    # Updates sent in memory (tensor, distributed) leave no files: the trainer names its newest
+    # export with /restore_point, and a worker that comes back loads it before it serves.
+    a, b = await make_worker(name="a"), await make_worker(name="b")
+    router = await make_router([a.url, b.url], health_interval_s=0.05, quarantine_after=1,
+                               recover_after=2, policy="round-robin")
+    admin = {"Authorization": "Bearer secret"}
+    async with http.post(router.url + "/restore_point", json={"weight_version": "5"},
+                         headers=admin) as r:
+        assert r.status == 400
+    async with http.post(router.url + "/restore_point", headers=admin,
+                         json={"model_path": "/exports/v000005", "weight_version": 5}) as r:
+        assert r.status == 200
+    assert not a.calls("/update_weights_from_disk")  # sent to no worker now
+    a.weight_version = b.weight_version = "5"  # what the in-memory push did
+    worker_b = router.pool.get(b.url)
+    assert worker_b is not None
+    b.health_mode = "error500"
+    await _until(lambda: worker_b.quarantined)
+    b.weight_version = "default"
+    b.health_mode = None
+    await _until(lambda: not worker_b.quarantined)
+    assert b.weight_version == "5"
+    body = json.loads(b.calls("/update_weights_from_disk")[-1].body)
+    assert body == {"model_path": "/exports/v000005", "weight_version": "5"}
+
+
 async def test_worker_that_cannot_take_the_weights_stays_quarantined(
     make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:

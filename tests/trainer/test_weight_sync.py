@@ -1,0 +1,185 @@
+"""Weight sync in memory against real SGLang on CPU: two engines (the session's tiny-moe server
+and one of this module's) behind the real router, the real Megatron learner on the same model.
+
+After a step, a `distributed` push (gloo group of the trainer and both engines) and a `tensor`
+push (shared memory) each leave both engines serving the new version, with logprobs on fixed
+tokens equal to the trainer's to 1e-5 (fp32). An engine SIGKILLed between two buckets of a
+broadcast (fault injection: the kill is ours, timed by wrapping the bucket send) is dropped:
+the push returns within its timeout, the survivor serves the version, and the next push goes
+to the survivor alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agent_rl.config import RouterConfig, TrainerConfig
+from agent_rl.engine.client import EngineClient
+from agent_rl.engine.launcher import EngineServer
+from router import Router
+from trainer.batch import Batch
+from trainer.learner import Learner, learner
+from trainer.weight_sync import Broadcast, make_sync
+
+SEQUENCES = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42, 300, 17, 18]]
+
+
+@pytest.fixture(scope="module")
+def second_engine(
+    engine_venv: Path, tiny_moe_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineServer]:
+    """A second engine on tiny-moe for this module only (its ~2 GB go back after it); the kill
+    test, last here, kills it."""
+    server = EngineServer(tiny_moe_model, venv=engine_venv, startup_timeout_s=240.0,
+                          log_dir=tmp_path_factory.mktemp("weight-sync-engine-logs"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def engines(
+    sglang_moe_server: EngineServer, second_engine: EngineServer, tiny_moe_model: Path
+) -> Iterator[list[str]]:
+    urls = [sglang_moe_server.url, second_engine.url]
+    yield urls
+
+    async def back() -> None:  # the session's server goes back to its initial weights
+        for url in urls:
+            async with EngineClient(url) as c:
+                try:
+                    await c.update_weights_from_disk(tiny_moe_model, weight_version="default")
+                except Exception:  # noqa: BLE001 (the killed engine cannot)
+                    if url == sglang_moe_server.url:
+                        raise
+
+    asyncio.run(back())
+
+
+def _stepped(model: Path, cfg: TrainerConfig) -> Iterator[Learner]:
+    """A learner one large RL step away from the model's weights."""
+    with learner(model, cfg) as e:
+        batch = Batch.from_sequences(
+            SEQUENCES,
+            loss_masks=[[0.0] * 2 + [1.0] * (len(s) - 2) for s in SEQUENCES],
+            rollout_logprobs=[[-5.0] * len(s) for s in SEQUENCES],
+            advantages=[1.0, -1.0],
+        )
+        e.rl_step(batch)
+        yield e
+
+
+def _trainer_logprobs(e: Learner) -> list[list[float]]:
+    batch = Batch.from_sequences(
+        SEQUENCES, loss_masks=[[1.0] * len(s) for s in SEQUENCES],
+        rollout_logprobs=[[0.0] * len(s) for s in SEQUENCES], advantages=[0.0, 0.0],
+    )
+    lp = e.logprobs(batch)["logprobs"]
+    return [lp[i, 1 : len(s)].tolist() for i, s in enumerate(SEQUENCES)]
+
+
+async def _engine_logprobs(url: str) -> tuple[str | None, list[list[float]]]:
+    """The engine's weight version and its logprob of every token after the first."""
+    out = []
+    async with EngineClient(url) as c:
+        await c.flush_cache()
+        for seq in SEQUENCES:
+            g = await c.generate(seq, {"max_new_tokens": 1, "temperature": 0.0},
+                                 extra={"logprob_start_len": 0})
+            out.append([float(t[0]) for t in g.meta_info["input_token_logprobs"][1:]])
+        version = (await c.model_info())["weight_version"]
+    return version, out
+
+
+def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb, strict=True))
+
+
+def _router_config() -> RouterConfig:
+    return RouterConfig(port=0, health_interval_s=0, admin_token="secret")
+
+
+@pytest.mark.parametrize("mode", ["distributed", "tensor"])
+def test_push_serves_the_trainers_weights_on_both_engines(
+    mode: str, engines: list[str], tiny_moe_model: Path
+) -> None:
+    cfg = TrainerConfig(weight_sync=mode, weight_sync_bucket_mb=0.5, weight_sync_timeout_s=60,
+                        lr=1e-2, micro_batch_size=4)
+    for e in _stepped(tiny_moe_model, cfg):
+        ours = _trainer_logprobs(e)
+        weights = e.hf_state_dict()
+
+        async def go() -> Any:
+            before = await _engine_logprobs(engines[0])
+            async with Router(_router_config(), engines) as router:
+                client = EngineClient(router.url, token="secret")
+                sync = make_sync(client, cfg)
+                assert sync is not None
+                report = await sync.push(weights, 7)
+                await sync.close()
+                await client.aclose()
+            return before, report, [await _engine_logprobs(u) for u in engines]
+
+        before, report, after = asyncio.run(go())
+    assert report.ok and sorted(report.updated) == sorted(engines), report
+    assert report.buckets > 1  # bucketed: 0.5 MB buckets of a ~3 MB model
+    assert _max_diff(before[1], ours) > 1e-3  # the step moved the weights
+    for url, (version, theirs) in zip(engines, after):
+        diff = _max_diff(theirs, ours)
+        print(f"{mode}: {url} serves {version}; max |engine - trainer| logprob {diff:.2e}")
+        assert version == "7"
+        assert diff <= 1e-5
+
+
+def test_engine_killed_mid_broadcast_is_dropped(
+    engines: list[str], second_engine: EngineServer, tiny_moe_model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = TrainerConfig(weight_sync="distributed", weight_sync_bucket_mb=0.25,
+                        weight_sync_timeout_s=20, lr=1e-2, micro_batch_size=4)
+    original = Broadcast._one_bucket
+    sent: list[int] = []
+
+    async def killing(self: Broadcast, *args: Any, **kwargs: Any) -> Any:
+        # Fault injection: the second engine dies after the first bucket reached it.
+        if len(sent) == 1:
+            os.killpg(second_engine.pid, signal.SIGKILL)
+        sent.append(1)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Broadcast, "_one_bucket", killing)
+    for e in _stepped(tiny_moe_model, cfg):
+        ours = _trainer_logprobs(e)
+        weights = e.hf_state_dict()
+
+        async def go() -> Any:
+            async with Router(_router_config(), engines) as router:
+                client = EngineClient(router.url, token="secret")
+                sync = make_sync(client, cfg)
+                assert sync is not None
+                t0 = time.monotonic()
+                first = await sync.push(weights, 8)
+                took = time.monotonic() - t0
+                second = await sync.push(weights, 9)
+                await sync.close()
+                await client.aclose()
+            return first, took, second, await _engine_logprobs(engines[0])
+
+        first, took, second, (version, theirs) = asyncio.run(go())
+    print(f"kill mid-broadcast: push took {took:.1f}s, dropped {first.dropped}; next {second}")
+    assert not first.ok and list(first.dropped) == [engines[1]]
+    assert first.updated == [engines[0]]
+    assert took < 3 * cfg.weight_sync_timeout_s
+    assert second.ok and second.updated == [engines[0]]
+    assert version == "9"
+    assert _max_diff(theirs, ours) <= 1e-5
+    assert torch.is_tensor(next(iter(weights.values())))
