@@ -1,11 +1,15 @@
 """The rollout scheduler: admits groups of episodes within the staleness bound and runs them.
 
 Admission: a group of n episodes (one task) is admitted only while the policy the engine
-serves is within eta versions of the newest version in the store, and only when n slots are
-free, so waiting episodes never pile up. Once admitted, an episode is never discarded for
+serves is within eta versions of the newest version in the store (and fewer than
+`max_queued_groups` groups are queued for the trainer), and only once a slot is free. Its
+episodes then start one by one as slots free up, in order, and the next group is admitted
+only after all of them have started: slots never sit idle while a group's long-tail episode
+finishes (the old rule, all n slots free before a group, left up to n-1 idle), and at most
+n-1 admitted episodes wait for a slot. Once admitted, an episode is never discarded for
 staleness: it runs across weight updates and its tokens carry the versions that sampled them.
 When every episode of a group has ended, the env's group reward hook runs and the group is
-handed to the trainer (`ready`), or filtered (zero reward variance) with the reason.
+handed to the trainer (`ready`) as one, or filtered (zero reward variance) with the reason.
 
 Restart: episodes a dead process left running are resolved as interrupted, groups whose
 episodes all ended are decided, episodes admitted but never started are run, and the task
@@ -64,9 +68,8 @@ class Scheduler:
         self.version_poll_s = version_poll_s
         self.stats = SchedulerStats()
         self.run_id: int | None = None
-        n = ctx.cfg.group_size
-        # Admission takes n slots per group, so a group can always start all its episodes.
-        self._slots = anyio.Semaphore(max(ctx.cfg.max_concurrent_episodes, n))
+        # FIFO: a slot that frees goes to the episode that has waited longest.
+        self._slots = anyio.Semaphore(ctx.cfg.max_concurrent_episodes)
         self._pending: dict[int, int] = {}
         """Episodes of each group this process still runs."""
         self._stopping = False
@@ -174,18 +177,17 @@ class Scheduler:
         tasks = self._tasks(await store.count_tasks(run_id, self.env_id))
         while (budget is None or budget > 0) and not self._stopping:
             size = n if budget is None else min(n, budget)
-            held = 0
+            held = False
             # Only the waits are cancelled by a graceful stop, never a store write in progress.
             with anyio.CancelScope() as self._admission_wait:
-                for _ in range(size):
-                    await self._slots.acquire()
-                    held += 1
-                # Checked after the slots are ours, right before admitting: a check made before
-                # waiting for slots could be stale by the time the group starts.
+                await self._slots.acquire()
+                held = True
+                # Checked once the first slot is ours, right before admitting: a check made
+                # before waiting for it could be stale by the time the group starts.
                 await self._wait_within_staleness()
             self._admission_wait = None
             if self._stopping:
-                for _ in range(held):
+                if held:
                     self._slots.release()
                 return
             index, task = next(tasks)
@@ -194,10 +196,24 @@ class Scheduler:
             group_id, episodes = await store.admit_group(run_id, task_id, self.env_id, size, seeds)
             self._pending[group_id] = size
             self.stats.admitted += size
-            for eid, seed in zip(episodes, seeds):
-                tg.start_soon(self._run_episode, group_id, eid, task, seed)
             if budget is not None:
                 budget -= size
+            await self._start_in_turn(tg, group_id, list(zip(episodes, seeds)), task)
+
+    async def _start_in_turn(self, tg: anyio.abc.TaskGroup, group_id: int,
+                             episodes: list[tuple[int, int]], task: Task) -> None:  # fmt: skip
+        """Start an admitted group's episodes as slots free up (the first slot is held): a
+        graceful stop does not interrupt this, since they are admitted; a hard one ends
+        those not yet started as interrupted, as the running ones end."""
+        for i, (eid, seed) in enumerate(episodes):
+            if i:
+                try:
+                    await self._slots.acquire()
+                except anyio.get_cancelled_exc_class():
+                    for unstarted, _ in episodes[i:]:
+                        await self._interrupt_unstarted(unstarted)
+                    raise
+            tg.start_soon(self._run_episode, group_id, eid, task, seed)
 
     def _tasks(self, skip: int) -> Iterator[tuple[int, Task]]:
         source = make(self.env_id, **self.env_kwargs).task_source(self.ctx.cfg.split)

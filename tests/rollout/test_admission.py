@@ -1,0 +1,89 @@
+"""Admission fills slots as they free up: a group's long-tail episode does not hold the next
+group back (the scheduler used to admit a group only once all its n slots were free, so the
+slots its finished episodes left sat idle until the slowest one ended).
+
+The engine is the stand-in (`agent_rl.engine.stand_in`, the fault-free stand-in for a GPU
+engine: every turn answers "413" at once), so the only thing that takes time is the env's
+long-tail episode. Everything else is real: `serve`, the scheduler, the episode runner, the
+chat template and tokenizer, a SQLite store, HTTP on loopback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agent_rl import Env, StepResult
+from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig
+from agent_rl.engine.stand_in import StandInEngine
+from agent_rl.messages import AssistantTurn, Message, user
+from agent_rl.registry import register
+from agent_rl.rollout.render import ChatRenderer
+from agent_rl.serve import serve
+from agent_rl.store import Store
+from agent_rl.tasks import ListTasks, Task, TaskSource
+
+pytestmark = pytest.mark.anyio
+
+WAIT_S = 10.0
+
+
+class LongTailEnv(Env):
+    """The first episode to step is the long tail: it waits (up to WAIT_S) until an episode of
+    another task, i.e. of a later group, has stepped, and records whether one did."""
+
+    stepped: set[str] = set()
+    tail_overlapped: bool | None = None
+
+    def builtin_tasks(self, split: str = "train") -> TaskSource:
+        return ListTasks([Task(id=f"t{i}", data={"q": f"question {i}"}) for i in range(4)])
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        return [user(task["q"])]
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        assert self.task is not None
+        tail = not LongTailEnv.stepped
+        LongTailEnv.stepped.add(self.task.id)
+        if tail:
+            with anyio.move_on_after(WAIT_S):
+                while len(LongTailEnv.stepped) < 2:
+                    await anyio.sleep(0.02)
+            LongTailEnv.tail_overlapped = len(LongTailEnv.stepped) >= 2
+        return StepResult(reward=float(tail), terminated=True)
+
+    async def score(self, answer: str) -> float:
+        return 0.0
+
+
+async def test_next_group_starts_while_a_long_tail_episode_runs(tmp_path: Path, tiny_dense_model: Path) -> None:
+    register("test-long-tail", LongTailEnv)
+    LongTailEnv.stepped, LongTailEnv.tail_overlapped = set(), None
+    renderer = ChatRenderer(tiny_dense_model)
+    async with StandInEngine([renderer.encode("413")], renderer.eos_id) as engine:
+        cfg = Config(
+            store=StoreConfig(url=f"sqlite:///{tmp_path / 'store.db'}"),
+            engine=EngineConfig(model=tiny_dense_model),
+            rollout=RolloutConfig(env="test-long-tail", router_url=engine.url, group_size=2,
+                                  max_concurrent_episodes=2, max_queued_groups=0, max_turns=2,
+                                  filter_zero_variance=False),
+        )  # fmt: skip
+        summary = await serve(cfg, max_episodes=6)
+    # The tail's group held one of the two slots; the other went to the next group at once.
+    assert LongTailEnv.tail_overlapped is True
+    assert summary.admitted == 6
+    async with await Store.open(cfg.store) as store:
+        run = summary.run_id
+        assert (await store.audit(run)).problems() == []
+        ledger = await store.ledger(run)
+        assert ledger.balances() and ledger.admitted == 6 and ledger.failed == 0
+        assert await store.groups_to_complete(run) == []
+        # Groups still land whole: each decided once all of its episodes ended.
+        episodes = await store.list_episodes(run_id=run)
+        by_group: dict[int, list[str]] = {}
+        for e in episodes:
+            by_group.setdefault(e.group_id, []).append(e.status)
+        assert sorted(len(v) for v in by_group.values()) == [2, 2, 2]
+        assert all(s == "completed" for v in by_group.values() for s in v)
