@@ -5,6 +5,12 @@ generation is a `/generate` call with `input_ids` through the router, and every 
 persisted as it completes with its span of tokens (new prompt/observation tokens with loss mask
 0, then the completion with mask 1, its logprobs, the policy version of every token, and MoE
 routed experts when asked). Tool calls run through the environment, in the episode's sandbox.
+The episode's start (waiting -> running, owned by this process) and each turn's write commit
+while the next generation runs: the engine does not wait through the store's commits. Each
+write is durable before anything that follows that generation (the next write, the episode's
+end, a failure's record), so an episode's writes land in order, a crash loses at most the turn
+being generated, and an episode another process started first is never generated on past its
+first turn nor ended by this one.
 
 Outcomes, every one written by `_end` (the episode's last turn and its terminal state in ONE
 store transaction, `Store.end_episode`): the env terminates or truncates -> `completed` with its
@@ -17,10 +23,12 @@ interrupted.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,10 +118,14 @@ class EpisodeRunner:
         self.ctx, self.episode_id, self.env_id = ctx, episode_id, env_id
         self.task, self.seed, self.env_kwargs = task, seed, env_kwargs or {}
         self.prefix, self.resume = prefix or [], resume
+        self._next_write: Callable[[], Awaitable[Any]] | None = None
+        """The episode's next write, not yet submitted (its start, or its last completed
+        turn): it commits during the next generation, or before the end."""
+        self._started = False
 
     async def run(self) -> EpisodeResult:
         """Run the episode; returns how it ended (the store already says so)."""
-        await self.ctx.store.start_episode(self.episode_id, self.ctx.owner)
+        self._next_write = self._start
         with telemetry.invoke_agent(self.env_id, self.episode_id, self.ctx.run_name) as span:
             try:
                 with anyio.fail_after(self.ctx.cfg.episode_timeout_s):
@@ -139,6 +151,15 @@ class EpisodeRunner:
         """Write the episode's end: the one place every exit goes through (shielded, so a
         cancellation cannot leave the episode without its terminal state)."""
         with anyio.CancelScope(shield=True):
+            if self._next_write is not None:  # ended before the next generation: written first
+                write, self._next_write = self._next_write, None
+                try:
+                    await write()
+                except StoreError as e:
+                    # Not started here (another process runs it): never ended here either.
+                    if not self._started or end.error_type != "Interrupted":
+                        raise
+                    log.info("episode %d: %s", self.episode_id, e)
             try:
                 await self.ctx.store.end_episode(self.episode_id, end)
             except StoreError as e:
@@ -167,7 +188,7 @@ class EpisodeRunner:
                 return _truncated("max_tokens", messages=[_record(m) for m in new_messages])
             started = time.time()
             params, asked = self._sampling(env, budget, t)
-            gen = await self._generate(conv.ids, params, t, pending)
+            gen = await self._while_writing(self._generate(conv.ids, params, t, pending))
             ids = gen.output_ids
             text = self.ctx.renderer.decode(ids)
             content = text[: -len(self.ctx.renderer.eos_text)] if text.endswith(self.ctx.renderer.eos_text) else text
@@ -206,9 +227,48 @@ class EpisodeRunner:
             if len(conv.ids) >= cfg.max_tokens:
                 return _truncated("max_tokens", turn=unwritten, result=result)
             if unwritten is not None:
-                await self.ctx.store.append_turn(self.episode_id, unwritten)
+                self._next_write = functools.partial(self.ctx.store.append_turn, self.episode_id, unwritten)
             new_messages = []
         raise AssertionError("unreachable: the last turn always ends the episode")  # pragma: no cover
+
+    async def _start(self) -> None:
+        await self.ctx.store.start_episode(self.episode_id, self.ctx.owner)
+        self._started = True
+
+    async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:
+        """`generation` while the episode's pending write commits; returns once both are done.
+        The write is shielded (a write that began is finished, whatever cancels the
+        generation); a failed write cancels the generation and is raised, as a write made
+        before it would have been."""
+        pending, self._next_write = self._next_write, None
+        if pending is None:
+            return await generation
+        write_error: BaseException | None = None
+        gen_error: Exception | None = None
+        gen: Generation | None = None
+
+        async def write() -> None:
+            nonlocal write_error
+            with anyio.CancelScope(shield=True):
+                try:
+                    await pending()
+                except Exception as e:
+                    write_error = e
+                    tg.cancel_scope.cancel()
+
+        # Neither side raises inside the task group: it would wrap what they raise.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write)
+            try:
+                gen = await generation
+            except Exception as e:
+                gen_error = e
+        if write_error is not None:
+            raise write_error
+        if gen_error is not None:
+            raise gen_error
+        assert gen is not None
+        return gen
 
     def _sampling(self, env: Env, budget: int, turn: int) -> tuple[dict[str, Any], int | None]:
         """The turn's sampling parameters (the rollout's, then the env's overrides) with

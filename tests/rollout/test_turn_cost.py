@@ -6,7 +6,9 @@ The work is counted, not timed, so the test cannot flake: the characters the cha
 renders, the characters tokenized and the tokens decoded, the SQL statements and the bytes
 they carry, and the request body sent to the engine, each between the runner's request for
 turn t and its request for turn t+1 (everything turn t does: decode, parse, tool call, the
-drift check, the store write). The request's input ids are left out of the body count: SGLang's
+drift check, the store write). A turn's write commits while the next turn generates, so the
+engine takes its snapshot for turn t+1 once turn t's write has committed (one commit per turn,
+after the episode's start). The request's input ids are left out of the body count: SGLang's
 protocol sends the whole context with every turn.
 
 The engine is the stand-in (`agent_rl.engine.stand_in`), the fault-free stand-in for a GPU
@@ -17,6 +19,7 @@ calculator env and its tool, the chat template and tokenizer, a SQLite store, HT
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 from pathlib import Path
@@ -73,6 +76,9 @@ class CountingEngine(StandInEngine):
         body = await request.read()
         payload = json.loads(body)
         self.input_ids.append(payload["input_ids"])
+        # Turn t's request comes with turn t-1's write in flight: counted once committed.
+        while self.work["commits"] < len(self.input_ids):
+            await asyncio.sleep(0.001)
         del payload["input_ids"]
         self.work["request bytes, without input ids"] += len(json.dumps(payload))
         self.snapshots.append(collections.Counter(self.work))
@@ -80,6 +86,10 @@ class CountingEngine(StandInEngine):
 
 
 def _count_sql(store: Store, work: collections.Counter[str]) -> None:
+    @event.listens_for(store.db, "commit")
+    def _commit(conn) -> None:  # type: ignore[no-untyped-def]
+        work["commits"] += 1
+
     @event.listens_for(store.db, "before_cursor_execute")
     def _statement(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
         work["SQL statements"] += 1
@@ -116,7 +126,7 @@ async def test_turn_50_costs_what_turn_2_does(tmp_path: Path, tiny_dense_model: 
     assert all(later[: len(earlier)] == earlier for earlier, later in zip(sent, sent[1:]))
     snaps = engine.snapshots
     assert len(snaps) == TURNS
-    cost = {t: {k: snaps[t + 1][k] - snaps[t][k] for k in work} for t in (2, 50)}
+    cost = {t: {k: snaps[t + 1][k] - snaps[t][k] for k in work if k != "commits"} for t in (2, 50)}
     assert cost[2]["template chars"] > 0 and cost[2]["SQL statements"] > 0
     for what, early in cost[2].items():
         late = cost[50][what]
