@@ -15,7 +15,9 @@ Runs, each a fresh store:
    episodes (what of a turn's cost is per episode); search-qa (BM25 search tool, 6 turns);
 2. calculator on PostgreSQL (`AGENT_RL_BENCH_POSTGRES_URL`, else `AGENT_RL_TEST_POSTGRES_URL`;
    skipped without one) with 1, 2 and 4 serves on one store (scaling = turns/s of n serves /
-   turns/s of one);
+   turns/s of one), with what the store's backends did meanwhile (`PostgresWaits`: lock
+   waits, I/O, or waiting for their serve) and the postgres processes' CPU per turn, which
+   tell contention on the store from a machine out of CPU;
 3. a py-spy profile (`.[bench]`; sampled, all threads, waits left out) of the one-serve SQLite
    run, taken after its measurement, its samples grouped into stages by their innermost frame.
 
@@ -151,6 +153,68 @@ def count_episodes(url: str) -> int:
         db.dispose()
 
 
+class PostgresWaits:
+    """What the store's PostgreSQL backends do during a window, sampled every 20 ms in a thread
+    (`pg_stat_activity`): how many transactions are open at once, and what each is doing:
+    running a statement, waiting on a lock (`Lock`: rows, transaction ids; `LWLock`: the
+    server's internal locks, WAL insertion among them), on I/O (`IO`: WAL writes and fsyncs),
+    or on its serve (idle in transaction: the client has not sent the next statement, e.g. its
+    thread is waiting for a CPU). Serves that contend on the store show up as lock waits;
+    serves bounded by CPU show up as transactions waiting for their serve, with the machine's
+    CPU busy. The backends' own CPU (the postgres processes') is counted too."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.url, self.samples = url, collections.Counter()  # type: ignore[var-annotated]
+        self.ticks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.cpu0 = self._cpu()
+        self._thread.start()
+
+    @staticmethod
+    def _cpu() -> dict[int, float]:
+        import psutil
+
+        out = {}
+        for p in psutil.process_iter(["name", "username"]):
+            if p.info["username"] == "postgres" or (p.info["name"] or "").startswith("postgres"):
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    out[p.pid] = t.user + t.system
+        return out
+
+    def _run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self._stop.wait(0.02):
+                rows = conn.execute(
+                    "SELECT CASE WHEN state = 'active' THEN coalesce(wait_event_type, 'CPU') "
+                    "ELSE 'serve' END FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction')"
+                ).fetchall()
+                self.ticks += 1
+                self.samples.update(r[0] for r in rows)
+
+    def stop(self, turns: int) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(5)
+        cpu1 = self._cpu()
+        cpu = sum(cpu1[p] - self.cpu0[p] for p in cpu1 if p in self.cpu0)
+        active = sum(self.samples.values())
+        share = lambda *kinds: round(sum(self.samples[k] for k in kinds) / max(active, 1), 3)  # noqa: E731
+        return {
+            "pg_open_transactions": round(active / max(self.ticks, 1), 2),
+            "pg_lock_wait_share": share("Lock", "LWLock"),
+            "pg_io_wait_share": share("IO"),
+            "pg_running_share": share("CPU"),
+            "pg_waiting_for_serve_share": share("serve", "Client"),
+            "postgres_cpu_ms_per_turn": round(1000 * cpu / max(turns, 1), 3),
+        }
+
+
 def fresh_store(backend: str, tmp: Path) -> str:
     import anyio
 
@@ -220,12 +284,14 @@ def measure(args: argparse.Namespace, tmp: Path, *, env: str, backend: str, serv
         c0 = [cpu_s(p.pid) for p in serve_procs]
         o0 = [cpu_s(p.pid) for p in others]
         psutil.cpu_percent()
+        waits = PostgresWaits(store) if backend == "postgresql" else None
         time.sleep(args.window_s)
         busy = psutil.cpu_percent() / 100
         t1, n1, e1 = time.monotonic(), count_turns(store), count_episodes(store)
         c1 = [cpu_s(p.pid) for p in serve_procs]
         o1 = [cpu_s(p.pid) for p in others]
         load = os.getloadavg()[0]
+        pg = waits.stop(n1 - n0) if waits is not None else {}
         spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
         if profile and spy is None:
             print("no py-spy: no profile (pip install -e '.[bench]')", flush=True)
@@ -249,6 +315,7 @@ def measure(args: argparse.Namespace, tmp: Path, *, env: str, backend: str, serv
         "engine_cpu_ms_per_turn": round(1000 * (o1[0] - o0[0]) / max(dn, 1), 3),
         "load": round(load, 2), "machine_cpu_busy": round(busy, 2),
     }
+    result |= pg
     if router:
         result["router_cpu_ms_per_turn"] = round(1000 * (o1[1] - o0[1]) / max(dn, 1), 3)
     if profile and (tmp / "profile.txt").exists():
