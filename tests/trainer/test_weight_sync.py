@@ -5,15 +5,18 @@ After a step, a `distributed` push (gloo group of the trainer and both engines) 
 push (shared memory) each leave both engines serving the new version, with logprobs on fixed
 tokens equal to the trainer's to 1e-5 (fp32). An engine SIGKILLed between two buckets of a
 broadcast (fault injection: the kill is ours, timed by wrapping the bucket send) is dropped:
-the push returns within its timeout, the survivor serves the version, and the next push goes
-to the survivor alone.
+the push returns within its timeout, the survivor serves the version, the next push goes to
+the survivor alone; restarted, the engine loads the router's restore point (the newest export)
+before it serves, and the push after that brings it back into the group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,13 +24,16 @@ from typing import Any
 
 import pytest
 import torch
+from pydantic import SecretStr
 
 from agent_rl.config import RouterConfig, TrainerConfig
 from agent_rl.engine.client import EngineClient
 from agent_rl.engine.launcher import EngineServer
 from router import Router
+from tests.trainer._served import served_config, served_db  # noqa: F401 (fixture)
 from trainer.batch import Batch
 from trainer.learner import Learner, learner
+from trainer.loop import TrainLoop
 from trainer.weight_sync import Broadcast, make_sync
 
 SEQUENCES = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42, 300, 17, 18]]
@@ -38,7 +44,7 @@ def second_engine(
     engine_venv: Path, tiny_moe_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineServer]:
     """A second engine on tiny-moe for this module only (its ~2 GB go back after it); the kill
-    test, last here, kills it."""
+    test, last here, kills and restarts it."""
     server = EngineServer(tiny_moe_model, venv=engine_venv, startup_timeout_s=240.0,
                           log_dir=tmp_path_factory.mktemp("weight-sync-engine-logs"))
     server.start()
@@ -140,8 +146,64 @@ def test_push_serves_the_trainers_weights_on_both_engines(
         assert diff <= 1e-5
 
 
-def test_engine_killed_mid_broadcast_is_dropped(
-    engines: list[str], second_engine: EngineServer, tiny_moe_model: Path,
+class _RouterThread(threading.Thread):
+    """The router on an event loop of its own (the trainer loop runs its own, as in `train`)."""
+
+    def __init__(self, workers: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.workers, self.ready, self.router = workers, threading.Event(), None
+
+    def run(self) -> None:
+        async def main() -> None:
+            async with Router(_router_config(), self.workers) as router:
+                self.router, self.stop_event = router, asyncio.Event()
+                self.loop = asyncio.get_running_loop()
+                self.ready.set()
+                await self.stop_event.wait()
+
+        asyncio.run(main())
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.join(30)
+
+
+def test_train_loop_pushes_every_step_and_names_exports(
+    engines: list[str], tiny_moe_model: Path, served_db: Path, tmp_path: Path
+) -> None:
+    """`agent-rl train`'s loop with weight_sync = "distributed": a push after each step (both
+    engines serve it), an export every `export_every` steps named to the router as the
+    weights a returning engine loads first."""
+    shutil.copy(served_db, tmp_path / "store.db")
+    thread = _RouterThread(engines)
+    thread.start()
+    assert thread.ready.wait(30) and thread.router is not None
+    try:
+        cfg = served_config(tmp_path / "store.db", thread.router.url, tiny_moe_model)
+        cfg = cfg.model_copy(update={
+            "router": cfg.router.model_copy(update={"admin_token": SecretStr("secret")}),
+            "trainer": TrainerConfig(
+                groups_per_step=2, micro_batch_size=4, router_url=thread.router.url,
+                checkpoint_dir=tmp_path / "ckpt", export_dir=tmp_path / "exports",
+                tensorboard_dir=None, data_poll_s=0.2, weight_sync="distributed",
+                export_every=2)})
+        lines: list[str] = []
+        with learner(tiny_moe_model, cfg.trainer) as e:
+            stats = TrainLoop(cfg, e, log=lines.append).run(max_steps=2)
+        print("\n".join(lines))
+        assert stats.steps == 2 and stats.version == 2 and stats.failed_syncs == 0, lines
+        assert [h["weight_sync_ok"] for h in stats.history] == [True, True]
+        assert thread.router.control.last_update is not None
+        assert thread.router.control.last_update[1] == "2"  # v2's export, not v1 (none made)
+        assert not (tmp_path / "exports" / "v000001").exists()
+    finally:
+        thread.stop()
+    for url in engines:
+        assert asyncio.run(_engine_logprobs(url))[0] == "2"
+
+
+def test_engine_killed_mid_broadcast_is_dropped_and_catches_up_after_restart(
+    engines: list[str], second_engine: EngineServer, tiny_moe_model: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = TrainerConfig(weight_sync="distributed", weight_sync_bucket_mb=0.25,
@@ -160,9 +222,13 @@ def test_engine_killed_mid_broadcast_is_dropped(
     for e in _stepped(tiny_moe_model, cfg):
         ours = _trainer_logprobs(e)
         weights = e.hf_state_dict()
+        export = e.export_hf(tmp_path / "v000009")  # what the loop names as restore point
 
         async def go() -> Any:
-            async with Router(_router_config(), engines) as router:
+            # Health checks on: the dead engine is quarantined, and restored once it answers.
+            rcfg = _router_config().model_copy(
+                update={"health_interval_s": 0.5, "quarantine_after": 1, "recover_after": 1})
+            async with Router(rcfg, engines) as router:
                 client = EngineClient(router.url, token="secret")
                 sync = make_sync(client, cfg)
                 assert sync is not None
@@ -170,16 +236,30 @@ def test_engine_killed_mid_broadcast_is_dropped(
                 first = await sync.push(weights, 8)
                 took = time.monotonic() - t0
                 second = await sync.push(weights, 9)
+                await client.restore_point(export, "9")
+                await second_engine.astart()  # restarted on its launch weights
+                worker = router.pool.get(engines[1])
+                assert worker is not None
+                for _ in range(240):  # restored only once it loaded the restore point
+                    if not worker.quarantined:
+                        break
+                    await asyncio.sleep(0.25)
+                restored = worker.weight_version, worker.quarantined
+                third = await sync.push(weights, 10)  # and it rejoins the group
                 await sync.close()
                 await client.aclose()
-            return first, took, second, await _engine_logprobs(engines[0])
+            return first, took, second, restored, third
 
-        first, took, second, (version, theirs) = asyncio.run(go())
-    print(f"kill mid-broadcast: push took {took:.1f}s, dropped {first.dropped}; next {second}")
+        first, took, second, restored, third = asyncio.run(go())
+    print(f"kill mid-broadcast: push took {took:.1f}s, dropped {first.dropped}; next {second}; "
+          f"restarted engine restored at {restored}; then {third}")
     assert not first.ok and list(first.dropped) == [engines[1]]
     assert first.updated == [engines[0]]
     assert took < 3 * cfg.weight_sync_timeout_s
     assert second.ok and second.updated == [engines[0]]
-    assert version == "9"
-    assert _max_diff(theirs, ours) <= 1e-5
-    assert torch.is_tensor(next(iter(weights.values())))
+    assert restored == ("9", False)
+    assert third.ok and sorted(third.updated) == sorted(engines)
+    for url in engines:
+        version, theirs = asyncio.run(_engine_logprobs(url))
+        assert version == "10"
+        assert _max_diff(theirs, ours) <= 1e-5
