@@ -20,6 +20,8 @@ Two forms, both subclasses registered and made like every env:
         command = ["python", "-m", "my_agent"]    # with OPENAI_BASE_URL / OPENAI_API_KEY set,
                                                   # the task's JSON on stdin (and in
                                                   # AGENT_RL_TASK); its stdout is the result
+        command_in_sandbox = True                 # optional: run it in the episode's sandbox,
+                                                  # the gateway its only way out
 
     async def score(self, task, result, transcript) -> Reward | float: ...
 
@@ -51,7 +53,14 @@ class AgentEnv(Env):
     command: ClassVar[Sequence[str] | None] = None
     """The agent as a command line (the subprocess form); None: `run` is the agent."""
     command_env: ClassVar[Mapping[str, str]] = {}
-    """Extra environment variables for the command (the parent's environment is inherited)."""
+    """Extra environment variables for the command (on the host the parent's environment is
+    inherited; in the sandbox nothing of the host's is)."""
+    command_in_sandbox: ClassVar[bool] = False
+    """Run the command inside the episode's sandbox (`sandbox_spec`, with loopback sockets and
+    the gateway's relay socket added) instead of on the host: it reaches the gateway through
+    that socket and nothing else (no network). Its programs must be in the sandbox: the host's
+    /usr is there read-only under bubblewrap; mount a virtual environment (`sandbox_spec.mounts`)
+    or use an image with what it imports."""
     resumable: ClassVar[bool] = False
     """An agent program cannot be replayed: an episode whose serve died fails as interrupted."""
 
@@ -59,6 +68,10 @@ class AgentEnv(Env):
         super().__init_subclass__(**kwargs)
         if "run" in cls.__dict__:
             cls.run = _guard("run", cls.__dict__["run"])  # type: ignore[method-assign]
+
+    @property
+    def needs_sandbox(self) -> bool:
+        return super().needs_sandbox or (self.command is not None and self.command_in_sandbox)
 
     async def run(self, base_url: str, api_key: str, task: Task) -> Any:
         """The agent (function form): talk to `base_url` (an OpenAI `/v1` base) with `api_key`

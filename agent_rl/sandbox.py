@@ -86,6 +86,17 @@ class SandboxSpec(BaseModel):
     network: bool = False
     """Allow network access. Off by default; backends refuse to turn it on unless they can."""
 
+    loopback: bool = False
+    """Allow TCP/UDP sockets on the sandbox's own loopback only: its network namespace stays
+    private (nothing outside it is reachable), but programs inside may listen on and connect
+    to 127.0.0.1 (an agent command reaching the gateway through the relay it is given,
+    `agent_rl.rollout.gateway_relay`). Implied by `network`."""
+
+    @property
+    def sockets(self) -> bool:
+        """Internet socket families are allowed (`network` or `loopback`)."""
+        return self.network or self.loopback
+
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment variables (name, value) for every call; nothing leaks from the host.
     A dict is accepted too (stored sorted, so equal specs hash alike)."""
@@ -182,6 +193,11 @@ class Sandbox(Protocol):
     async def write_file(self, path: str, data: str | bytes) -> None:
         """Create or replace a file in the work dir (parents created); ToolError for a path or
         text that cannot be encoded (NUL, lone surrogate) or a path that is not a regular file."""
+        ...
+
+    def own(self, path: str) -> None:
+        """Give the host file `path` (one that a mount exposes) to the uid the sandbox's code
+        runs as, so that code may write to it: a socket it connects to, a file it fills."""
         ...
 
     async def close(self) -> None:

@@ -11,6 +11,7 @@ its worker; if preparing fails, whatever was made is removed again and the failu
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -32,6 +33,13 @@ class PreparedSandbox(WorkerSandbox):
     @abstractmethod
     def prepare(self) -> None:
         """Make the host resources that outlive respawns (runs in a worker thread)."""
+
+    tool_uid: int
+    """The host uid (and gid) tool code runs as."""
+
+    def own(self, path: str) -> None:
+        """`Sandbox.own`: the file belongs to tool code's uid and gid from now on."""
+        os.chown(path, self.tool_uid, self.tool_uid)
 
 
 P = TypeVar("P", bound=PreparedSandbox)

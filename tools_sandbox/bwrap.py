@@ -108,7 +108,7 @@ class BwrapSandbox(PreparedSandbox):
     async def _spawn(self) -> Channel:
         launch = {"cgroups": self.cgroup.procs_files, "uid": self.uid, "gid": self.uid,
                   "env": {"PATH": "/usr/local/bin:/usr/bin:/bin"}}
-        fds = _Fds(self.backend.filter_path(self.spec.network))
+        fds = _Fds(self.backend.filter_path(self.spec.sockets))
         try:
             options, command = self.bwrap_args(fds)
             args = os.memfd_create("bwrap-args")

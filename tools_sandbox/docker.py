@@ -67,7 +67,7 @@ class DockerSandbox(PreparedSandbox):
         self.dir.chmod(0o755)
         hostfs.mount_tmpfs(self.sbx, 1, 0, 0, mode=0o755)
         for name, source in (("worker.py", self.backend.worker),
-                             ("seccomp.bpf", self.backend.filter_path(self.spec.network))):
+                             ("seccomp.bpf", self.backend.filter_path(self.spec.sockets))):
             (self.sbx / name).write_bytes(source.read_bytes())
             (self.sbx / name).chmod(0o644)
         # a host tmpfs, bind-mounted: a tmpfs volume would be emptied with each container

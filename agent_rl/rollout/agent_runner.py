@@ -3,7 +3,8 @@
 It is the episode runner with the loop replaced by the agent: the start, the deadline, the
 mapping of every exit to one terminal state and the shielded write of that state are
 `EpisodeRunner.run`'s. The agent gets its own gateway session (base URL and key), runs (a
-coroutine, or a command as a subprocess with `OPENAI_BASE_URL`/`OPENAI_API_KEY`), and the
+coroutine, or a command as a subprocess with `OPENAI_BASE_URL`/`OPENAI_API_KEY`, on the host or
+in the episode's sandbox through the gateway's relay socket), and the
 gateway records each of its model calls as a turn while it does. Then:
 
 - the agent returned and a budget was spent (turns, tokens) -> completed, reward 0,
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -26,9 +29,11 @@ import anyio
 from agent_rl.agent import TASK_ENV_VAR, AgentEnv
 from agent_rl.errors import EngineError, EnvError
 from agent_rl.registry import make
+from agent_rl.sandbox import Mount, SandboxSpec
 from agent_rl.rewards import as_reward
 from agent_rl.rollout.episode_env import episode_sandbox
 from agent_rl.rollout.gateway import AgentSession, Gateway
+from agent_rl.rollout.gateway_relay import SOCKET_DIR, UnixRelay, sandbox_runner
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext, _truncated
 from agent_rl.store import EpisodeEnd
 from agent_rl.tasks import Task
@@ -49,14 +54,37 @@ class AgentRunner(EpisodeRunner):
         env = make(self.env_id, **self.env_kwargs)
         if not isinstance(env, AgentEnv):
             raise EnvError(f"{self.env_id} is not an agent environment (AgentEnv)")
-        async with episode_sandbox(env, self.ctx.sandbox_backend) as sandbox:
+        async with AsyncExitStack() as stack:
+            relay = None
+            if env.command is not None and env.command_in_sandbox:
+                # The episode's own way out of its sandbox: a socket piped to the gateway.
+                relay = await UnixRelay(self.gateway.base_url).start()
+                stack.push_async_callback(_shielded(relay.close))
+            sandbox = await stack.enter_async_context(
+                episode_sandbox(env, self.ctx.sandbox_backend, self._spec(env, relay)))
+            if relay is not None:
+                sandbox.own(str(relay.path))
             env.task, env.seed, env.sandbox = self.task, self.seed, sandbox
+            # The start is written before the agent runs: its calls write turns at once.
+            start, self._next_write = self._next_write, None
+            if start is not None:
+                await start()
             session = self.gateway.open(self)
             try:
                 return await self._episode(env, session)
             finally:
                 await session.close()
                 self.gateway.forget(session)
+
+    @staticmethod
+    def _spec(env: AgentEnv, relay: UnixRelay | None) -> SandboxSpec | None:
+        """For a command run in the sandbox: the env's spec with loopback sockets and the
+        episode's relay directory (read-only) added."""
+        if relay is None:
+            return None
+        spec = env.sandbox_spec or SandboxSpec()
+        mount = Mount(source=str(relay.dir), target=SOCKET_DIR)
+        return spec.model_copy(update={"loopback": True, "mounts": (*spec.mounts, mount)})
 
     async def _episode(self, env: AgentEnv, session: AgentSession) -> EpisodeEnd:
         try:
@@ -85,6 +113,8 @@ class AgentRunner(EpisodeRunner):
     async def _agent(self, env: AgentEnv, session: AgentSession) -> Any:
         if env.command is None:
             return await env.run(session.base_url, session.key, self.task)
+        if env.command_in_sandbox:
+            return await self._sandboxed(env, session)
         environ = {**os.environ, **env.command_env, "OPENAI_BASE_URL": session.base_url,
                    "OPENAI_API_KEY": session.key, TASK_ENV_VAR: env.task_json(self.task)}  # fmt: skip
         done = await anyio.run_process(list(env.command), input=env.task_json(self.task).encode(),
@@ -94,6 +124,30 @@ class AgentRunner(EpisodeRunner):
             raise EnvError(f"{self.env_id}: the agent command {json.dumps(list(env.command))} "
                            f"exited with status {done.returncode}; its stderr:\n{stderr}")
         return done.stdout.decode(errors="replace").strip()
+
+    async def _sandboxed(self, env: AgentEnv, session: AgentSession) -> Any:
+        """The command in the episode's sandbox, through the relay (`gateway_relay`)."""
+        assert env.command is not None and env.sandbox is not None
+        code = sandbox_runner(env.command, session.key,
+                              {**env.command_env, TASK_ENV_VAR: env.task_json(self.task)})
+        done = await env.sandbox.run_python(code, stdin=env.task_json(self.task))
+        command = json.dumps(list(env.command))
+        if done.timed_out:
+            raise EnvError(f"{self.env_id}: the agent command {command} ran past its sandbox's "
+                           f"wall_s limit ({env.sandbox.spec.limits.wall_s} s) and was killed")
+        if not done.ok:
+            why = ("wrote more than the sandbox's output limit" if done.truncated else
+                   "ran out of memory" if done.oom_killed else f"exited with status {done.exit_code}")
+            raise EnvError(f"{self.env_id}: the agent command {command} in its sandbox {why}; "
+                           f"its stderr:\n{done.stderr[-STDERR_KEPT:]}")
+        return done.stdout.strip()
+
+
+def _shielded(close: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    async def run() -> None:
+        with anyio.CancelScope(shield=True):
+            await close()
+    return run
 
 
 def _counts(session: AgentSession) -> dict[str, int]:

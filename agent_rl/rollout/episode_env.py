@@ -18,15 +18,15 @@ from agent_rl.sandbox import SandboxSpec
 
 
 @asynccontextmanager
-async def episode_sandbox(env: Env, backend: Any) -> AsyncIterator[Any]:
-    """Yield the episode's sandbox from `backend` (None if `env` needs none); on exit close the
-    env, then the sandbox, shielded from cancellation."""
+async def episode_sandbox(env: Env, backend: Any, spec: SandboxSpec | None = None) -> AsyncIterator[Any]:
+    """Yield the episode's sandbox from `backend` (None if `env` needs none), made from `spec`
+    (default: the env's); on exit close the env, then the sandbox, shielded from cancellation."""
     sandbox = None
     try:
         if env.needs_sandbox:
             if backend is None:
                 raise SandboxError(f"{env.env_id} needs a sandbox but no sandbox backend is configured")
-            sandbox = await backend.create(env.sandbox_spec or SandboxSpec())
+            sandbox = await backend.create(spec or env.sandbox_spec or SandboxSpec())
         yield sandbox
     finally:
         with anyio.CancelScope(shield=True):

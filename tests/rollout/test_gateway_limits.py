@@ -6,6 +6,7 @@ Real serve, real SGLang engine (the session's), the official openai client and r
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -263,8 +264,12 @@ async def test_a_rewritten_history_starts_a_new_segment(
     tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
 ) -> None:
     """The rewrite is a fresh prompt that the engine sees alone (not after the first
-    segment's tokens); the call after it extends the new segment; both are counted."""
+    segment's tokens); the call after it extends the new segment; both are counted, and the
+    trainer reads each segment as a sequence of its own, replays the engine's routed experts on
+    it (routing mismatch reported) and scores its tokens as the engine did."""
+    from agent_rl.config import TrainerConfig
     from trainer.data import load_batch
+    from trainer.learner import learner
 
     renderer = ChatRenderer(tiny_moe_model)
     async with Tap(sglang_moe_server.url).running() as tap:
@@ -297,3 +302,66 @@ async def test_a_rewritten_history_starts_a_new_segment(
             part = stream.token_ids[:cut] if row % 2 == 0 else stream.token_ids[cut:]
             assert data.batch.tokens[row, : len(part)].tolist() == part.tolist()
         assert data.batch.routed_experts is not None
+    # The trainer replays the engine's experts on both segments and scores them as the engine did.
+    with learner(tiny_moe_model, TrainerConfig(micro_batch_size=4, routing_replay=True)) as e:
+        ours = e.logprobs(data.batch)["logprobs"]
+        mask = data.batch.loss_mask
+        diff = float(((ours - data.batch.rollout_logprobs).abs() * mask).sum() / mask.sum())
+        metrics = e.rl_step(data.batch)
+    assert diff <= 1e-4, f"trainer vs engine logprobs differ by {diff:.2e} on average"
+    assert metrics["routing_mismatch_fraction"] <= 0.02 and metrics["update_ok"] == 1.0
+
+
+SANDBOXED_AGENT = r"""
+import json, os, socket, sys, urllib.request
+task = json.loads(sys.stdin.read())
+# Nothing but the relay leads out: the engine's port on the host is not reachable.
+host, port = os.environ["HOST_ENGINE"].rsplit(":", 1)
+try:
+    socket.create_connection((host, int(port)), timeout=2).close()
+    reached = True
+except OSError:
+    reached = False
+body = {"model": "policy", "messages": [{"role": "user", "content": task["data"]["question"]}],
+        "max_tokens": 8}
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+                                 data=json.dumps(body).encode(), headers={
+                                     "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                     "Content-Type": "application/json"})
+answer = json.load(urllib.request.urlopen(request, timeout=60))
+print(json.dumps({"reached_engine": reached, "in_sandbox": os.getcwd(),
+                  "content": answer["choices"][0]["message"]["content"]}))
+"""
+
+
+@register("test-agent-sandboxed")
+class SandboxedAgent(_Agent):
+    """A stdlib-only agent command run in the episode's sandbox (bubblewrap)."""
+
+    command = ("python3", "-c", SANDBOXED_AGENT)
+    command_in_sandbox = True
+
+    async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> float:
+        OUTCOMES["sandboxed"] = json.loads(result)
+        return 1.0
+
+
+async def test_a_command_in_its_sandbox_reaches_the_gateway_and_nothing_else(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`command_in_sandbox`: the command runs in the episode's bubblewrap sandbox (no network),
+    its OpenAI calls go through the relay socket it is given and are recorded token for token
+    like any agent's, and the engine's own port is out of its reach."""
+    engine = sglang_moe_server.url.removeprefix("http://")
+    monkeypatch.setattr(SandboxedAgent, "command_env", {"HOST_ENGINE": engine})
+    renderer = ChatRenderer(tiny_moe_model)
+    async with Tap(sglang_moe_server.url).running() as tap:
+        cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-sandboxed")
+        async with await Store.open(cfg.store) as store:
+            for e in episodes:
+                assert e.status in ("completed", "filtered") and e.reward == 1.0, e.error_cause
+                assert e.num_turns == 1
+                await check_agent_episode(store, renderer, tap, e.id, [])
+    seen = OUTCOMES["sandboxed"]
+    assert seen["reached_engine"] is False and seen["in_sandbox"] == "/work"
+    assert isinstance(seen["content"], str)
