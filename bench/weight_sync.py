@@ -14,12 +14,14 @@ A mode's time runs from the call after the step until the router reports the ver
 engine. `pause_s` is the part during which the engine serves nothing: for disk the router's
 pause-load-continue (the export is written while the engine still serves); in memory from
 `/begin_weight_update` (which pauses) until `/end_weight_update` returns. Each value is the
-median of ROUNDS rounds. All runs share this machine's cores with whatever else runs on it:
+median of ROUNDS rounds. The first push of each in-memory mode, before the rounds, also forms
+its process group (once per fleet membership in a run): reported apart as `first_push_s`. All runs share this machine's cores with whatever else runs on it:
 the load average is printed beside the numbers.
 
 Run: `python bench/weight_sync.py` (about 3-4 minutes; needs `agent-rl engine install`).
 Last line: RESULT {"disk_s": {size: s}, "distributed_s": ..., "tensor_s": ..., "pause_s":
-{mode: {size: s}}, "params": {size: n}, "speedup_largest": disk / distributed at the largest}.
+{mode: {size: s}}, "first_push_s": ..., "params": {size: n}, "speedup_largest": disk /
+distributed at the largest, ...}.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROUNDS = 2
+ROUNDS = 3
 MODES = ("disk", "distributed", "tensor")
 # hidden = heads x head_dim (SGLang's CPU path sizes its KV cache by it).
 SIZES: dict[str, dict[str, int]] = {
@@ -89,6 +91,7 @@ def measure_size(name: str, work: Path, venv: Path) -> dict[str, Any]:
                                  rollout_logprobs=[[-5.0] * 6, [-5.0] * 4], advantages=[1.0, -1.0])
     times: dict[str, list[float]] = {m: [] for m in MODES}
     pauses: dict[str, list[float]] = {m: [] for m in MODES}
+    first: dict[str, float] = {}
     with EngineServer(model, venv=venv, log_dir=work / "logs") as engine, \
             learner(model, cfg) as e:
         params = sum(p.numel() for p in e.module.parameters())
@@ -101,6 +104,10 @@ def measure_size(name: str, work: Path, venv: Path) -> dict[str, Any]:
                 syncs = {m: make_sync(client, cfg.model_copy(update={"weight_sync": m}))
                          for m in ("distributed", "tensor")}
                 version = 0
+                for mode in ("distributed", "tensor"):
+                    version += 1
+                    first[mode], _ = await publish(mode, e, client, syncs, version,
+                                                   work / "exports" / name)
                 for _ in range(ROUNDS):
                     for mode in MODES:
                         version += 1
@@ -118,7 +125,7 @@ def measure_size(name: str, work: Path, venv: Path) -> dict[str, Any]:
     print(f"{name:>6} {params / 1e6:6.1f}M params | " + "  ".join(
         f"{m} {row[m]:6.2f}s (pause {pause[m]:5.2f}s)" for m in MODES)
         + f" | load {loadavg()}", flush=True)
-    return {"params": params, "times": row, "pauses": pause}
+    return {"params": params, "times": row, "pauses": pause, "first": first}
 
 
 def main() -> None:
@@ -136,6 +143,8 @@ def main() -> None:
         f"{m}_s": {n: round(r["times"][m], 3) for n, r in results.items()} for m in MODES
     }
     out["pause_s"] = {m: {n: round(r["pauses"][m], 3) for n, r in results.items()} for m in MODES}
+    out["first_push_s"] = {m: {n: round(r["first"][m], 3) for n, r in results.items()}
+                           for m in ("distributed", "tensor")}
     out["params"] = {n: r["params"] for n, r in results.items()}
     out["speedup_largest"] = round(
         results[largest]["times"]["disk"] / results[largest]["times"]["distributed"], 2)
