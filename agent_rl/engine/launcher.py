@@ -46,7 +46,9 @@ CPU_ARGS = [
     "--device", "cpu",
     "--attention-backend", "torch_native",
     "--sampling-backend", "pytorch",
-    "--grammar-backend", "none",
+    # Constrained decoding (the gateway's tool_choice "required" / a named function) runs on
+    # CPU too: xgrammar builds its token masks on the host.
+    "--grammar-backend", "xgrammar",
     "--disable-cuda-graph",
     "--skip-server-warmup",
     "--dtype", "float32",

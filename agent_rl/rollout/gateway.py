@@ -225,6 +225,8 @@ class AgentSession:
         }
         if stops := [*cfg.stop, *req.stops()]:
             params["stop"] = stops
+        if (constraint := req.tool_constraint()) is not None:
+            params["structural_tag"] = constraint
         if req.seed is not None:
             params["sampling_seed"] = req.seed
         elif cfg.seeded_sampling and self.runner.seed is not None:

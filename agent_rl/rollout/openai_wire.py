@@ -18,6 +18,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_rl.messages import AssistantTurn, Message, ToolCall
+from agent_rl.tool_calls import CLOSE, OPEN
+
+
+MAX_JSON_WHITESPACE = 4
+"""Whitespace characters in a row a forced call's arguments may hold (`tool_constraint`)."""
 
 
 class GatewayError(Exception):
@@ -72,6 +77,7 @@ class ChatRequest(BaseModel):
             raise GatewayError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if isinstance(req.stop, list) and not all(isinstance(s, str) for s in req.stop):
             raise GatewayError(400, "stop must be a string or a list of strings", param="stop")
+        req.forced_tools()  # a tool_choice that names no known tool is refused now
         return req
 
     def function_tools(self) -> list[dict[str, Any]]:
@@ -86,6 +92,53 @@ class ChatRequest(BaseModel):
                                    param=f"tools.{i}")
             out.append({"type": "function", "function": t["function"]})
         return out
+
+    def forced_tools(self) -> list[dict[str, Any]] | None:
+        """The tools `tool_choice` forces a call of: all of them for "required", the named one
+        for `{"type": "function", "function": {"name": ...}}`; None when the model is free
+        ("auto", "none" or unset). A choice the request's tools cannot satisfy is a 400."""
+        choice = self.tool_choice
+        if choice is None or choice in ("auto", "none"):
+            return None
+        tools = self.function_tools()
+        if choice == "required":
+            if not tools:
+                raise GatewayError(400, 'tool_choice "required" needs tools', param="tool_choice")
+            return tools
+        if isinstance(choice, dict) and choice.get("type", "function") == "function" \
+                and isinstance(choice.get("function"), dict):  # fmt: skip
+            name = choice["function"].get("name")
+            named = [t for t in tools if t["function"]["name"] == name]
+            if not named:
+                raise GatewayError(400, f"tool_choice names {name!r}, which is not among the tools",
+                                   param="tool_choice")
+            return named
+        raise GatewayError(400, 'tool_choice must be "none", "auto", "required" or '
+                                '{"type": "function", "function": {"name": ...}}', param="tool_choice")
+
+    def tool_constraint(self) -> str | None:
+        """The engine's constraint for a forced tool call (SGLang's `structural_tag`, compiled by
+        xgrammar): the completion opens with a call, written as the chat template writes one, of
+        one of the forced tools, with arguments valid against its parameter schema and at most
+        `MAX_JSON_WHITESPACE` whitespace characters in a row (a free run of them is how a weak
+        policy fills its token budget inside a constraint). A named function is called once,
+        then the completion ends; under "required" more calls or text may follow. None when the
+        model is free."""
+        forced = self.forced_tools()
+        if forced is None:
+            return None
+        tags = [{
+            "type": "tag",
+            "begin": f'{OPEN}\n{{"name": {json.dumps(t["function"]["name"])}, "arguments": ',
+            "content": {"type": "json_schema",
+                        "json_schema": t["function"].get("parameters") or {"type": "object"},
+                        "max_whitespace_cnt": MAX_JSON_WHITESPACE},
+            "end": f"}}\n{CLOSE}",
+        } for t in forced]  # fmt: skip
+        named = isinstance(self.tool_choice, dict)
+        return json.dumps({"type": "structural_tag", "format": {
+            "type": "triggered_tags", "triggers": [OPEN], "tags": tags, "at_least_one": True,
+            "stop_after_first": named}})
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -365,3 +365,63 @@ async def test_a_command_in_its_sandbox_reaches_the_gateway_and_nothing_else(
     seen = OUTCOMES["sandboxed"]
     assert seen["reached_engine"] is False and seen["in_sandbox"] == "/work"
     assert isinstance(seen["content"], str)
+
+
+# A short expression: the random-init policy left free inside a string fills any budget.
+SHORT_CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluate.", "parameters": {
+    "type": "object", "properties": {"expression": {"type": "string", "maxLength": 4}},
+    "required": ["expression"], "additionalProperties": False}}}
+
+
+@register("test-agent-tool-choice")
+class ToolChoiceAgent(_Agent):
+    """Forces a call of `calc` by name, then any tool ("required"), then names a tool it did
+    not pass."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+            messages = [{"role": "user", "content": QUESTION}]
+            for choice in ({"type": "function", "function": {"name": "calc"}}, "required"):
+                answer = await client.chat.completions.create(
+                    model="policy", messages=messages, tools=[SHORT_CALC], tool_choice=choice, max_tokens=96)
+                OUTCOMES.setdefault("forced", []).append(answer.choices[0])
+                message = answer.choices[0].message
+                messages += [message.model_dump(exclude_none=True)] + [
+                    {"role": "tool", "tool_call_id": c.id, "content": "7"} for c in message.tool_calls or []]
+            try:
+                await client.chat.completions.create(
+                    model="policy", messages=messages, tools=[SHORT_CALC],
+                    tool_choice={"type": "function", "function": {"name": "search"}})
+            except openai.BadRequestError as e:
+                OUTCOMES["unknown_tool"] = e
+        return "done"
+
+
+async def test_tool_choice_forces_a_call_of_the_named_or_any_tool(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    """tool_choice "required" or a named function is enforced by the engine's constrained
+    decoding: the random-init policy, which on its own writes no tool calls, answers with a
+    well-formed call of that tool whose arguments fit its schema, recorded token for token; a
+    choice of a tool the request does not pass is a 400 in OpenAI's shape."""
+    OUTCOMES.pop("forced", None)
+    renderer = ChatRenderer(tiny_moe_model)
+    async with Tap(sglang_moe_server.url).running() as tap:
+        cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-tool-choice",
+                                   episodes=1, group_size=1, max_new_tokens=96)
+        async with await Store.open(cfg.store) as store:
+            (e,) = episodes
+            assert e.status in ("completed", "filtered") and e.num_turns == 2, e.error_cause
+            detail = await store.get_episode(e.id)
+            calls = [c for c in detail.tool_calls if c["status"] == "ok"]
+            assert calls[0]["turn_index"] == 0 and [c["name"] for c in calls][:2] == ["calc", "calc"], detail.tool_calls
+            await check_agent_episode(store, renderer, tap, e.id, [SHORT_CALC])
+    named, required = OUTCOMES["forced"]
+    (call,) = named.message.tool_calls or []  # a named function: called once, then the end
+    assert named.finish_reason == "tool_calls"
+    assert required.message.tool_calls, required.message  # "required": at least one call
+    for call in [*named.message.tool_calls, *required.message.tool_calls]:
+        assert call.function.name == "calc"
+        assert len(json.loads(call.function.arguments)["expression"]) <= 4
+    bad = OUTCOMES["unknown_tool"]
+    assert bad.status_code == 400 and "search" in bad.message and bad.body["param"] == "tool_choice"

@@ -77,3 +77,27 @@ def test_a_malformed_call_stays_in_the_content() -> None:
 ])  # fmt: skip
 def test_streaming_holds_back_what_may_open_a_tag(text: str, streamable: str) -> None:
     assert _streamable(text, "<|im_end|>") == streamable
+
+
+def test_tool_choice_is_checked_against_the_tools_and_becomes_a_structural_tag() -> None:
+    import json as _json
+
+    from agent_rl.rollout.openai_wire import ChatRequest, GatewayError
+
+    tool = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}
+    base = {"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    assert ChatRequest.parse({**base, "tool_choice": "auto"}).tool_constraint() is None
+    assert ChatRequest.parse({**base, "tool_choice": "none"}).tool_constraint() is None
+    required = _json.loads(ChatRequest.parse({**base, "tool_choice": "required"}).tool_constraint())
+    fmt = required["format"]
+    assert fmt["at_least_one"] and not fmt["stop_after_first"] and fmt["triggers"] == ["<tool_call>"]
+    assert fmt["tags"][0]["begin"] == '<tool_call>\n{"name": "calc", "arguments": '
+    assert fmt["tags"][0]["end"] == "}\n</tool_call>"
+    named = {"type": "function", "function": {"name": "calc"}}
+    assert _json.loads(ChatRequest.parse({**base, "tool_choice": named}).tool_constraint())["format"]["stop_after_first"]
+    for bad in ({"type": "function", "function": {"name": "search"}}, "always", {"type": "custom"}):
+        with pytest.raises(GatewayError) as e:
+            ChatRequest.parse({**base, "tool_choice": bad})
+        assert e.value.status == 400 and e.value.param == "tool_choice"
+    with pytest.raises(GatewayError):
+        ChatRequest.parse({"messages": base["messages"], "tool_choice": "required"})
