@@ -10,6 +10,8 @@ All per-token tensors are token-aligned ([B, T], right-padded): entry t describe
   it is unknown (padding; a turn's last token, which the engine never fed back in that turn),
   the one encoding the store, the batch and replay share; `routed_valid` [B, T] marks the rows
   that are known (trainer.replay.from_sglang pads SGLang's per-sequence output).
+- `lengths` long [B]: the real tokens of each row (set by `from_sequences`), which packing
+  (trainer.packing) uses to leave the padding out.
 `from_sequences` pads ragged per-episode lists; `pad_to` extends T (sequence parallelism needs
 T divisible by the TP size); `rows` takes a micro-batch or a data-parallel shard.
 """
@@ -31,6 +33,8 @@ class Batch:
     rollout_logprobs: torch.Tensor
     advantages: torch.Tensor
     routed_experts: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    """[B] long: real tokens of each row (padding after them); None: unknown (the whole row)."""
 
     @property
     def routed_valid(self) -> torch.Tensor | None:
@@ -78,7 +82,8 @@ class Batch:
         experts = None
         if routed_experts is not None:
             experts = from_sglang(routed_experts, length, topk)
-        return cls(ids, mask, lps, adv, experts)
+        lengths = torch.tensor([len(t) for t in tokens], dtype=torch.long)
+        return cls(ids, mask, lps, adv, experts, lengths)
 
     def pad_to(self, length: int) -> Batch:
         """The same batch with T extended to `length` by padding (mask 0)."""
@@ -112,4 +117,5 @@ class Batch:
             self.rollout_logprobs[index],
             self.advantages[index],
             take(self.routed_experts),
+            take(self.lengths),
         )

@@ -34,12 +34,13 @@ import torch.distributed as dist
 
 from agent_rl.config import TrainerConfig
 from agent_rl.errors import ConfigError
-from trainer import dist_env, hf_convert, shard
+from trainer import dist_env, hf_convert, packing, shard
 from trainer.arch import ModelArch, Parallel
 from trainer.batch import Batch
 from trainer.logprobs import token_entropy, token_logprobs
 from trainer.loss import PolicyLossConfig, policy_loss, sft_loss
 from trainer.model import build_gpt_model
+from trainer.packing import MicroBatch, per_token_rope
 
 
 class Learner:
@@ -112,17 +113,43 @@ class Learner:
             return batch.pad_to(batch.length + tp - batch.length % tp)
         return batch
 
-    def _forward(self, mb: Batch, replay: bool) -> tuple[torch.Tensor, dict[str, float]]:
-        """Logits [B, T, V/tp] and routing metrics (MoE batches that carry routed experts)."""
-        positions = torch.arange(mb.length).unsqueeze(0).expand(mb.size, -1)
-        if self.replay is None or mb.routed_experts is None:
-            return self.model(mb.tokens, positions, None), {}
-        with self.replay.forward_context(mb.routed_experts, replay) as mismatch:
-            logits = self.model(mb.tokens, positions, None)
+    def _forward(self, micro: MicroBatch, replay: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        """Logits [b, T, V/tp] (a packed micro-batch's [1, P, V/tp]) and routing metrics (MoE
+        batches that carry routed experts)."""
+        pk, mb = micro.packed, micro.batch
+        if pk is None:
+            tokens, experts, mask = mb.tokens, mb.routed_experts, None
+            positions = torch.arange(mb.length).unsqueeze(0).expand(mb.size, -1)
+        else:
+            tokens, experts, mask, positions = pk.tokens, pk.routed_experts, pk.attention_mask, pk.positions
+
+        def run() -> torch.Tensor:
+            if pk is None:
+                return self.model(tokens, positions, mask)
+            with per_token_rope(self.module, positions):
+                return self.model(tokens, positions, mask)
+
+        if self.replay is None or experts is None:
+            return run(), {}
+        with self.replay.forward_context(experts, replay) as mismatch:
+            logits = run()
         return logits, {
             "routing_mismatch_tokens": mismatch.differing_tokens,
             "routing_tokens": mismatch.tokens,
         }
+
+    def _scores(self, micro: MicroBatch, logits: torch.Tensor, entropy: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprobs [b, T-1] of the micro-batch's tokens (position t scores token t+1), in the
+        padded layout whatever the micro-batch's, and the entropy there if asked."""
+        pk = micro.packed
+        tokens = micro.batch.tokens if pk is None else pk.tokens
+        lp = token_logprobs(logits, tokens)
+        ent = token_entropy(logits) if entropy else None
+        if pk is not None:
+            lp = pk.unpack(lp)
+            ent = pk.unpack(ent) if ent is not None else None
+        return lp, ent
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, entropy: bool = False) -> dict[str, torch.Tensor]:
@@ -130,18 +157,16 @@ class Learner:
         the entropy of the distribution each token was drawn from; no gradient, no update."""
         T = batch.length
         batch = self._prepare(batch)
-        out: dict[str, list[torch.Tensor]] = {"logprobs": [], "entropy": []}
-        for mb in self._micro_batches(batch):
-            logits, _ = self._forward(mb, self.cfg.routing_replay)
-            out["logprobs"].append(token_logprobs(logits, mb.tokens))
-            if entropy:
-                out["entropy"].append(token_entropy(logits))
-        result = {}
-        for key, parts in out.items():
-            if parts:
-                shifted = torch.cat(parts)
-                result[key] = torch.cat([torch.zeros(shifted.shape[0], 1), shifted], dim=1)[:, :T]
-        return result
+        out: dict[str, torch.Tensor] = {"logprobs": torch.zeros(batch.size, batch.length)}
+        if entropy:
+            out["entropy"] = torch.zeros(batch.size, batch.length)
+        for micro in self._micro_batches(batch):
+            logits, _ = self._forward(micro, self.cfg.routing_replay)
+            lp, ent = self._scores(micro, logits, entropy)
+            out["logprobs"][micro.rows, 1:] = lp
+            if ent is not None:
+                out["entropy"][micro.rows, 1:] = ent
+        return {key: value[:, :T] for key, value in out.items()}
 
     # ----- steps -----------------------------------------------------------------------------
 
@@ -166,10 +191,11 @@ class Learner:
         sums: dict[str, float] = {}
         # Reference logprobs first: swapping weights after a forward would break its backward.
         refs = self._reference_logprobs(batch) if self._ref is not None and not sft else None
-        for index, mb in enumerate(self._micro_batches(batch)):
-            logits, routing = self._forward(mb, self.cfg.routing_replay)
-            entropy = token_entropy(logits)
-            lp = token_logprobs(logits, mb.tokens)
+        for index, micro in enumerate(self._micro_batches(batch)):
+            mb = micro.batch
+            logits, routing = self._forward(micro, self.cfg.routing_replay)
+            lp, entropy = self._scores(micro, logits, entropy=True)
+            assert entropy is not None
             mb_mask = mb.loss_mask[:, 1:]
             if sft:
                 out = sft_loss(lp, mb_mask, self.cfg.aggregation, denominator)
@@ -197,9 +223,14 @@ class Learner:
         self.step += 1
         return self._global_metrics(sums, counts, grad_norm, ok)
 
-    def _micro_batches(self, batch: Batch) -> list[Batch]:
-        size = self.cfg.micro_batch_size
-        return [batch.rows(slice(i, i + size)) for i in range(0, batch.size, size)]
+    def _micro_batches(self, batch: Batch) -> list[MicroBatch]:
+        """`micro_batch_size` padded rows each, or with `max_tokens_per_micro_batch` one packed
+        row each (trainer.packing)."""
+        budget = self.cfg.max_tokens_per_micro_batch
+        if budget is None:
+            return packing.padded(batch, self.cfg.micro_batch_size)
+        multiple = self.par.tp if self.module.config.sequence_parallel else 1
+        return packing.packed(batch, budget, multiple)
 
     def _set_lr(self) -> None:
         warm = self.cfg.lr_warmup_steps
@@ -246,8 +277,8 @@ class Learner:
             for p, ref in zip(params, self._ref or []):
                 p.copy_(ref)
             return [
-                token_logprobs(self._forward(mb, self.cfg.routing_replay)[0], mb.tokens)
-                for mb in self._micro_batches(batch)
+                self._scores(micro, self._forward(micro, self.cfg.routing_replay)[0])[0]
+                for micro in self._micro_batches(batch)
             ]
         finally:
             for p, cur in zip(params, current):

@@ -16,8 +16,11 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log p(token[t+1] | tokens[:t+1]) for t < T-1, differentiable: [B, T-1] float32."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    shifted = logits[:, :-1].transpose(0, 1).float().contiguous()
-    # .contiguous() copies, so megatron's in-place softmax does not clobber the caller's logits.
+    # Always a copy: megatron's softmax works in place and must not clobber the caller's logits
+    # (`.contiguous()` alone returned a view for one row, where the transpose is contiguous
+    # already, and the entropy then read the softmaxed logits).
+    shifted = logits[:, :-1].transpose(0, 1).to(torch.float32, memory_format=torch.contiguous_format,
+                                                  copy=True)
     nll = vocab_parallel_cross_entropy(shifted, tokens[:, 1:].transpose(0, 1).contiguous())
     return -nll.transpose(0, 1)
 

@@ -61,6 +61,12 @@ class TrainerConfig(Section):
     micro_batch_size: int = Field(default=4, ge=1)
     """Sequences per forward/backward pass; gradients accumulate over a step's micro-batches."""
 
+    max_tokens_per_micro_batch: int | None = Field(default=None, ge=2)
+    """Pack sequences (first-fit by decreasing length) into micro-batches of at most this many
+    tokens, one row each, attention kept inside each sequence, instead of `micro_batch_size`
+    padded sequences: a batch of heavy-tailed episodes is then not mostly padding. A longer
+    sequence is a micro-batch of its own. Unset: padded micro-batches."""
+
     groups_per_step: int = Field(default=8, ge=1)
     """Global batch: groups (prompts x samples) consumed by one optimizer step."""
 

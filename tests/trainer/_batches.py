@@ -20,4 +20,4 @@ def rl_batch(vocab: int, size: int = 8, length: int = 48, seed: int = 0, group: 
     rollout = (-torch.rand(size, length, generator=g) * 3 - 4) * mask
     rewards = torch.randint(0, 2, (size,), generator=g).float()
     groups = torch.arange(size) // group
-    return Batch(tokens, mask, rollout, grpo_advantages(rewards, groups))
+    return Batch(tokens, mask, rollout, grpo_advantages(rewards, groups), lengths=lengths)
