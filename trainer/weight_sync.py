@@ -131,10 +131,11 @@ class InMemorySync(abc.ABC):
         named = None if [e.url for e in engines] == [self.router.base_url] else \
             [e.url for e in engines]
         paused = time.monotonic()
-        begin = await self.router.begin_weight_update(workers=named, timeout_s=self.timeout_s)
-        # SGLang cannot flush a cache that requests paused in place still hold.
-        flush = not (isinstance(begin, dict) and begin.get("update_pause_mode") == "in_place")
         try:
+            # Inside the try: if one engine fails to begin, the others it paused resume.
+            begin = await self.router.begin_weight_update(workers=named, timeout_s=self.timeout_s)
+            # SGLang cannot flush a cache that requests paused in place still hold.
+            flush = not (isinstance(begin, dict) and begin.get("update_pause_mode") == "in_place")
             while engines:
                 failed = await self._send(weights, str(version), engines, flush, report)
                 if not failed:
