@@ -1,0 +1,113 @@
+"""RL steps on a heavy-tailed batch: padded vs packed micro-batches, tokens per second.
+
+One learner process (real megatron-core on CPU, fp32) of a random-init Qwen2-shaped model of
+~56M parameters (`agent-rl model init` overrides: hidden 640, 12 layers, MLP 1792). The batch
+is BATCH sequences with lognormal lengths (median MEDIAN tokens, sigma SIGMA, cut to
+[MIN_LEN, MAX_LEN]), as agentic episodes are: a quarter prompt (loss mask 0), the rest policy
+tokens, GRPO advantages. Each mode gets a warm-up step on a small batch (optimizer state, first
+allocations), then one timed `rl_step` of the batch:
+- padded: `micro_batch_size = MICRO` rows each, every row padded to the batch's longest;
+- packed: `max_tokens_per_micro_batch = MAX_LEN`, one packed row per micro-batch.
+Tokens per second counts the batch's real tokens for both. The padding fraction is the share of
+the tokens the model computes that are padding. bf16 and 2 ranks are not measured: the learner
+has neither yet (issue 20).
+
+Run: `python bench/trainer.py` (about 2 minutes on 2 CPU cores).
+Last line: RESULT {"packed_speedup", "padding_fraction_padded", "padding_fraction_packed",
+"tokens_per_s": {"padded", "packed"}, "step_s": {...}, "params", "real_tokens", "load_avg_1m"}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BATCH, MEDIAN, SIGMA, MIN_LEN, MAX_LEN = 24, 64, 1.0, 16, 768
+MICRO = 4
+MODEL = {"hidden_size": 640, "num_hidden_layers": 12, "num_attention_heads": 10,
+         "num_key_value_heads": 5, "head_dim": 64, "intermediate_size": 1792}  # fmt: skip
+
+
+def heavy_tailed_batch(vocab: int, n: int, seed: int = 0) -> Any:
+    import torch
+
+    from trainer.batch import Batch
+    from trainer.loss import grpo_advantages
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = [min(MAX_LEN, max(MIN_LEN, round(math.exp(math.log(MEDIAN) + SIGMA * float(z)))))
+               for z in torch.randn(n, generator=g)]  # fmt: skip
+    tokens = [torch.randint(1, vocab, (L,), generator=g).tolist() for L in lengths]
+    masks = [[0.0] * (L // 4) + [1.0] * (L - L // 4) for L in lengths]
+    rollout = [[0.0] * (L // 4) + (-torch.rand(L - L // 4, generator=g) * 3 - 1).tolist() for L in lengths]
+    rewards = torch.randint(0, 2, (n,), generator=g).float()
+    return Batch.from_sequences(tokens, masks, rollout, grpo_advantages(rewards, torch.arange(n) // 4).tolist())
+
+
+def measure(model: Path, batch: Any, warm: Any, **cfg: Any) -> float:
+    import torch
+
+    from agent_rl.config import TrainerConfig
+    from trainer.learner import learner
+
+    with learner(model, TrainerConfig(lr=1e-5, threads=torch.get_num_threads(), **cfg)) as e:
+        e.rl_step(warm)
+        t0 = time.perf_counter()
+        e.rl_step(batch)
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    import torch
+
+    from agent_rl.models import init_model
+    from trainer.arch import ModelArch
+    from trainer.packing import plan
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = init_model(Path(tmp) / "model", "tiny-dense", seed=0, **MODEL)
+        arch = ModelArch.from_hf_dir(model)
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        with torch.device("meta"):
+            params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).parameters())
+        batch = heavy_tailed_batch(arch.vocab_size, BATCH)
+        warm = heavy_tailed_batch(arch.vocab_size, 2, seed=1)
+        lengths = [int(n) for n in batch.lengths]
+        real = sum(lengths)
+        padded_tokens = batch.size * batch.length
+        packed_tokens = sum(max(sum(lengths[r] for r in b), 2) for b in plan(lengths, MAX_LEN))
+        print(f"model {params / 1e6:.1f}M parameters; batch {BATCH} sequences, lengths "
+              f"{sorted(lengths)} ({real} real tokens; padded {padded_tokens}, packed {packed_tokens})",
+              flush=True)
+        step = {}
+        step["padded"] = measure(model, batch, warm, micro_batch_size=MICRO)
+        print(f"padded: {step['padded']:.1f} s", flush=True)
+        step["packed"] = measure(model, batch, warm, max_tokens_per_micro_batch=MAX_LEN)
+        print(f"packed: {step['packed']:.1f} s", flush=True)
+    tok_s = {k: round(real / v, 1) for k, v in step.items()}
+    result = {
+        "packed_speedup": round(step["padded"] / step["packed"], 2),
+        "padding_fraction_padded": round(1 - real / padded_tokens, 3),
+        "padding_fraction_packed": round(1 - real / packed_tokens, 3),
+        "tokens_per_s": tok_s,
+        "step_s": {k: round(v, 2) for k, v in step.items()},
+        "params": params,
+        "real_tokens": real,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
