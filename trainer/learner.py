@@ -55,10 +55,18 @@ class Learner:
         self.par = Parallel(cfg.tp, cfg.pp, cfg.ep)
         self.arch = ModelArch.from_hf_dir(self.model_dir)
         dist_env.init(self.par, cfg.seed)
-        module = build_gpt_model(self.arch, self.par)
+        bf16 = cfg.dtype == "bf16"
+        module = build_gpt_model(self.arch, self.par, torch.bfloat16 if bf16 else torch.float32)
         # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
         module.config.calculate_per_token_loss = True
         load_hf_weights(module, self.arch, self.model_dir)
+        self._gpt = module
+        if bf16:
+            from megatron.core.transformer.module import Float16Module
+
+            # bf16 parameters and activations; logits come out in fp32 (losses and logprobs
+            # are computed there), the optimizer keeps fp32 master weights and state.
+            module = Float16Module(module.config, module)
         self.lr = lr if lr is not None else cfg.lr
         self.model = DistributedDataParallel(
             module.config,
@@ -79,7 +87,8 @@ class Learner:
                 weight_decay=cfg.weight_decay,
                 clip_grad=cfg.grad_clip,
                 use_distributed_optimizer=cfg.distributed_optimizer,
-                params_dtype=torch.float32,
+                bf16=bf16,
+                params_dtype=torch.bfloat16 if bf16 else torch.float32,
             ),
             [self.model],
         )
@@ -97,15 +106,15 @@ class Learner:
 
             self.replay = RoutingReplay(sequence_parallel=module.config.sequence_parallel)
         # The KL reference is the starting policy; kept as a copy of this rank's shard.
-        self._ref = [p.detach().clone() for p in module.parameters()] if cfg.kl_coef else None
+        self._ref = [p.detach().clone() for p in self._gpt.parameters()] if cfg.kl_coef else None
         self.step = 0
 
     # ----- forward ---------------------------------------------------------------------------
 
     @property
     def module(self) -> torch.nn.Module:
-        """The bare GPTModel (this rank's shard)."""
-        return self.model.module
+        """The bare GPTModel (this rank's shard), under any precision wrapper."""
+        return self._gpt
 
     def _prepare(self, batch: Batch) -> Batch:
         tp = self.par.tp

@@ -175,5 +175,10 @@ class TrainerConfig(Section):
     seed: int = 0
     """Seed for initialisation-time randomness and data order."""
 
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    """Precision of the learner: fp32, or bf16 parameters and activations with fp32 master
+    weights and optimizer state (logits, losses and logprobs in fp32). The train-vs-rollout
+    logprob gap this opens is reported (`train_rollout_logprob_abs_diff`) and TIS weighs it."""
+
     threads: int = Field(default=1, ge=1)
     """torch CPU threads per rank (1 is fastest on a small shared machine)."""
