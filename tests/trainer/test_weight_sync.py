@@ -34,7 +34,7 @@ from tests.trainer._served import served_config, served_db  # noqa: F401 (fixtur
 from trainer.batch import Batch
 from trainer.learner import Learner, learner
 from trainer.loop import TrainLoop
-from trainer.weight_sync import Broadcast, make_sync
+from trainer.weight_sync import Broadcast, buckets, make_sync
 
 SEQUENCES = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42, 300, 17, 18]]
 
@@ -112,6 +112,13 @@ def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
 
 def _router_config() -> RouterConfig:
     return RouterConfig(port=0, health_interval_s=0, admin_token="secret")
+
+
+def test_buckets_keep_the_order_and_the_size_limit() -> None:
+    weights = {"a": torch.zeros(10), "b": torch.zeros(30), "c": torch.zeros(5),
+               "d": torch.zeros(100)}  # 40, 120, 20 and 400 bytes
+    parts = [[name for name, _ in part] for part in buckets(weights, 160)]
+    assert parts == [["a", "b"], ["c"], ["d"]]  # a tensor over the limit travels alone
 
 
 @pytest.mark.parametrize("mode", ["distributed", "tensor"])
