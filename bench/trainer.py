@@ -7,14 +7,14 @@ is BATCH sequences with lognormal lengths (median MEDIAN tokens, sigma SIGMA, cu
 tokens, GRPO advantages. Each mode gets a warm-up step on a small batch (optimizer state, first
 allocations), then one timed `rl_step` of the batch:
 - padded: `micro_batch_size = MICRO` rows each, every row padded to the batch's longest;
-- packed: `max_tokens_per_micro_batch = MAX_LEN`, one packed row per micro-batch.
-Tokens per second counts the batch's real tokens for both. The padding fraction is the share of
-the tokens the model computes that are padding. bf16 and 2 ranks are not measured: the learner
-has neither yet (issue 20).
+- packed: `max_tokens_per_micro_batch = MAX_LEN`, one packed row per micro-batch;
+- packed, bf16: the same with `dtype = "bf16"` (fp32 master weights).
+Tokens per second counts the batch's real tokens for all. The padding fraction is the share of
+the tokens the model computes that are padding. 2 ranks are not measured here.
 
-Run: `python bench/trainer.py` (about 2 minutes on 2 CPU cores).
+Run: `python bench/trainer.py` (about 3 minutes on 2 CPU cores).
 Last line: RESULT {"packed_speedup", "padding_fraction_padded", "padding_fraction_packed",
-"tokens_per_s": {"padded", "packed"}, "step_s": {...}, "params", "real_tokens", "load_avg_1m"}.
+"tokens_per_s": {"padded", "packed", "packed_bf16"}, "step_s": {...}, "params", "real_tokens", "load_avg_1m"}.
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def main() -> None:
         print(f"padded: {step['padded']:.1f} s", flush=True)
         step["packed"] = measure(model, batch, warm, max_tokens_per_micro_batch=MAX_LEN)
         print(f"packed: {step['packed']:.1f} s", flush=True)
+        step["packed_bf16"] = measure(model, batch, warm, max_tokens_per_micro_batch=MAX_LEN, dtype="bf16")
+        print(f"packed, bf16: {step['packed_bf16']:.1f} s", flush=True)
     tok_s = {k: round(real / v, 1) for k, v in step.items()}
     result = {
         "packed_speedup": round(step["padded"] / step["packed"], 2),
