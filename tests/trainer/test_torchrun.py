@@ -1,0 +1,119 @@
+"""`agent-rl train` under torchrun, two ranks on CPU (gloo), against a real store filled by real
+SGLang: data-parallel and tensor-parallel runs advance the policy version with every episode
+trained once; a SIGKILL of one rank stops the job, and a restart resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_rl.config import load_config
+from agent_rl.store import Store
+from tests.trainer._served import served_db  # noqa: F401 (fixture)
+from tests.trainer.test_resume import _config, _env, _versions
+
+pytestmark = pytest.mark.slow
+
+
+def _torchrun(config: Path, *args: str) -> list[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "-m", "agent_rl.cli", "--config", str(config), "train", *args]  # fmt: skip
+
+
+def _check_store(config: Path, steps: int) -> None:
+    async def check() -> None:
+        cfg = load_config(config)
+        async with await Store.open(cfg.store) as store:
+            run = await store.run_id(cfg.run.name)
+            episodes = await store.list_episodes(run_id=run)
+            versions = [v for v in await store.policy_versions(run) if v["version"] > 0]
+            assert [v["version"] for v in versions] == list(range(1, steps + 1))
+            trained = [e for e in episodes if e.status == "trained"]
+            # Every trained episode was counted by exactly one committed step.
+            assert sum(v["metrics"]["episodes"] for v in versions) == len(trained) > 0
+            assert (await store.ledger(run)).balances()
+
+    asyncio.run(check())
+
+
+def test_two_tensor_parallel_ranks_train_the_store(served_db: Path, tmp_path: Path,
+                                                   tiny_moe_model: Path) -> None:  # fmt: skip
+    """TP = 2 (and sequence parallelism, which MoE with TP needs) over two ranks."""
+    db = tmp_path / "store.db"
+    db.write_bytes(served_db.read_bytes())
+    config = _config(tmp_path, db, tiny_moe_model, groups_per_step=2, tp=2)
+    done = subprocess.run(_torchrun(config, "--max-steps", "2"), env=_env(), capture_output=True,
+                          text=True, timeout=420)  # fmt: skip
+    print(done.stdout[-2000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert _versions(db) == [0, 1, 2]
+    _check_store(config, 2)
+    assert done.stdout.count("step 2") >= 1
+
+
+def _rank_pid(parent: int, rank: str) -> int | None:
+    """The descendant of `parent` that torchrun started as `rank`."""
+    todo = [parent]
+    while todo:
+        pid = todo.pop()
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            try:
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in env and b"LOCAL_RANK=" + rank.encode() in env:
+                return child
+            todo.append(child)
+    return None
+
+
+def test_a_killed_rank_stops_the_job_and_a_restart_resumes(served_db: Path, tmp_path: Path,
+                                                          tiny_moe_model: Path) -> None:  # fmt: skip
+    """DP = 2: both runs train data-parallel; the first loses rank 1 to SIGKILL after its first
+    committed step, the second resumes from the checkpoint and trains the rest, each episode
+    once, versions without gaps."""
+    db = tmp_path / "store.db"
+    db.write_bytes(served_db.read_bytes())
+    config = _config(tmp_path, db, tiny_moe_model)
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(_torchrun(config), env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while max(_versions(db), default=0) < 1:  # a step committed (and checkpointed)
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.2)
+        victim = _rank_pid(first.pid, "1")
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        assert first.wait(120) != 0  # one rank lost: the job stops, it does not hang
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    done = max(_versions(db))
+    assert done < 4
+    time.sleep(3.5)  # the killed job's lease runs out
+    second = subprocess.run(_torchrun(config, "--max-steps", str(4 - done)), env=_env(),
+                            capture_output=True, text=True, timeout=420)  # fmt: skip
+    print(second.stdout[-3000:])
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resumed from checkpoint" in second.stdout
+    assert _versions(db) == list(range(0, 5))
+    _check_store(config, 4)
