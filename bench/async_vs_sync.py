@@ -15,7 +15,8 @@ rho = the rollout share of a sync step (its idle fraction) and kappa = E[max ove
 L] / E[L] (episode wall times from the store); the closed-form bound of
 ../shared/notes/perf/REPORT.md section 4 is S = 1 / ((1 - rho) + rho / kappa).
 
-Run: `python bench/async_vs_sync.py` (about 3-4 minutes; needs `agent-rl engine install`).
+Run: `python bench/async_vs_sync.py [--weight-sync disk|distributed|tensor]` (about 3-4 minutes;
+needs `agent-rl engine install`).
 Last line: RESULT {"async_idle", "sync_idle", "speedup", "bound", "bound_fraction", ...}.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -84,9 +86,11 @@ class LognormalToolEnv(Env):
         return (len(answer) % 5) / 4
 
 
-def config(work: Path, url: str, model: Path, run: str) -> Config:
+def config(work: Path, url: str, model: Path, run: str, weight_sync: str = "disk",
+           token: str | None = None) -> Config:
     return Config(
         run={"name": run},
+        router={"admin_token": token},
         store=StoreConfig(url=f"sqlite:///{work / 'store.db'}"),
         engine=EngineConfig(model=model),
         rollout=RolloutConfig(env=ENV_ID, router_url=url, group_size=GROUP_SIZE, max_turns=3,
@@ -97,7 +101,7 @@ def config(work: Path, url: str, model: Path, run: str) -> Config:
                               max_staleness=ETA, router_url=url, data_poll_s=0.05,
                               checkpoint_every=10_000, export_every=1,
                               checkpoint_dir=work / run / "ckpt", export_dir=work / run / "exports",
-                              tensorboard_dir=None),
+                              tensorboard_dir=None, weight_sync=weight_sync),
     )
 
 
@@ -158,6 +162,8 @@ def kappa(cfg: Config) -> float:
 
 
 def main() -> None:
+    import argparse
+
     import torch
 
     from agent_rl.config import load_config
@@ -166,6 +172,10 @@ def main() -> None:
     from agent_rl.models import init_model
     from agent_rl.store.migrate import upgrade
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--weight-sync", choices=("disk", "distributed", "tensor"), default="disk",
+                        help="trainer.weight_sync of both phases (in memory: through a router)")
+    args = parser.parse_args()
     torch.set_num_threads(1)
     register(ENV_ID, LognormalToolEnv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,8 +183,18 @@ def main() -> None:
         model = init_model(work / "tiny-dense", "tiny-dense", seed=0)
         server = EngineServer(model, venv=load_config().engine.venv, log_dir=work / "logs",
                               startup_timeout_s=240.0).start()
+        router = None
+        url, token = server.url, None
+        if args.weight_sync != "disk":  # in-memory syncs ask the router for its workers
+            from agent_rl.config import RouterConfig
+            from bench._serving import RouterThread
+
+            router = RouterThread([server.url], RouterConfig(port=0))
+            router.start()
+            router.ready.wait(60)
+            url, token = router.url, router.token
         try:
-            sync_cfg = config(work, server.url, model, "sync")
+            sync_cfg = config(work, url, model, "sync", args.weight_sync, token)
             asyncio.run(upgrade(sync_cfg.store))  # the schema, before the trainer opens it
             sync = phase(sync_cfg, model, sync=True)
             print(f"sync : {json.dumps(sync)}", flush=True)
@@ -184,10 +204,12 @@ def main() -> None:
                     await c.update_weights_from_disk(model, weight_version="default")
 
             asyncio.run(reset())
-            asyn = phase(config(work, server.url, model, "async"), model, sync=False)
+            asyn = phase(config(work, url, model, "async", args.weight_sync, token), model, sync=False)
             print(f"async: {json.dumps(asyn)}", flush=True)
             k = kappa(sync_cfg)
         finally:
+            if router is not None:
+                router.stop()
             server.stop()
     rho = sync["idle"]
     bound = 1.0 / ((1.0 - rho) + rho / k)
@@ -198,7 +220,8 @@ def main() -> None:
               "speedup": round(speedup, 3), "bound": round(bound, 3),
               "bound_fraction": round(speedup / bound, 3), "rho": round(rho, 3),
               "kappa": round(k, 2), "async_steps_per_s": round(asyn["steps_per_s"], 3),
-              "sync_steps_per_s": round(sync["steps_per_s"], 3)}
+              "sync_steps_per_s": round(sync["steps_per_s"], 3), "weight_sync": args.weight_sync,
+              "load_avg_1m": round(os.getloadavg()[0], 2)}
     print("RESULT " + json.dumps(result))
 
 
