@@ -11,6 +11,10 @@ Layouts on the megatron side (local spec):
   a contiguous TP split give every rank whole groups.
 - `linear_fc1` is [gate; up] stacked on dim 0 (SwiGLU), per expert for MoE.
 Conversion is pure reshaping and concatenation, so HF -> mcore -> HF is bit-exact.
+
+MTP draft modules (`trainer.mtp_layers`, megatron `mtp.layers.{j}.*`) map to the `mtp.*` names
+SGLang's Qwen3-MoE MTP draft loads (`mtp_prefix`, `_MTP_MODULE`; their decoder layer as the
+trunk's layers map).
 """
 
 from __future__ import annotations
@@ -48,10 +52,29 @@ def _take(sd: dict[str, torch.Tensor], key: str) -> torch.Tensor:
         ) from None
 
 
-def hf_to_mcore(hf: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
-    """Full megatron state dict from an HF one. Every HF tensor must be used exactly once."""
+# One MTP module, HF name -> megatron name; its decoder layer maps as the trunk's layers do.
+# SGLang's Qwen3-MoE MTP draft (Qwen3MoeForCausalLMMTP) reads module 0 under `mtp.`.
+_MTP_MODULE = (
+    ("fc.weight", "eh_proj.weight"),
+    ("pre_fc_norm_embedding.weight", "enorm.weight"),
+    ("pre_fc_norm_hidden.weight", "hnorm.weight"),
+    ("norm.weight", "final_layernorm.weight"),
+)
+
+
+def mtp_prefix(module: int) -> str:
+    """HF prefix of MTP module `module`: `mtp.` for the first (the one SGLang's draft reads),
+    `mtp.{j}.` for the later ones, which SGLang's loader skips (no such parameters)."""
+    return "mtp." if module == 0 else f"mtp.{module}."
+
+
+def hf_to_mcore(
+    hf: dict[str, torch.Tensor], arch: ModelArch, mtp_layers: int = 0
+) -> dict[str, torch.Tensor]:
+    """Full megatron state dict from an HF one. Every HF tensor must be used exactly once,
+    except `mtp.*` weights when `mtp_layers` is 0; with `mtp_layers` k, weights without any
+    `mtp.*` give a dict without MTP modules (the learner keeps their initialisation)."""
     hf = dict(hf)
-    h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
     out = {
         "embedding.word_embeddings.weight": _take(hf, "model.embed_tokens.weight"),
         "decoder.final_layernorm.weight": _take(hf, "model.norm.weight"),
@@ -61,34 +84,49 @@ def hf_to_mcore(hf: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
     else:
         out["output_layer.weight"] = _take(hf, "lm_head.weight")
     for i in range(arch.num_layers):
-        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        attn = src + "self_attn."
-        suffixes = ["weight"] + (["bias"] if arch.qkv_bias else [])
-        for kind in suffixes:
-            q = _take(hf, f"{attn}q_proj.{kind}").reshape(g, h // g * d, -1)
-            k = _take(hf, f"{attn}k_proj.{kind}").reshape(g, d, -1)
-            v = _take(hf, f"{attn}v_proj.{kind}").reshape(g, d, -1)
-            qkv = torch.cat([q, k, v], dim=1).reshape(g * (h // g + 2) * d, -1)
-            out[f"{dst}self_attention.linear_qkv.{kind}"] = (
-                qkv.squeeze(-1) if kind == "bias" else qkv
-            )
-        out[dst + "self_attention.linear_proj.weight"] = _take(hf, attn + "o_proj.weight")
-        if arch.qk_norm:
-            out[dst + "self_attention.q_layernorm.weight"] = _take(hf, attn + "q_norm.weight")
-            out[dst + "self_attention.k_layernorm.weight"] = _take(hf, attn + "k_norm.weight")
-        out[dst + "input_layernorm.weight"] = _take(hf, src + "input_layernorm.weight")
-        out[dst + "pre_mlp_layernorm.weight"] = _take(hf, src + "post_attention_layernorm.weight")
-        if arch.is_moe:
-            out[dst + "mlp.router.weight"] = _take(hf, src + "mlp.gate.weight")
-            for e in range(arch.num_experts):
-                _mlp_in(hf, out, f"{src}mlp.experts.{e}.", f"{dst}mlp.experts.local_experts.{e}.")
-        else:
-            _mlp_in(hf, out, src + "mlp.", dst + "mlp.")
+        _layer_in(hf, out, f"model.layers.{i}.", f"decoder.layers.{i}.", arch)
+    has_mtp = any(k.startswith("mtp.") for k in hf)
+    for j in range(mtp_layers if has_mtp else 0):
+        src, dst = mtp_prefix(j), f"mtp.layers.{j}."
+        for hf_name, mcore_name in _MTP_MODULE:
+            out[dst + mcore_name] = _take(hf, src + hf_name)
+        _layer_in(hf, out, src + "layers.0.", dst + "transformer_layer.", arch)
+    if not mtp_layers:
+        # An export with a draft, loaded without one (as SGLang's target model does).
+        hf = {k: v for k, v in hf.items() if not k.startswith("mtp.")}
     if hf:
         raise ConfigError(
             f"unexpected weights {sorted(hf)[:5]}: the weights do not match config.json"
         )
     return out
+
+
+def _layer_in(
+    hf: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str, arch: ModelArch
+) -> None:
+    h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
+    attn = src + "self_attn."
+    suffixes = ["weight"] + (["bias"] if arch.qkv_bias else [])
+    for kind in suffixes:
+        q = _take(hf, f"{attn}q_proj.{kind}").reshape(g, h // g * d, -1)
+        k = _take(hf, f"{attn}k_proj.{kind}").reshape(g, d, -1)
+        v = _take(hf, f"{attn}v_proj.{kind}").reshape(g, d, -1)
+        qkv = torch.cat([q, k, v], dim=1).reshape(g * (h // g + 2) * d, -1)
+        out[f"{dst}self_attention.linear_qkv.{kind}"] = (
+            qkv.squeeze(-1) if kind == "bias" else qkv
+        )
+    out[dst + "self_attention.linear_proj.weight"] = _take(hf, attn + "o_proj.weight")
+    if arch.qk_norm:
+        out[dst + "self_attention.q_layernorm.weight"] = _take(hf, attn + "q_norm.weight")
+        out[dst + "self_attention.k_layernorm.weight"] = _take(hf, attn + "k_norm.weight")
+    out[dst + "input_layernorm.weight"] = _take(hf, src + "input_layernorm.weight")
+    out[dst + "pre_mlp_layernorm.weight"] = _take(hf, src + "post_attention_layernorm.weight")
+    if arch.is_moe:
+        out[dst + "mlp.router.weight"] = _take(hf, src + "mlp.gate.weight")
+        for e in range(arch.num_experts):
+            _mlp_in(hf, out, f"{src}mlp.experts.{e}.", f"{dst}mlp.experts.local_experts.{e}.")
+    else:
+        _mlp_in(hf, out, src + "mlp.", dst + "mlp.")
 
 
 def _mlp_in(hf: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str) -> None:
@@ -98,8 +136,9 @@ def _mlp_in(hf: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str,
 
 
 def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
-    """HF state dict (on-disk names) from a full megatron one; the inverse of `hf_to_mcore`."""
-    h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
+    """HF state dict (on-disk names) from a full megatron one; the inverse of `hf_to_mcore`.
+    MTP modules, if any, go under `mtp_prefix(j)` (module 0 in the names SGLang's Qwen3-MoE
+    MTP draft reads)."""
     out = {
         "model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
         "model.norm.weight": sd["decoder.final_layernorm.weight"],
@@ -107,27 +146,40 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
     if not arch.tied_embeddings:
         out["lm_head.weight"] = sd["output_layer.weight"]
     for i in range(arch.num_layers):
-        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        attn = dst + "self_attn."
-        for kind in ["weight"] + (["bias"] if arch.qkv_bias else []):
-            qkv = sd[f"{src}self_attention.linear_qkv.{kind}"].reshape(g, (h // g + 2) * d, -1)
-            q, k, v = torch.split(qkv, [h // g * d, d, d], dim=1)
-            for name, part, rows in (("q", q, h * d), ("k", k, g * d), ("v", v, g * d)):
-                t = part.reshape(rows, -1)
-                out[f"{attn}{name}_proj.{kind}"] = t.squeeze(-1) if kind == "bias" else t
-        out[attn + "o_proj.weight"] = sd[src + "self_attention.linear_proj.weight"]
-        if arch.qk_norm:
-            out[attn + "q_norm.weight"] = sd[src + "self_attention.q_layernorm.weight"]
-            out[attn + "k_norm.weight"] = sd[src + "self_attention.k_layernorm.weight"]
-        out[dst + "input_layernorm.weight"] = sd[src + "input_layernorm.weight"]
-        out[dst + "post_attention_layernorm.weight"] = sd[src + "pre_mlp_layernorm.weight"]
-        if arch.is_moe:
-            out[dst + "mlp.gate.weight"] = sd[src + "mlp.router.weight"]
-            for e in range(arch.num_experts):
-                _mlp_out(sd, out, f"{src}mlp.experts.local_experts.{e}.", f"{dst}mlp.experts.{e}.")
-        else:
-            _mlp_out(sd, out, src + "mlp.", dst + "mlp.")
+        _layer_out(sd, out, f"decoder.layers.{i}.", f"model.layers.{i}.", arch)
+    j = 0
+    while f"mtp.layers.{j}.eh_proj.weight" in sd:
+        src, dst = f"mtp.layers.{j}.", mtp_prefix(j)
+        for hf_name, mcore_name in _MTP_MODULE:
+            out[dst + hf_name] = sd[src + mcore_name]
+        _layer_out(sd, out, src + "transformer_layer.", dst + "layers.0.", arch)
+        j += 1
     return out
+
+
+def _layer_out(
+    sd: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str, arch: ModelArch
+) -> None:
+    h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
+    attn = dst + "self_attn."
+    for kind in ["weight"] + (["bias"] if arch.qkv_bias else []):
+        qkv = sd[f"{src}self_attention.linear_qkv.{kind}"].reshape(g, (h // g + 2) * d, -1)
+        q, k, v = torch.split(qkv, [h // g * d, d, d], dim=1)
+        for name, part, rows in (("q", q, h * d), ("k", k, g * d), ("v", v, g * d)):
+            t = part.reshape(rows, -1)
+            out[f"{attn}{name}_proj.{kind}"] = t.squeeze(-1) if kind == "bias" else t
+    out[attn + "o_proj.weight"] = sd[src + "self_attention.linear_proj.weight"]
+    if arch.qk_norm:
+        out[attn + "q_norm.weight"] = sd[src + "self_attention.q_layernorm.weight"]
+        out[attn + "k_norm.weight"] = sd[src + "self_attention.k_layernorm.weight"]
+    out[dst + "input_layernorm.weight"] = sd[src + "input_layernorm.weight"]
+    out[dst + "post_attention_layernorm.weight"] = sd[src + "pre_mlp_layernorm.weight"]
+    if arch.is_moe:
+        out[dst + "mlp.gate.weight"] = sd[src + "mlp.router.weight"]
+        for e in range(arch.num_experts):
+            _mlp_out(sd, out, f"{src}mlp.experts.local_experts.{e}.", f"{dst}mlp.experts.{e}.")
+    else:
+        _mlp_out(sd, out, src + "mlp.", dst + "mlp.")
 
 
 def _mlp_out(sd: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str) -> None:

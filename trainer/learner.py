@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from agent_rl.config import TrainerConfig
 from agent_rl.errors import ConfigError
-from trainer import dist_env, hf_convert, packing, shard
+from trainer import dist_env, hf_convert, mtp, packing, shard
 from trainer.arch import ModelArch, Parallel
 from trainer.batch import Batch
 from trainer.logprobs import token_entropy, token_logprobs
@@ -56,10 +56,16 @@ class Learner:
         self.arch = ModelArch.from_hf_dir(self.model_dir)
         dist_env.init(self.par, cfg.seed)
         bf16 = cfg.dtype == "bf16"
-        module = build_gpt_model(self.arch, self.par, torch.bfloat16 if bf16 else torch.float32)
+        module = build_gpt_model(
+            self.arch,
+            self.par,
+            torch.bfloat16 if bf16 else torch.float32,
+            mtp_layers=cfg.mtp_layers,
+            mtp_detach=cfg.mtp_detach,
+        )
         # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
         module.config.calculate_per_token_loss = True
-        load_hf_weights(module, self.arch, self.model_dir)
+        load_hf_weights(module, self.arch, self.model_dir, cfg.mtp_layers)
         self._gpt = module
         if bf16:
             from megatron.core.transformer.module import Float16Module
@@ -122,9 +128,12 @@ class Learner:
             return batch.pad_to(batch.length + tp - batch.length % tp)
         return batch
 
-    def _forward(self, micro: MicroBatch, replay: bool) -> tuple[torch.Tensor, dict[str, float]]:
-        """Logits [b, T, V/tp] (a packed micro-batch's [1, P, V/tp]) and routing metrics (MoE
-        batches that carry routed experts)."""
+    def _forward(
+        self, micro: MicroBatch, replay: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, float]]:
+        """Logits [b, T, V/tp] (a packed micro-batch's [1, P, V/tp]), the MTP drafts' logits of
+        each depth (same shape; none without `mtp_layers`) and routing metrics (MoE batches
+        that carry routed experts)."""
         pk, mb = micro.packed, micro.batch
         if pk is None:
             tokens, experts, mask = mb.tokens, mb.routed_experts, None
@@ -132,17 +141,19 @@ class Learner:
         else:
             tokens, experts, mask, positions = pk.tokens, pk.routed_experts, pk.attention_mask, pk.positions
 
-        def run() -> torch.Tensor:
+        def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
             if pk is None:
-                return self.model(tokens, positions, mask)
-            with per_token_rope(self.module, positions):
-                return self.model(tokens, positions, mask)
+                out = self.model(tokens, positions, mask)
+            else:
+                with per_token_rope(self.module, positions):
+                    out = self.model(tokens, positions, mask)
+            return out if isinstance(out, tuple) else (out, [])
 
         if self.replay is None or experts is None:
-            return run(), {}
+            return *run(), {}
         with self.replay.forward_context(experts, replay) as mismatch:
-            logits = run()
-        return logits, {
+            logits, drafts = run()
+        return logits, drafts, {
             "routing_mismatch_tokens": mismatch.differing_tokens,
             "routing_tokens": mismatch.tokens,
         }
@@ -170,7 +181,7 @@ class Learner:
         if entropy:
             out["entropy"] = torch.zeros(batch.size, batch.length)
         for micro in self._micro_batches(batch):
-            logits, _ = self._forward(micro, self.cfg.routing_replay)
+            logits, _, _ = self._forward(micro, self.cfg.routing_replay)
             lp, ent = self._scores(micro, logits, entropy)
             out["logprobs"][micro.rows, 1:] = lp
             if ent is not None:
@@ -197,12 +208,18 @@ class Learner:
         counts = torch.tensor([float(mask.sum()), float(batch.size)], dtype=torch.float64)
         self._dp_sum(counts)
         denominator = float(counts[0] if self.cfg.aggregation == "token-mean" else counts[1])
+        # Tokens each MTP depth is scored on, over the whole batch (all DP ranks).
+        depths = range(1, self.cfg.mtp_layers + 1)
+        mtp_counts = torch.tensor([float(mtp.shifted_mask(mask, j).sum()) for j in depths],
+                                  dtype=torch.float64)  # fmt: skip
+        if self.cfg.mtp_layers:
+            self._dp_sum(mtp_counts)
         sums: dict[str, float] = {}
         # Reference logprobs first: swapping weights after a forward would break its backward.
         refs = self._reference_logprobs(batch) if self._ref is not None and not sft else None
         for index, micro in enumerate(self._micro_batches(batch)):
             mb = micro.batch
-            logits, routing = self._forward(micro, self.cfg.routing_replay)
+            logits, drafts, routing = self._forward(micro, self.cfg.routing_replay)
             lp, entropy = self._scores(micro, logits, entropy=True)
             assert entropy is not None
             mb_mask = mb.loss_mask[:, 1:]
@@ -219,11 +236,17 @@ class Learner:
                     ref_logprobs=refs[index] if refs is not None else None,
                     denominator=denominator,
                 )
-            out.loss.backward()
+            loss = out.loss
+            if drafts:
+                draft_loss, draft_metrics = self._mtp_loss(micro, drafts, mtp_counts)
+                loss = loss + self.cfg.mtp_loss_coef * draft_loss
+                for key, value in draft_metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+            loss.backward()
             out.metrics["entropy"] = float((entropy * mb_mask).sum() / max(out.tokens, 1))
             for key, value in out.metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * out.tokens
-            sums["loss"] = sums.get("loss", 0.0) + float(out.loss.detach())
+            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
             for key, value in routing.items():
                 sums[key] = sums.get(key, 0.0) + value
         finalize_model_grads([self.model])
@@ -231,6 +254,27 @@ class Learner:
         ok, grad_norm, _ = self.optimizer.step()
         self.step += 1
         return self._global_metrics(sums, counts, grad_norm, ok)
+
+    def _mtp_loss(
+        self, micro: MicroBatch, drafts: list[torch.Tensor], counts: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The drafts' cross-entropy on the policy's tokens (loss mask 1) of this micro-batch:
+        each depth's token sum over its global token count (`counts`), averaged over depths;
+        and each depth's share of its global mean nll (`mtp_nll_{j}`), to be summed."""
+        pk, mb = micro.packed, micro.batch
+        tokens = mb.tokens if pk is None else pk.tokens
+        total = torch.zeros(())
+        metrics: dict[str, float] = {}
+        for depth, logits in enumerate(drafts, start=1):
+            scores = mtp.mtp_scores(logits, tokens, depth)
+            if pk is not None:
+                scores = pk.unpack(scores)
+            target = mtp.shifted_mask(mb.loss_mask[:, 1:], depth).to(scores.dtype)
+            nll = -(scores * target).sum() / max(float(counts[depth - 1]), 1.0)
+            metrics[f"mtp_nll_{depth}"] = float(nll.detach())
+            total = total + nll
+        metrics["mtp_loss"] = float(total.detach()) / len(drafts)
+        return total / len(drafts), metrics
 
     def _micro_batches(self, batch: Batch) -> list[MicroBatch]:
         """`micro_batch_size` padded rows each, or with `max_tokens_per_micro_batch` one packed
@@ -261,7 +305,9 @@ class Learner:
         totals = self._dp_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
         metrics: dict[str, float] = {}
         for key, total in zip(keys, totals.tolist()):
-            if key in ("loss", "routing_mismatch_tokens", "routing_tokens"):
+            if key in ("loss", "routing_mismatch_tokens", "routing_tokens") or key.startswith(
+                "mtp_"
+            ):
                 metrics[key] = total
             else:
                 metrics[key] = total / max(float(counts[0]), 1.0)
@@ -377,11 +423,14 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def load_hf_weights(model: torch.nn.Module, arch: ModelArch, path: str | Path) -> None:
+def load_hf_weights(
+    model: torch.nn.Module, arch: ModelArch, path: str | Path, mtp_layers: int = 0
+) -> None:
     """Copy the HF safetensors in `path` into this rank's shard of `model` (exactly, no casts
-    beyond the model dtype); raise ConfigError if the files do not match the config."""
-    full = hf_convert.hf_to_mcore(hf_convert.read_safetensors(path), arch)
-    shard.load_full_state_dict(model, full, arch)
+    beyond the model dtype); raise ConfigError if the files do not match the config. MTP
+    modules load from the files' `mtp.*` weights, or keep their initialisation without any."""
+    full = hf_convert.hf_to_mcore(hf_convert.read_safetensors(path), arch, mtp_layers)
+    shard.load_full_state_dict(model, full, arch, keep="mtp." if mtp_layers else None)
 
 
 @contextlib.contextmanager

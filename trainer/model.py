@@ -17,7 +17,9 @@ from trainer import megatron_cpu
 from trainer.arch import ModelArch, Parallel, check_parallel
 
 
-def transformer_config(arch: ModelArch, par: Parallel, dtype: torch.dtype = torch.float32):
+def transformer_config(
+    arch: ModelArch, par: Parallel, dtype: torch.dtype = torch.float32, mtp_layers: int = 0
+):
     """megatron TransformerConfig matching the HF model; fusions off (they need CUDA kernels)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -71,17 +73,26 @@ def transformer_config(arch: ModelArch, par: Parallel, dtype: torch.dtype = torc
         expert_model_parallel_size=par.ep,
         # Megatron requires sequence parallelism for MoE with TP (the dispatcher expects it).
         sequence_parallel=par.tp > 1 and arch.is_moe,
+        mtp_num_layers=mtp_layers or None,
         **moe,
     )
 
 
-def build_gpt_model(arch: ModelArch, par: Parallel, dtype: torch.dtype = torch.float32):
-    """A randomly initialised GPTModel for this rank's shard; fill it with `load_hf_weights`."""
+def build_gpt_model(
+    arch: ModelArch,
+    par: Parallel,
+    dtype: torch.dtype = torch.float32,
+    mtp_layers: int = 0,
+    mtp_detach: bool = True,
+):
+    """A randomly initialised GPTModel for this rank's shard; fill it with `load_hf_weights`.
+    With `mtp_layers` k > 0, a `trainer.mtp_model.MTPGPTModel` with k MTP modules, whose forward
+    returns the draft logits of each depth beside the logits."""
     megatron_cpu.apply()
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    config = transformer_config(arch, par, dtype)
+    config = transformer_config(arch, par, dtype, mtp_layers)
     if arch.is_moe:
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
@@ -90,9 +101,7 @@ def build_gpt_model(arch: ModelArch, par: Parallel, dtype: torch.dtype = torch.f
     spec = get_gpt_layer_local_spec(
         num_experts=arch.num_experts or None, qk_layernorm=arch.qk_norm, normalization="RMSNorm"
     )
-    return GPTModel(
-        config,
-        spec,
+    kwargs = dict(
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_positions,
         position_embedding_type="rope",
@@ -100,3 +109,8 @@ def build_gpt_model(arch: ModelArch, par: Parallel, dtype: torch.dtype = torch.f
         share_embeddings_and_output_weights=arch.tied_embeddings,
         parallel_output=True,
     )
+    if not mtp_layers:
+        return GPTModel(config, spec, **kwargs)
+    from trainer import mtp_model
+
+    return mtp_model.build(config, spec, mtp_detach, **kwargs)

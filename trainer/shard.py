@@ -64,12 +64,15 @@ def _cut(full: torch.Tensor, dim: int, rank: int, size: int, gated: bool) -> tor
 
 
 def load_full_state_dict(
-    model: torch.nn.Module, full: dict[str, torch.Tensor], arch: ModelArch
+    model: torch.nn.Module, full: dict[str, torch.Tensor], arch: ModelArch, keep: str | None = None
 ) -> None:
-    """Copy this rank's shard of `full` into `model`'s parameters; every parameter must be covered."""
+    """Copy this rank's shard of `full` into `model`'s parameters; every parameter must be
+    covered, except those under the prefix `keep`, which keep their values when `full` has none."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             key = _global_name(_strip(name), arch)
+            if keep is not None and key.startswith(keep) and key not in full:
+                continue
             if key not in full:
                 raise ConfigError(f"no weight for {key!r}: the weights do not match the model")
             tensor = full[key]

@@ -180,5 +180,17 @@ class TrainerConfig(Section):
     weights and optimizer state (logits, losses and logprobs in fp32). The train-vs-rollout
     logprob gap this opens is reported (`train_rollout_logprob_abs_diff`) and TIS weighs it."""
 
+    mtp_layers: int = Field(default=0, ge=0)
+    """Multi-token prediction draft modules (megatron-core MTP) trained with the policy and
+    exported as SGLang's Qwen3-MoE MTP draft (`mtp.*` weights; it serves the first); 0: none."""
+
+    mtp_loss_coef: float = Field(default=1.0, ge=0)
+    """Weight of the MTP loss (cross-entropy of each depth's draft on the policy's own sampled
+    tokens, averaged over depths) added to each step's loss."""
+
+    mtp_detach: bool = True
+    """Train the MTP modules on detached trunk hidden states, embeddings and output weight, so
+    the draft follows the policy and never steers it; false: the MTP loss also trains the trunk."""
+
     threads: int = Field(default=1, ge=1)
     """torch CPU threads per rank (1 is fastest on a small shared machine)."""

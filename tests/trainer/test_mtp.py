@@ -1,0 +1,159 @@
+"""`trainer.mtp_layers`: megatron-core MTP draft modules trained on every step with the policy
+(real megatron-core on CPU, one process). Detached (the default), the draft learns and the
+policy's weights are bit-for-bit those of a run without MTP; joint, the MTP loss moves the
+policy too. Packed and padded micro-batches give the same MTP loss; checkpoints resume the
+draft exactly; an export carries it as `mtp.*` and loads back bit-exact, and SGLang's own
+Qwen3-MoE MTP draft (built in the engine environment) loads every one of its weights from it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_rl.config import TrainerConfig
+from tests.trainer._batches import rl_batch
+from trainer import hf_convert
+from trainer.arch import ModelArch
+from trainer.learner import learner
+
+pytestmark = pytest.mark.slow
+
+
+def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def _run(model: Path, steps: int, **cfg: object) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    batch = rl_batch(ModelArch.from_hf_dir(model).vocab_size, size=4)
+    with learner(model, TrainerConfig(lr=1e-3, micro_batch_size=2, **cfg)) as e:
+        before = _params(e.module)
+        metrics = [e.rl_step(batch) for _ in range(steps)]
+        after = _params(e.module)
+    return {"before": before, "after": after}, metrics  # type: ignore[return-value]
+
+
+def test_a_detached_draft_learns_and_leaves_the_policy_bit_exact(tiny_moe_model: Path) -> None:
+    plain, plain_metrics = _run(tiny_moe_model, 3)
+    drafted, metrics = _run(tiny_moe_model, 3, mtp_layers=2, mtp_loss_coef=0.5)
+    # Gradient clipping is active, so the drafts' grads would change the policy's step if the
+    # global norm counted them.
+    assert all(m["grad_norm"] > 1.0 for m in plain_metrics)
+    trunk = {n: p for n, p in drafted["after"].items() if not n.startswith("mtp.")}
+    assert trunk.keys() == plain["after"].keys()
+    for name, value in trunk.items():
+        assert torch.equal(value, plain["after"][name]), name
+    assert [m["grad_norm"] for m in metrics] == [m["grad_norm"] for m in plain_metrics]
+    draft = [n for n in drafted["after"] if n.startswith("mtp.layers.1.")]
+    assert draft and all(not torch.equal(drafted["after"][n], drafted["before"][n]) for n in draft)
+    for depth in (1, 2):
+        nll = [m[f"mtp_nll_{depth}"] for m in metrics]
+        assert nll[-1] < nll[0], (depth, nll)
+    assert metrics[0]["mtp_loss"] == pytest.approx(
+        (metrics[0]["mtp_nll_1"] + metrics[0]["mtp_nll_2"]) / 2
+    )
+    # The step's loss is the policy's plus the weighted MTP loss.
+    assert metrics[0]["loss"] == pytest.approx(
+        plain_metrics[0]["loss"] + 0.5 * metrics[0]["mtp_loss"], rel=1e-6
+    )
+
+
+def test_joint_training_lets_the_mtp_loss_move_the_policy(tiny_moe_model: Path) -> None:
+    plain, _ = _run(tiny_moe_model, 1)
+    joint, _ = _run(tiny_moe_model, 1, mtp_layers=1, mtp_detach=False)
+    changed = [n for n, p in plain["after"].items() if not torch.equal(p, joint["after"][n])]
+    assert "embedding.word_embeddings.weight" in changed
+    assert any(n.startswith("decoder.layers.") for n in changed)
+
+
+@pytest.mark.parametrize("model", ["tiny_moe_model", "tiny_dense_model"])
+def test_packed_micro_batches_give_the_padded_mtp_loss(
+    model: str, request: pytest.FixtureRequest
+) -> None:
+    path: Path = request.getfixturevalue(model)
+    batch = rl_batch(ModelArch.from_hf_dir(path).vocab_size, size=6)
+    out = []
+    for packing in (None, 64):
+        cfg = TrainerConfig(mtp_layers=2, micro_batch_size=2, max_tokens_per_micro_batch=packing)
+        with learner(path, cfg) as e:
+            out.append(e.rl_step(batch))
+    for key in ("mtp_nll_1", "mtp_nll_2", "mtp_loss", "loss"):
+        assert out[1][key] == pytest.approx(out[0][key], rel=1e-5, abs=1e-6), key
+
+
+def test_checkpoint_resume_and_export_carry_the_draft(tiny_moe_model: Path, tmp_path: Path) -> None:
+    arch = ModelArch.from_hf_dir(tiny_moe_model)
+    batch = rl_batch(arch.vocab_size, size=4)
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2)
+    with learner(tiny_moe_model, cfg) as e:
+        initial = _params(e.module)
+        e.rl_step(batch)
+        saved = e.save_checkpoint(tmp_path / "ckpt")
+        expected = e.rl_step(batch)
+        weights = _params(e.module)
+        export = e.export_hf(tmp_path / "export")
+    with learner(tiny_moe_model, cfg) as e:
+        # A start without `mtp.*` weights initialises the draft, the same way each time.
+        for name, value in _params(e.module).items():
+            assert torch.equal(value, initial[name]), name
+        assert e.load_checkpoint(saved) == 1
+        resumed = e.rl_step(batch)
+        for name, value in _params(e.module).items():
+            assert torch.equal(value, weights[name]), name
+    assert resumed["mtp_loss"] == expected["mtp_loss"] and resumed["loss"] == expected["loss"]
+
+    names = set(hf_convert.read_safetensors(export))
+    assert {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
+            "mtp.norm.weight", "mtp.layers.0.mlp.gate.weight", "mtp.1.fc.weight"} <= names
+    with learner(export, cfg) as e:
+        for name, value in _params(e.module).items():
+            assert torch.equal(value, weights[name]), name
+    # Without MTP, the same export loads as the policy alone (as SGLang's target does).
+    with learner(export, TrainerConfig()) as e:
+        for name, value in _params(e.module).items():
+            assert torch.equal(value, weights[name]), name
+
+
+def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export(
+    tiny_moe_model: Path, engine_venv: Path, tmp_path: Path
+) -> None:
+    """SGLang's `Qwen3MoeForCausalLMMTP`, built in the engine environment for this config and
+    loaded by its own `load_weights`, gets every parameter from the export's module 0 (the
+    embedding and head are the target's, shared at serve time); the later module's `mtp.1.*`
+    weights are skipped, not loaded over module 0."""
+    from safetensors.torch import load_file
+
+    from agent_rl.engine.install import engine_env, engine_python
+
+    batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
+    with learner(tiny_moe_model, TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2)) as e:
+        e.rl_step(batch)
+        export = e.export_hf(tmp_path / "export")
+    ours = hf_convert.read_safetensors(export)
+    loaded = tmp_path / "draft.safetensors"
+    script = Path(__file__).with_name("_sglang_mtp_draft.py")
+    command = [str(engine_python(engine_venv)), str(script), str(export), str(loaded)]
+    run = subprocess.run(command, env=engine_env("cpu"), capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    draft = load_file(str(loaded))
+    shared = {"model.embed_tokens.weight", "lm_head.weight"}
+    assert shared <= draft.keys()
+    unfilled = [n for n, t in draft.items() if n not in shared and torch.isnan(t).any()]
+    assert not unfilled and len(draft) > len(shared) + 5
+    # Where SGLang keeps a weight as one tensor (not fused: qkv_proj, experts.w13/w2), it is
+    # the export's module-0 tensor.
+    direct = {"fc.weight": "mtp.fc.weight", "model.norm.weight": "mtp.norm.weight",
+              "pre_fc_norm_embedding.weight": "mtp.pre_fc_norm_embedding.weight",
+              "pre_fc_norm_hidden.weight": "mtp.pre_fc_norm_hidden.weight"}  # fmt: skip
+    compared = []
+    for name, tensor in draft.items():
+        source = direct.get(name, "mtp." + name.removeprefix("model."))
+        if name not in shared and source in ours:
+            assert torch.equal(tensor, ours[source]), name
+            compared.append(name)
+    fused = [n for n in draft if "qkv_proj" in n or ".experts.w" in n]
+    assert sorted(compared + fused) == sorted(draft.keys() - shared)
+    assert not torch.equal(ours["mtp.fc.weight"], ours["mtp.1.fc.weight"])

@@ -1,0 +1,104 @@
+"""Multi-token prediction (MTP) draft layers trained with the policy (`trainer.mtp_layers`).
+
+megatron-core's MTP block (`transformer/multi_token_prediction.py`) chains k modules after the
+decoder: module j takes the previous hidden state at position t (the decoder's, post final norm,
+for j = 1) and the embedding of token t+j, and its output, through the shared output layer,
+predicts token t+1+j. That is the draft SGLang's Qwen3-MoE MTP model runs (the target's normed
+hidden state and the sampled token in, `fc(cat(norm(embed), norm(hidden)))`, one decoder layer,
+a norm, the target's head), so the same weights serve as its speculative draft.
+
+GPTModel's own MTP path needs labels and returns a loss; the learner computes its losses from
+logits, so `MTPGPTModel` returns `(logits, [mtp logits of each depth])` instead. With
+`detach=True` the MTP modules see the trunk's hidden states, embeddings and output weight
+detached: the MTP loss trains the draft only, and the policy's gradients are those of a model
+without MTP. The draft's MoE routers route freely (the engine records no draft routing).
+
+trainer.mtp scores the drafts and takes their loss. Imports megatron: import it lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from megatron.core.models.gpt import GPTModel
+
+
+class MTPGPTModel(GPTModel):
+    """GPTModel whose forward returns `(logits [b, s, V/tp], [k x logits [b, s, V/tp]])`."""
+
+    mtp_detach: bool = True
+
+    def _postprocess(  # type: ignore[override]
+        self,
+        hidden_states: torch.Tensor,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        labels: Any,
+        rotary_pos_emb: Any,
+        rotary_pos_cos: Any,
+        rotary_pos_sin: Any,
+        mtp_in_postprocess: Any = None,
+        loss_mask: Any = None,
+        decoder_input: Any = None,
+        attention_mask: Any = None,
+        inference_params: Any = None,
+        packed_seq_params: Any = None,
+        sequence_len_offset: Any = None,
+        runtime_gather_output: Any = None,
+        extra_block_kwargs: Any = None,
+        inference_context: Any = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if labels is not None or inference_context is not None:
+            raise ValueError("MTPGPTModel returns logits only (no labels, no inference context)")
+        tied = self.share_embeddings_and_output_weights
+        weight = self.shared_embedding_or_output_weight() if tied else None
+        detach = self.mtp_detach
+        trunk = hidden_states.detach() if detach else hidden_states
+
+        def embedding(input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+            out = self.embedding(input_ids=input_ids, position_ids=position_ids)
+            return out.detach() if detach else out
+
+        stacked = self.mtp(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            hidden_states=trunk,
+            attention_mask=attention_mask,
+            rotary_pos_emb=rotary_pos_emb,
+            rotary_pos_cos=rotary_pos_cos,
+            rotary_pos_sin=rotary_pos_sin,
+            packed_seq_params=packed_seq_params,
+            sequence_len_offset=sequence_len_offset,
+            embedding=embedding,
+            **(extra_block_kwargs or {}),
+        )
+        depths = torch.chunk(stacked, 1 + self.config.mtp_num_layers, dim=0)[1:]
+        logits, _ = self.output_layer(hidden_states, weight=weight)
+        head = weight if weight is not None else self.output_layer.weight
+        head = head.detach() if detach else head
+        drafts = [self.output_layer(h, weight=head)[0].transpose(0, 1).contiguous() for h in depths]
+        return logits.transpose(0, 1).contiguous(), drafts
+
+
+def build(config: Any, spec: Any, detach: bool, **kwargs: Any) -> MTPGPTModel:
+    """An MTPGPTModel with `config.mtp_num_layers` MTP modules built from the decoder's layer
+    spec; the modules' routers are taken out of routing replay."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    block = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
+    model = MTPGPTModel(config, spec, mtp_block_spec=block, **kwargs)
+    model.mtp_detach = detach
+    if detach:
+        # Megatron clips by one global grad norm; leaving the drafts' grads out of it (megatron
+        # skips `shared` params there) keeps the policy's update exactly what it is without
+        # MTP. The clip factor, taken from the policy's grads, still scales the drafts'.
+        for param in model.mtp.parameters():
+            param.shared = True
+    for module in model.mtp.modules():
+        replay = getattr(module, "router_replay", None)
+        if isinstance(replay, RouterReplay):
+            RouterReplay.global_router_replay_instances.remove(replay)
+            module.router_replay = None
+    return model
