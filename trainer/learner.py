@@ -239,6 +239,7 @@ class Learner:
             loss = out.loss
             if drafts:
                 draft_loss, draft_metrics = self._mtp_loss(micro, drafts, mtp_counts)
+                draft_metrics.update(self._mtp_acceptance(micro, logits, drafts, mtp_counts))
                 loss = loss + self.cfg.mtp_loss_coef * draft_loss
                 for key, value in draft_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
@@ -275,6 +276,30 @@ class Learner:
             total = total + nll
         metrics["mtp_loss"] = float(total.detach()) / len(drafts)
         return total / len(drafts), metrics
+
+    @torch.no_grad()
+    def _mtp_acceptance(
+        self, micro: MicroBatch, logits: torch.Tensor, drafts: list[torch.Tensor],
+        counts: torch.Tensor,
+    ) -> dict[str, float]:
+        """This micro-batch's share of the drafts' expected acceptance per depth
+        (`mtp_acceptance_{j}`, over the policy tokens each depth targets) and of the expected
+        accepted length of all k drafts (`mtp_accept_length`, over the anchors whose next
+        token but one is a policy token), at the weights the step starts from."""
+        pk, mb = micro.packed, micro.batch
+        alphas, masks, out = [], [], {}
+        for depth, draft in enumerate(drafts, start=1):
+            alpha = mtp.acceptance(logits, draft, depth)
+            alpha = pk.unpack(alpha) if pk is not None else alpha
+            mask = mtp.shifted_mask(mb.loss_mask[:, 1:], depth).to(alpha.dtype)
+            out[f"mtp_acceptance_{depth}"] = float((alpha * mask).sum()) / max(
+                float(counts[depth - 1]), 1.0
+            )
+            alphas.append(alpha)
+            masks.append(mask)
+        length = mtp.accepted_length(alphas, masks)
+        out["mtp_accept_length"] = float((length * masks[0]).sum()) / max(float(counts[0]), 1.0)
+        return out
 
     def _micro_batches(self, batch: Batch) -> list[MicroBatch]:
         """`micro_batch_size` padded rows each, or with `max_tokens_per_micro_batch` one packed

@@ -79,7 +79,9 @@ def test_packed_micro_batches_give_the_padded_mtp_loss(
         cfg = TrainerConfig(mtp_layers=2, micro_batch_size=2, max_tokens_per_micro_batch=packing)
         with learner(path, cfg) as e:
             out.append(e.rl_step(batch))
-    for key in ("mtp_nll_1", "mtp_nll_2", "mtp_loss", "loss"):
+    keys = ("mtp_nll_1", "mtp_nll_2", "mtp_loss", "loss", "mtp_acceptance_1",
+            "mtp_acceptance_2", "mtp_accept_length")  # fmt: skip
+    for key in keys:
         assert out[1][key] == pytest.approx(out[0][key], rel=1e-5, abs=1e-6), key
 
 
@@ -157,3 +159,41 @@ def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export(
     fused = [n for n in draft if "qkv_proj" in n or ".experts.w" in n]
     assert sorted(compared + fused) == sorted(draft.keys() - shared)
     assert not torch.equal(ours["mtp.fc.weight"], ours["mtp.1.fc.weight"])
+
+
+def test_acceptance_is_the_overlap_of_policy_and_draft_and_chains_into_a_length(solo: None) -> None:
+    """Against a direct per-position computation: anchor t, depth j compares the draft's
+    distribution at t with the policy's at t+j (both predict token t+1+j)."""
+    from trainer import mtp
+
+    g = torch.Generator().manual_seed(0)
+    policy, drafts = torch.randn(2, 7, 11, generator=g), [torch.randn(2, 7, 11, generator=g)
+                                                          for _ in range(2)]  # fmt: skip
+    alphas = [mtp.acceptance(policy, d, j) for j, d in enumerate(drafts, start=1)]
+    for j, (alpha, draft) in enumerate(zip(alphas, drafts), start=1):
+        assert alpha.shape == (2, 6)
+        for b in range(2):
+            for t in range(6):
+                expected = 0.0
+                if t + 1 + j <= 6:
+                    p, q = policy[b, t + j].softmax(-1), draft[b, t].softmax(-1)
+                    expected = float(torch.minimum(p, q).sum())
+                assert float(alpha[b, t]) == pytest.approx(expected, abs=1e-6), (j, b, t)
+    same = mtp.acceptance(policy, policy[:, 1:], 1)  # the draft at t is the policy at t+1
+    assert same[:, :5].sub(1).abs().max() < 1e-6 and not same[:, 5].any()
+    masks = [torch.ones(2, 6), torch.ones(2, 6)]
+    masks[1][:, 3] = 0  # the second draft's target at anchor 3 is not a policy token
+    length = mtp.accepted_length(alphas, masks)
+    expected = alphas[0] * masks[0] * (1 + alphas[1] * masks[1])
+    assert torch.allclose(length, expected)
+    assert torch.equal(mtp.accepted_length([torch.ones(1, 3)] * 3, [torch.ones(1, 3)] * 3),
+                       torch.full((1, 3), 3.0))  # fmt: skip
+
+
+def test_a_step_reports_the_drafts_acceptance(tiny_moe_model: Path) -> None:
+    _, one = _run(tiny_moe_model, 1, mtp_layers=1)
+    # With one draft, the expected accepted length is its acceptance.
+    assert one[0]["mtp_accept_length"] == pytest.approx(one[0]["mtp_acceptance_1"], rel=1e-6)
+    _, two = _run(tiny_moe_model, 1, mtp_layers=2)
+    a1, a2 = two[0]["mtp_acceptance_1"], two[0]["mtp_acceptance_2"]
+    assert 0 < a2 and 0 < a1 < 1 and a1 < two[0]["mtp_accept_length"] < a1 + a2
