@@ -5,6 +5,7 @@ Each run trains 2 RL steps on fixed batches (each data-parallel rank takes its c
 share; MoE batches carry routed experts for replay), then exports HF weights into
 OUT_DIR/NAME and round-trips a checkpoint; rank 0 writes the step metrics to OUT_DIR/NAME/metrics.json. Several runs share
 one launch (imports dominate the cost). Usage: _parallel_worker.py MODEL_DIR OUT_DIR tp2 ep2 ...
+(`tp2+mtp1`: the same with one MTP draft module).
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ def batch_for(arch: ModelArch, seed: int) -> Batch:
     return Batch(batch.tokens, batch.loss_mask, batch.rollout_logprobs, batch.advantages, experts)
 
 
-def train(model_dir: Path, out_dir: Path, tp: int = 1, ep: int = 1) -> list[dict[str, float]]:
+def train(
+    model_dir: Path, out_dir: Path, tp: int = 1, ep: int = 1, mtp_layers: int = 0
+) -> list[dict[str, float]]:
     from megatron.core import parallel_state as ps
 
     arch = ModelArch.from_hf_dir(model_dir)
-    cfg = TrainerConfig(tp=tp, ep=ep, lr=1e-3, micro_batch_size=2)
+    cfg = TrainerConfig(tp=tp, ep=ep, lr=1e-3, micro_batch_size=2, mtp_layers=mtp_layers)
     # The process group stays up between runs (re-creating it under torchrun hangs); each
     # Learner re-initialises megatron's parallel groups for its sizes.
     e = Learner(model_dir, cfg)
@@ -68,15 +71,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("runs", nargs="+", help="tpN or epN")
+    parser.add_argument("runs", nargs="+", help="tpN or epN, +mtpK for K MTP modules")
     args = parser.parse_args()
     for run in args.runs:
-        size = int(run[2:])
+        split, _, mtp = run.partition("+mtp")
+        size = int(split[2:])
         train(
             args.model_dir,
             args.out_dir / run,
-            tp=size if run.startswith("tp") else 1,
-            ep=size if run.startswith("ep") else 1,
+            tp=size if split.startswith("tp") else 1,
+            ep=size if split.startswith("ep") else 1,
+            mtp_layers=int(mtp or 0),
         )
     dist_env.teardown()
 

@@ -197,3 +197,29 @@ def test_a_step_reports_the_drafts_acceptance(tiny_moe_model: Path) -> None:
     _, two = _run(tiny_moe_model, 1, mtp_layers=2)
     a1, a2 = two[0]["mtp_acceptance_1"], two[0]["mtp_acceptance_2"]
     assert 0 < a2 and 0 < a1 < 1 and a1 < two[0]["mtp_accept_length"] < a1 + a2
+
+
+def test_tp2_and_ep2_train_the_draft_as_one_process_does(
+    tiny_moe_model: Path, tmp_path: Path
+) -> None:
+    """torchrun, two gloo CPU ranks: the draft loads its `mtp.*` shards, and the vocab-parallel
+    MTP loss and acceptance, the sharded `eh_proj` and the draft's experts train and export as
+    in one process. (They start from an export with a draft: megatron initialises expert and
+    TP-split weights differently per layout.)"""
+    from tests.trainer._parallel_worker import train
+    from tests.trainer.test_parallel import _compare, _launch, _metrics
+    from trainer import dist_env
+
+    with learner(tiny_moe_model, TrainerConfig(mtp_layers=1)) as e:
+        start = e.export_hf(tmp_path / "start")
+    try:
+        base = train(start, tmp_path / "one", mtp_layers=1)
+    finally:
+        dist_env.teardown()
+    _launch(start, tmp_path, "ep2+mtp1", "tp2+mtp1")
+    for run in ("ep2+mtp1", "tp2+mtp1"):
+        other = _metrics(tmp_path / run)
+        _compare(base, other, tmp_path / "one", tmp_path / run)
+        for a, b in zip(base, other):
+            for key in ("mtp_loss", "mtp_acceptance_1", "mtp_accept_length"):
+                assert abs(a[key] - b[key]) < 1e-4, (run, key, a[key], b[key])
