@@ -223,3 +223,22 @@ def test_tp2_and_ep2_train_the_draft_as_one_process_does(
         for a, b in zip(base, other):
             for key in ("mtp_loss", "mtp_acceptance_1", "mtp_accept_length"):
                 assert abs(a[key] - b[key]) < 1e-4, (run, key, a[key], b[key])
+
+
+def test_bf16_packed_rl_and_sft_steps_train_the_draft(tiny_moe_model: Path, tmp_path: Path) -> None:
+    batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
+    cfg = TrainerConfig(lr=1e-3, mtp_layers=1, dtype="bf16", max_tokens_per_micro_batch=64)
+    with learner(tiny_moe_model, cfg) as e:
+        before = _params(e.module)
+        rl = e.rl_step(batch)
+        sft = e.sft_step(batch)
+        weights = _params(e.module)
+        export = e.export_hf(tmp_path / "export")
+    for metrics in (rl, sft):
+        assert metrics["update_ok"] == 1.0 and 0 < metrics["mtp_acceptance_1"] < 1
+        assert 0 < metrics["mtp_nll_1"] < 10
+    assert not torch.equal(weights["mtp.layers.0.eh_proj.weight"],
+                           before["mtp.layers.0.eh_proj.weight"])  # fmt: skip
+    with learner(export, cfg) as e:
+        for name, value in _params(e.module).items():
+            assert torch.equal(value, weights[name]), name
