@@ -5,9 +5,9 @@ Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter model, 
 the `calculator` env, groups of 8, 8 groups a step), one SGLang engine behind a router for training, `serve`
 writing into a SQLite store, the Megatron trainer loop (trainer/loop.py) stepping, exporting and
 syncing weights every step. With `eval_every` on, every EVAL_EVERY versions the trainer starts
-`agent-rl eval` of that version in a process of its own (trainer/evals.py), on an evaluation
-engine of its own behind a second router (`trainer.eval_router_url`), as a deployment with an
-evaluation fleet runs it. Phases alternate off / on / off / on, each RUN_S seconds of training
+`agent-rl eval` of that version in a process of its own (trainer/evals.py, at
+`trainer.eval_nice`), on an evaluation engine of its own behind a second router
+(`trainer.eval_router_url`, reniced alike), as a deployment with an evaluation fleet runs it. Phases alternate off / on / off / on, each RUN_S seconds of training
 after its first step (the first step fills the pipeline and is not counted).
 
 On this machine every process shares the same 2 CPU cores: an evaluation's engine and its
@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.config import Config, RouterConfig  # noqa: E402
+from agent_rl.config import Config, RouterConfig, TrainerConfig  # noqa: E402
 from bench._serving import RouterThread, ServeThread  # noqa: E402
 
 RUN_S = 45.0
@@ -89,6 +89,16 @@ def tree_cpu_s(pid: int) -> float:
             continue
         todo += [int(c) for c in children]
     return total
+
+
+def renice(pid: int, nice: int) -> None:
+    """Set `nice` on a process and its descendants."""
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for tid in os.listdir(f"/proc/{p}/task"):  # every thread: Linux nices threads alone
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
 
 
 def train_for(cfg: Config, model: Path, seconds: float, eval_engine_pid: int) -> dict[str, Any]:
@@ -173,6 +183,10 @@ def main() -> None:
         for router in (train, evals):
             router.start()
             router.ready.wait(60)
+        # The evaluation engine runs at the evaluations' niceness (`trainer.eval_nice`, which
+        # an engine an evaluation starts itself inherits), as a host shared with training would
+        # run its evaluation fleet.
+        renice(engines[1].pid or 0, TrainerConfig().eval_nice)
         try:
             for i, phase in enumerate(PHASES):
                 cfg = config(work, model, train, evals, i, phase == "on")

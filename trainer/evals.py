@@ -5,7 +5,8 @@ its own (at most one at a time: a version that comes up while one runs is skippe
 so), on the version's export hard-linked aside (the trainer keeps only its two newest exports,
 and the evaluation's engine may load them later than that). The evaluation runs on its own
 engine, or on `trainer.eval_router_url`'s, so the training fleet keeps serving the newest
-policy and the trainer never waits for it. The child reads the trainer's effective
+policy and the trainer never waits for it; at `trainer.eval_nice` it takes only the CPU that
+rollout and training leave. The child reads the trainer's effective
 configuration from a private file (secrets included, mode 0600), so it evaluates the run the
 trainer trains, with the same store.
 """
@@ -66,8 +67,10 @@ class Evaluations:
         log_path = Path(self.cfg.engine.log_dir) / f"eval-v{version:06d}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
+            nice = self.tcfg.eval_nice
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=(lambda: os.nice(nice)) if nice else None)
         self.version = version
         self.started.append(version)
         self.log(f"evaluating v{version} in the background (log: {log_path})")

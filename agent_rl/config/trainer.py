@@ -155,6 +155,10 @@ class TrainerConfig(Section):
     eval_seed: int = 1234
     """Seed of the `eval_every` evaluations (task order and every request's sampling seed)."""
 
+    eval_nice: int = Field(default=10, ge=0, le=19)
+    """CPU niceness of each `eval_every` evaluation (its process and the engine it starts): on
+    a host that also runs rollout and training, evaluations take the spare CPU, not theirs."""
+
     eval_router_url: str | None = None
     """Engines the `eval_every` evaluations load their weights on (a fleet of their own: the
     training fleet keeps serving the newest policy); unset: each starts an engine of its own."""
