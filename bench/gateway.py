@@ -13,7 +13,8 @@ before each side. Rounds alternate gateway and direct; a ratio is the median ove
 the round's gateway p50 over its direct p50 (the two sides of a round meet the same machine
 load), the other figures are medians over rounds. CPU is this process's (for the gateway:
 serve, the gateway and the agents' client; the engine is a process of its own), per call,
-from the first call's start to the last one's end.
+from the first call's start to the last one's end. Each round prints the machine's 1-minute
+load average before and after it (the machine is shared: compare runs at similar load only).
 
 `tokens_exact`: every stored completion is exactly what the engine generates for its stored
 prompt (the direct call's greedy output for the same prompt ids equals the stored tokens).
@@ -83,6 +84,11 @@ the same client."""
 CALLS_PER_EPISODE = 4
 WINDOW = [float("inf"), 0.0]
 """This process's CPU time at the first call's start and the last call's end."""
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def config(db: Path, url: str, model: Path, concurrency: int, run: str) -> Config:
@@ -166,10 +172,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     await engine.astart()
     result: dict[str, Any] = {}
     exact = True
+    loads: list[float] = []
     try:
         for c in (1, 16):
             gw, direct, gw_cpu, direct_cpu = [], [], [], []
             for r in range(args.rounds):
+                loads.append(load_average())
                 run, db = f"c{c}-r{r}", work / f"c{c}-r{r}.db"
                 lat, cpu = await gateway_round(db, engine.url, model, args.episodes, c, run)
                 gw.append(statistics.median(lat))
@@ -179,7 +187,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 direct.append(statistics.median(lat))
                 direct_cpu.append(cpu)
                 exact &= same
-                print(f"c={c} round {r}: gateway p50 {gw[-1] * 1e3:.1f} ms ({gw_cpu[-1] * 1e3:.1f} ms CPU/call), "
+                loads.append(load_average())
+                print(f"c={c} round {r} (load {loads[-2]:.1f}-{loads[-1]:.1f}): "
+                      f"gateway p50 {gw[-1] * 1e3:.1f} ms ({gw_cpu[-1] * 1e3:.1f} ms CPU/call), "
                       f"direct p50 {direct[-1] * 1e3:.1f} ms ({direct_cpu[-1] * 1e3:.1f} ms CPU/call), "
                       f"tokens exact: {same}", flush=True)  # fmt: skip
             # Each round's ratio pairs sides that ran back to back on the same machine load.
@@ -191,6 +201,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         engine.stop()
     result["tokens_exact"] = exact
+    result["load_average"] = [min(loads), max(loads)]
     return result
 
 

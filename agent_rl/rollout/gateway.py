@@ -22,6 +22,10 @@ per call (a cut is an OpenAI `length` finish), the deadline. Once the turn or to
 spent a call is refused with a 400 saying so and the episode ends as that truncation (reward
 0), whatever the agent does next. Calls after the episode ended get 409. One call runs at a
 time per episode (concurrent ones wait their turn).
+
+A call's turn is answered first and committed while the episode's next call generates (as the
+runner does for an SDK env's turns), so no call waits for the store; writes land in order, the
+last one when the episode closes, before its end. A write that fails fails the next call.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +113,8 @@ class AgentSession:
         """Every answer so far, by its OpenAI form's key, as the model wrote it."""
         self._last_ids: list[int] = []
         self._last_text = ""
+        self._unwritten: TurnRecord | None = None
+        """The last answered call's turn, committed during the next call's generation."""
         # A semaphore, not a lock: a streamed call starts in the request's task and goes on in
         # the response's, and a lock belongs to the task that took it.
         self._calls = anyio.Semaphore(1)
@@ -123,10 +129,50 @@ class AgentSession:
         return [dict(m) for m in self._history]
 
     async def close(self) -> None:
-        """No call is recorded from now on (waits for one being written)."""
+        """Commit the last answered call's turn; no call is recorded from now on."""
         with anyio.CancelScope(shield=True):
             async with self._write:
                 self.closed = True
+                await self._commit()
+
+    async def _commit(self) -> None:
+        """Write the turn held back, if any (the caller holds `_write`)."""
+        record, self._unwritten = self._unwritten, None
+        if record is not None:
+            await self.ctx.store.append_turn(self.episode_id, record)
+
+    async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:
+        """`generation` while the previous call's turn commits (shielded: a write that began
+        is finished); a failed write cancels the generation and is raised."""
+        if self._unwritten is None:
+            return await generation
+        write_error: Exception | None = None
+        gen_error: Exception | None = None
+        gen: Generation | None = None
+
+        async def write() -> None:
+            nonlocal write_error
+            with anyio.CancelScope(shield=True):
+                try:
+                    async with self._write:
+                        await self._commit()
+                except Exception as e:
+                    write_error = e
+                    tg.cancel_scope.cancel()
+
+        # Neither side raises inside the task group: it would wrap what they raise.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write)
+            try:
+                gen = await generation
+            except Exception as e:
+                gen_error = e
+        if write_error is not None:
+            raise write_error
+        if gen_error is not None:
+            raise gen_error
+        assert gen is not None
+        return gen
 
     # ------------------------------------------------------------------ calls
 
@@ -147,6 +193,11 @@ class AgentSession:
         reason and, with `stream_options.include_usage`, the usage."""
         async with self._calls:
             p = self._prepare(req)
+            # Committed before the first chunk (a failure is then an error, not a cut stream):
+            # a generator cannot hold a task group across its yields to overlap the two.
+            with anyio.CancelScope(shield=True):
+                async with self._write:
+                    await self._commit()
             cid, model, sent, logged = f"chatcmpl-{self.episode_id}-{self.calls}", self._model(req), "", 0
             yield chunk(cid, model, {"role": "assistant", "content": ""})
             gen: Generation | None = None
@@ -246,8 +297,8 @@ class AgentSession:
     async def _generate(self, p: _Prepared) -> Generation:
         assert self._conv is not None
         with telemetry.chat(self.ctx.model_name, p.params["max_new_tokens"], p.params["temperature"]) as span:
-            gen = await self._engine(lambda: self.ctx.client.generate(self._conv.ids, p.params,  # type: ignore[union-attr]
-                                                                      **self._options(p)))  # fmt: skip
+            gen = await self._while_writing(self._engine(
+                lambda: self.ctx.client.generate(self._conv.ids, p.params, **self._options(p))))  # type: ignore[union-attr]
             telemetry.record_usage(span, len(self._conv.ids), len(gen.output_ids),
                                    gen.finish_reason.type if gen.finish_reason else None)
         return self._checked(gen)
@@ -266,9 +317,16 @@ class AgentSession:
             raise GatewayError(502, self.engine_error, type="server_error")
         self._checked(last)
 
-    async def _engine(self, call: Any) -> Generation:
+    async def _engine(self, call: Callable[[], Awaitable[Generation]]) -> Generation:
         """The engine's answer; a 503 (no engine took it, nothing generated) is sent again
         until the episode's deadline; any other engine failure is a 502 and fails the episode."""
+        try:  # the retry machinery costs more CPU than the request: only after a 503
+            return await call()
+        except EngineUnavailableError:
+            pass
+        except EngineError as e:
+            self.engine_error = str(e)
+            raise GatewayError(502, f"the engine failed: {e}", type="server_error") from e
         retrying = AsyncRetrying(retry=retry_if_exception_type(EngineUnavailableError),
                                  wait=wait_exponential_jitter(initial=0.5, max=5.0),
                                  stop=stop_after_delay(self.ctx.cfg.episode_timeout_s), reraise=True)  # fmt: skip
@@ -309,11 +367,10 @@ class AgentSession:
             finish_reason=gen.finish_reason.type if gen.finish_reason else None, drift=p.drift,
             segment=self.segments - 1,
         )  # fmt: skip
-        async with self._write:
-            if self.closed:
-                raise GatewayError(409, f"episode {self.episode_id} ended during this call",
-                                   code="episode_ended")
-            await self.ctx.store.append_turn(self.episode_id, record)
+        if self.closed:  # `close` sets it before its last commit, so this turn would be lost
+            raise GatewayError(409, f"episode {self.episode_id} ended during this call",
+                               code="episode_ended")
+        self._unwritten = record  # committed during the next call's generation, or by `close`
         self.calls += 1
         if p.drift:
             log.warning("episode %d call %d: carried tokens drifted from the chat template",
