@@ -1,7 +1,8 @@
 """The gateway's limits and failures, each ending its episode in exactly one recorded state:
 an agent that raises or a command that exits non-zero fails it with the traceback or stderr;
 spent turn and token budgets answer 400 and end it truncated; the deadline cuts it; malformed
-requests get OpenAI-shaped 400s; a wrong key reaches nothing; a call after the end gets 409.
+requests get OpenAI-shaped 400s; a wrong key reaches nothing; a call after the end gets 409;
+a call is answered before its turn commits, and every turn lands.
 Real serve, real SGLang engine (the session's), the official openai client and raw HTTP."""
 
 from __future__ import annotations
@@ -425,3 +426,42 @@ async def test_tool_choice_forces_a_call_of_the_named_or_any_tool(
         assert len(json.loads(call.function.arguments)["expression"]) <= 4
     bad = OUTCOMES["unknown_tool"]
     assert bad.status_code == 400 and "search" in bad.message and bad.body["param"] == "tool_choice"
+
+
+@register("test-agent-commits")
+class CommitsAgent(_Agent):
+    """Two calls, the second extending the first; looks at the store after each."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        episode_id = int(api_key.removeprefix("ep").split("-")[0])  # the key names its episode
+        stored = []
+        messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client, \
+                await Store.open(OUTCOMES["store"]) as store:  # fmt: skip
+            for k in range(2):
+                if k:  # the second extends the first
+                    messages += [answer.choices[0].message.model_dump(exclude_none=True),
+                                 {"role": "user", "content": "And 2+2?"}]  # fmt: skip
+                answer = await client.chat.completions.create(model="policy", messages=messages)
+                stored.append(len((await store.get_episode(episode_id)).turns))
+        OUTCOMES["commits"] = stored
+        return "done"
+
+
+async def test_a_call_is_answered_before_its_turn_commits_and_every_turn_lands(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    """A call's turn commits during the episode's next call (the agent does not wait for the
+    store), the last one when the episode closes: after the first answer nothing is stored,
+    after the second the first turn is, and the ended episode holds both, token for token."""
+    OUTCOMES["store"] = serve_config(f"sqlite:///{tmp_path / 'store.db'}", sglang_moe_server.url,
+                                     tiny_moe_model, env="test-agent-commits").store  # fmt: skip
+    renderer = ChatRenderer(tiny_moe_model)
+    async with Tap(sglang_moe_server.url).running() as tap:
+        cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-commits",
+                                   episodes=1, group_size=1)
+        (e,) = episodes
+        assert e.status in ("completed", "filtered") and e.num_turns == 2, e.error_cause
+        assert OUTCOMES["commits"] == [0, 1]
+        async with await Store.open(cfg.store) as store:
+            await check_agent_episode(store, renderer, tap, e.id, [])
