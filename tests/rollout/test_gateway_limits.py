@@ -368,9 +368,11 @@ async def test_a_command_in_its_sandbox_reaches_the_gateway_and_nothing_else(
     assert isinstance(seen["content"], str)
 
 
-# A short expression: the random-init policy left free inside a string fills any budget.
+# A short arithmetic expression: the random-init policy left free inside a string fills any
+# budget, and writes bytes (control characters, halves of UTF-8 sequences) that JSON parsing
+# refuses though the grammar's string admits them.
 SHORT_CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluate.", "parameters": {
-    "type": "object", "properties": {"expression": {"type": "string", "maxLength": 4}},
+    "type": "object", "properties": {"expression": {"type": "string", "pattern": "^[0-9+*-]{1,4}$"}},
     "required": ["expression"], "additionalProperties": False}}}
 
 
