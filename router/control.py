@@ -172,12 +172,8 @@ class Control:
 
         async def one(worker: Worker) -> Result:
             try:
-                result = await self.call(worker, "POST", "/end_weight_update", body)
-                resumed = await self._resume(worker)
-                if result["success"] and resumed is not None:
-                    result = resumed
-                result["weight_version"] = await self.refresh_version(worker)
-                return result
+                return await self._resumed(worker, await self.call(
+                    worker, "POST", "/end_weight_update", body))
             finally:
                 worker.updating = False
 
@@ -253,16 +249,19 @@ class Control:
             paused = await self._pause(worker)
             if paused is not None:
                 return paused
-            result = await self.call(worker, "POST", "/update_weights_from_disk", body)
-            # Resume even after a failed update: a worker left paused would hang every request
-            # sent to it.
-            resumed = await self._resume(worker)
-            if result["success"] and resumed is not None:
-                result = resumed
-            result["weight_version"] = await self.refresh_version(worker)
-            return result
+            return await self._resumed(worker, await self.call(
+                worker, "POST", "/update_weights_from_disk", body))
         finally:
             worker.updating = False
+
+    async def _resumed(self, worker: Worker, result: Result) -> Result:
+        """Resume `worker` after an update's `result`, even a failed one (a worker left paused
+        would hang every request sent to it), and read back its weight version."""
+        resumed = await self._resume(worker)
+        if result["success"] and resumed is not None:
+            result = resumed
+        result["weight_version"] = await self.refresh_version(worker)
+        return result
 
     async def _pause(self, worker: Worker) -> Result | None:
         """Pause generation on `worker` by `update_pause_mode` (every kind of weight update goes

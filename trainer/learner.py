@@ -142,11 +142,8 @@ class Learner:
             tokens, experts, mask, positions = pk.tokens, pk.routed_experts, pk.attention_mask, pk.positions
 
         def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
-            if pk is None:
+            with contextlib.nullcontext() if pk is None else per_token_rope(self.module, positions):
                 out = self.model(tokens, positions, mask)
-            else:
-                with per_token_rope(self.module, positions):
-                    out = self.model(tokens, positions, mask)
             return out if isinstance(out, tuple) else (out, [])
 
         if self.replay is None or experts is None:

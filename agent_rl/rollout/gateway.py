@@ -61,7 +61,7 @@ from agent_rl.rollout.render import Conversation
 from agent_rl.store import MessageRecord, ToolCallRecord, TurnRecord
 from agent_rl.tool_calls import CLOSE, OPEN, parse_completion
 
-from agent_rl.rollout.runner import request_seed
+from agent_rl.rollout.runner import request_seed, while_writing
 
 if TYPE_CHECKING:
     from agent_rl.rollout.runner import EpisodeRunner
@@ -142,37 +142,15 @@ class AgentSession:
             await self.ctx.store.append_turn(self.episode_id, record)
 
     async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:
-        """`generation` while the previous call's turn commits (shielded: a write that began
-        is finished); a failed write cancels the generation and is raised."""
+        """`generation` while the previous call's turn commits (`runner.while_writing`)."""
         if self._unwritten is None:
             return await generation
-        write_error: Exception | None = None
-        gen_error: Exception | None = None
-        gen: Generation | None = None
 
-        async def write() -> None:
-            nonlocal write_error
-            with anyio.CancelScope(shield=True):
-                try:
-                    async with self._write:
-                        await self._commit()
-                except Exception as e:
-                    write_error = e
-                    tg.cancel_scope.cancel()
+        async def commit() -> None:
+            async with self._write:
+                await self._commit()
 
-        # Neither side raises inside the task group: it would wrap what they raise.
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(write)
-            try:
-                gen = await generation
-            except Exception as e:
-                gen_error = e
-        if write_error is not None:
-            raise write_error
-        if gen_error is not None:
-            raise gen_error
-        assert gen is not None
-        return gen
+        return await while_writing(commit, generation)
 
     # ------------------------------------------------------------------ calls
 

@@ -88,12 +88,6 @@ class UnixRelay:
                 await self._server.wait_closed()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    async def __aenter__(self) -> UnixRelay:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
 
 SANDBOX_RUNNER = r'''
 import json, os, socket, subprocess, sys, threading

@@ -236,39 +236,11 @@ class EpisodeRunner:
         self._started = True
 
     async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:
-        """`generation` while the episode's pending write commits; returns once both are done.
-        The write is shielded (a write that began is finished, whatever cancels the
-        generation); a failed write cancels the generation and is raised, as a write made
-        before it would have been."""
+        """`generation` while the episode's pending write commits (`while_writing`)."""
         pending, self._next_write = self._next_write, None
         if pending is None:
             return await generation
-        write_error: BaseException | None = None
-        gen_error: Exception | None = None
-        gen: Generation | None = None
-
-        async def write() -> None:
-            nonlocal write_error
-            with anyio.CancelScope(shield=True):
-                try:
-                    await pending()
-                except Exception as e:
-                    write_error = e
-                    tg.cancel_scope.cancel()
-
-        # Neither side raises inside the task group: it would wrap what they raise.
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(write)
-            try:
-                gen = await generation
-            except Exception as e:
-                gen_error = e
-        if write_error is not None:
-            raise write_error
-        if gen_error is not None:
-            raise gen_error
-        assert gen is not None
-        return gen
+        return await while_writing(pending, generation)
 
     def _sampling(self, env: Env, budget: int, turn: int) -> tuple[dict[str, Any], int | None]:
         """The turn's sampling parameters (the rollout's, then the env's overrides) with
@@ -361,6 +333,38 @@ class EpisodeRunner:
         if len(pending) == recorded.num_prompt and self.ctx.routed_experts:
             gen.routed_experts = recorded.span.routed_experts  # same span: routing row for row
         return gen
+
+
+async def while_writing(write: Callable[[], Awaitable[Any]], generation: Awaitable[Generation]) -> Generation:
+    """`generation` while `write` commits; returns once both are done. The write is shielded (a
+    write that began is finished, whatever cancels the generation); a failed write cancels the
+    generation and is raised, as a write made before it would have been."""
+    write_error: BaseException | None = None
+    gen_error: Exception | None = None
+    gen: Generation | None = None
+
+    async def commit() -> None:
+        nonlocal write_error
+        with anyio.CancelScope(shield=True):
+            try:
+                await write()
+            except Exception as e:
+                write_error = e
+                tg.cancel_scope.cancel()
+
+    # Neither side raises inside the task group: it would wrap what they raise.
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(commit)
+        try:
+            gen = await generation
+        except Exception as e:
+            gen_error = e
+    if write_error is not None:
+        raise write_error
+    if gen_error is not None:
+        raise gen_error
+    assert gen is not None
+    return gen
 
 
 def request_seed(episode_seed: int, turn: int) -> int:
