@@ -66,6 +66,10 @@ class Learner:
         # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
         module.config.calculate_per_token_loss = True
         load_hf_weights(module, self.arch, self.model_dir, cfg.mtp_layers)
+        if cfg.mtp_layers and not cfg.mtp_train:
+            # A frozen draft: out of the DDP buffers and the optimizer, so no step moves it.
+            for param in module.mtp.parameters():
+                param.requires_grad_(False)
         self._gpt = module
         if bf16:
             from megatron.core.transformer.module import Float16Module
@@ -237,7 +241,8 @@ class Learner:
             if drafts:
                 draft_loss, draft_metrics = self._mtp_loss(micro, drafts, mtp_counts)
                 draft_metrics.update(self._mtp_acceptance(micro, logits, drafts, mtp_counts))
-                loss = loss + self.cfg.mtp_loss_coef * draft_loss
+                if self.cfg.mtp_train:
+                    loss = loss + self.cfg.mtp_loss_coef * draft_loss
                 for key, value in draft_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
             loss.backward()

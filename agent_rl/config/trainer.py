@@ -196,5 +196,10 @@ class TrainerConfig(Section):
     """Train the MTP modules on detached trunk hidden states, embeddings and output weight, so
     the draft follows the policy and never steers it; false: the MTP loss also trains the trunk."""
 
+    mtp_train: bool = True
+    """Update the MTP modules; false: a frozen draft (its weights stay those loaded from the
+    model directory, e.g. an SFT export's `mtp.*`), whose loss and acceptance are still reported
+    but whose loss is not added to the step's: the policy trains as without MTP."""
+
     threads: int = Field(default=1, ge=1)
     """torch CPU threads per rank (1 is fastest on a small shared machine)."""

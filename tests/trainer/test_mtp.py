@@ -68,6 +68,29 @@ def test_joint_training_lets_the_mtp_loss_move_the_policy(tiny_moe_model: Path) 
     assert any(n.startswith("decoder.layers.") for n in changed)
 
 
+@pytest.mark.parametrize("detach", [True, False])
+def test_a_frozen_draft_stays_bit_exact_and_is_still_measured(
+    tiny_moe_model: Path, detach: bool
+) -> None:
+    """`mtp_train = false` (bench/mtp.py's frozen control): the draft's weights after steps
+    are those it started with, its loss and acceptance are reported, and the policy trains as
+    without MTP, joint training or not (a frozen draft's loss is not added)."""
+    plain, plain_metrics = _run(tiny_moe_model, 2)
+    frozen, metrics = _run(tiny_moe_model, 2, mtp_layers=1, mtp_train=False, mtp_detach=detach)
+    draft = [n for n in frozen["after"] if n.startswith("mtp.")]
+    assert draft
+    for name in draft:
+        assert torch.equal(frozen["after"][name], frozen["before"][name]), name
+    for name, value in plain["after"].items():
+        assert torch.equal(frozen["after"][name], value), name
+    for m, p in zip(metrics, plain_metrics):
+        assert 0.0 < m["mtp_acceptance_1"] < 1.0 and m["mtp_nll_1"] > 0.0
+        assert m["mtp_accept_length"] == pytest.approx(m["mtp_acceptance_1"])
+        assert m["loss"] == p["loss"]
+    # The policy moved, so the frozen draft's acceptance is measured against a new policy.
+    assert metrics[1]["mtp_acceptance_1"] != metrics[0]["mtp_acceptance_1"]
+
+
 @pytest.mark.parametrize("model", ["tiny_moe_model", "tiny_dense_model"])
 def test_packed_micro_batches_give_the_padded_mtp_loss(
     model: str, request: pytest.FixtureRequest
