@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -154,9 +155,25 @@ def _smoke_test(py: str, device: Device) -> None:
 
 def _base_python() -> str:
     # A venv's python creates new venvs from its base interpreter; the lock is for CPython 3.11.
-    if sys.version_info[:2] != (3, 11):
-        raise EngineError("the engine environment needs CPython 3.11: pass --python python3.11")
-    return sys.executable
+    # The main venv may be on 3.12+ (the trainer runs there): then python3.11 from PATH.
+    if sys.version_info[:2] == (3, 11):
+        return sys.executable
+    found = shutil.which("python3.11")
+    if found is not None and _is_python311(found):
+        return found
+    raise EngineError(
+        "the engine environment needs CPython 3.11 and none is on PATH: "
+        "install python3.11 or pass --python /path/to/python3.11"
+    )
+
+
+def _is_python311(python: str) -> bool:
+    # A pyenv shim exists for every installed version but fails unless that version is active.
+    code = "import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)"
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
+    except OSError:
+        return False
 
 
 def _run(cmd: list[str], what: str, env: dict[str, str] | None = None) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from agent_rl.engine import install
 from agent_rl.engine.install import STAMP_FILE, engine_python, install_engine, requirements_file
 from agent_rl.errors import EngineError
 
@@ -48,3 +51,21 @@ def test_install_is_idempotent(engine_venv: Path) -> None:
     assert install_engine(engine_venv, "cpu", echo=lambda _: None) is False
     assert time.monotonic() - t0 < 5
     assert engine_python(engine_venv).exists()
+
+
+def test_engine_is_built_from_cpython_311_whatever_the_main_interpreter() -> None:
+    # The lock is for 3.11; a main venv on 3.12+ finds python3.11 on PATH (this machine has one).
+    base = install._base_python()
+    out = subprocess.run([base, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True)
+    assert out.stdout.decode().strip() == "(3, 11)"
+
+
+def test_no_python311_on_path_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
+    # A pyenv-style shim that exists but does not run must not be taken for an interpreter.
+    shim = tmp_path / "python3.11"
+    shim.write_text("#!/bin/sh\nexit 127\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "version_info", (3, 12, 0, "final", 0))
+    with pytest.raises(EngineError, match="needs CPython 3.11.*--python"):
+        install._base_python()
