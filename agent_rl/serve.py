@@ -23,6 +23,7 @@ import anyio
 
 from agent_rl.config import Config
 from agent_rl.errors import EngineError, StoreError
+from agent_rl.heap import long_lived_heap
 from agent_rl.rollout.scheduler import Scheduler, SchedulerStats
 from agent_rl.store import Endings, Ledger, Store
 
@@ -129,13 +130,14 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
         )
         with anyio.CancelScope() as scope:
             tg.start_soon(_drain_on_sigterm, scheduler, scope)
-            async with anyio.create_task_group() as sampling:
-                if cfg.rollout.engine_sample_s > 0:
-                    run_id = await store.ensure_run(cfg.run.name, scheduler.run_config)
-                    sampling.start_soon(sample_engines, store, client, url, run_id,
-                                        cfg.rollout.engine_sample_s)
-                await scheduler.run(max_episodes)
-                sampling.cancel_scope.cancel()
+            with long_lived_heap():  # everything is imported and started: see agent_rl/heap.py
+                async with anyio.create_task_group() as sampling:
+                    if cfg.rollout.engine_sample_s > 0:
+                        run_id = await store.ensure_run(cfg.run.name, scheduler.run_config)
+                        sampling.start_soon(sample_engines, store, client, url, run_id,
+                                            cfg.rollout.engine_sample_s)
+                    await scheduler.run(max_episodes)
+                    sampling.cancel_scope.cancel()
         run_id = scheduler.run_id
         assert run_id is not None
         return ServeSummary(
