@@ -182,12 +182,26 @@ class Learner:
         if entropy:
             out["entropy"] = torch.zeros(batch.size, batch.length)
         for micro in self._micro_batches(batch):
-            logits, _, _ = self._forward(micro, self.cfg.routing_replay)
+            with self._drafts_off():
+                logits, _, _ = self._forward(micro, self.cfg.routing_replay)
             lp, ent = self._scores(micro, logits, entropy)
             out["logprobs"][micro.rows, 1:] = lp
             if ent is not None:
                 out["entropy"][micro.rows, 1:] = ent
         return {key: value[:, :T] for key, value in out.items()}
+
+    @contextlib.contextmanager
+    def _drafts_off(self) -> Iterator[None]:
+        """Forwards inside skip the MTP modules (their drafts would go unused)."""
+        module = self.module
+        if not getattr(module, "run_drafts", False):
+            yield
+            return
+        module.run_drafts = False
+        try:
+            yield
+        finally:
+            module.run_drafts = True
 
     # ----- steps -----------------------------------------------------------------------------
 
@@ -358,10 +372,11 @@ class Learner:
         try:
             for p, ref in zip(params, self._ref or []):
                 p.copy_(ref)
-            return [
-                self._scores(micro, self._forward(micro, self.cfg.routing_replay)[0])[0]
-                for micro in self._micro_batches(batch)
-            ]
+            with self._drafts_off():
+                return [
+                    self._scores(micro, self._forward(micro, self.cfg.routing_replay)[0])[0]
+                    for micro in self._micro_batches(batch)
+                ]
         finally:
             for p, cur in zip(params, current):
                 p.copy_(cur)

@@ -28,6 +28,9 @@ class MTPGPTModel(GPTModel):
     """GPTModel whose forward returns `(logits [b, s, V/tp], [k x logits [b, s, V/tp]])`."""
 
     mtp_detach: bool = True
+    run_drafts: bool = True
+    """False: the forward skips the MTP modules and returns no drafts (forwards whose drafts
+    would go unused: the learner's logprobs and its KL reference)."""
 
     def _postprocess(  # type: ignore[override]
         self,
@@ -53,6 +56,9 @@ class MTPGPTModel(GPTModel):
             raise ValueError("MTPGPTModel returns logits only (no labels, no inference context)")
         tied = self.share_embeddings_and_output_weights
         weight = self.shared_embedding_or_output_weight() if tied else None
+        if not self.run_drafts:
+            logits, _ = self.output_layer(hidden_states, weight=weight)
+            return logits.transpose(0, 1).contiguous(), []
         detach = self.mtp_detach
         trunk = hidden_states.detach() if detach else hidden_states
 

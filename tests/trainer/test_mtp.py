@@ -91,6 +91,22 @@ def test_a_frozen_draft_stays_bit_exact_and_is_still_measured(
     assert metrics[1]["mtp_acceptance_1"] != metrics[0]["mtp_acceptance_1"]
 
 
+def test_logprob_forwards_skip_the_drafts(tiny_moe_model: Path) -> None:
+    """`logprobs()` and the KL reference forward do not run the MTP modules (their drafts go
+    unused), and give the logprobs of a learner without MTP."""
+    batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
+    cfg = TrainerConfig(micro_batch_size=2, kl_coef=0.1)
+    with learner(tiny_moe_model, cfg.model_copy(update={"mtp_layers": 1})) as e:
+        calls: list[int] = []
+        e.module.mtp.register_forward_hook(lambda *args: calls.append(1))
+        drafted = e.logprobs(batch)["logprobs"]
+        assert calls == []
+        e.rl_step(batch)
+        assert calls == [1, 1]  # the step's two micro-batches, not the reference forward
+    with learner(tiny_moe_model, cfg) as e:
+        assert torch.equal(e.logprobs(batch)["logprobs"], drafted)
+
+
 @pytest.mark.parametrize("model", ["tiny_moe_model", "tiny_dense_model"])
 def test_packed_micro_batches_give_the_padded_mtp_loss(
     model: str, request: pytest.FixtureRequest
