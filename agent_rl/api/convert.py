@@ -11,7 +11,14 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from agent_rl.api.schemas import EpisodeOut, MessageOut, PolicyVersionOut, ToolCallOut, TurnOut
+from agent_rl.api.schemas import (
+    DraftAcceptanceOut,
+    EpisodeOut,
+    MessageOut,
+    PolicyVersionOut,
+    ToolCallOut,
+    TurnOut,
+)
 from agent_rl.store import EpisodeDetail, EpisodeSummary
 
 
@@ -55,13 +62,30 @@ def metric_series(versions: list[dict[str, Any]]) -> dict[str, list[list[float]]
         if step is None or not isinstance(metrics, dict):
             continue
         for name, value in _flatten(metrics):
-            if (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-            ):
+            if _finite(value):
                 series.setdefault(name, []).append([float(step), float(value)])
     return dict(sorted(series.items()))
+
+
+def draft_acceptance(versions: list[dict[str, Any]]) -> list[DraftAcceptanceOut]:
+    """The MTP draft's acceptance per policy version, from the metrics the learner records
+    (`mtp_acceptance_{j}` for depths 1, 2, ..., `mtp_accept_length`); versions without any are
+    left out."""
+    out = []
+    for row in versions:
+        metrics = row["metrics"] if isinstance(row["metrics"], dict) else {}
+        depths: list[float] = []
+        while _finite(value := metrics.get(f"mtp_acceptance_{len(depths) + 1}")):
+            depths.append(float(value))
+        if depths:
+            length = metrics.get("mtp_accept_length")
+            out.append(DraftAcceptanceOut(version=row["version"], acceptance=depths,
+                                          accept_length=float(length) if _finite(length) else None))
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

@@ -172,6 +172,20 @@ class EvaluationOut(Schema):
     stderr: float | None = Field(description="Standard error of the mean over tasks.")
 
 
+class DraftAcceptanceOut(Schema):
+    """An MTP draft's (`trainer.mtp_layers`) expected acceptance at one policy version, as the
+    learner measured it without a speculative engine: on the policy tokens of the step that
+    made the version, at the weights that step started from."""
+
+    version: int
+    acceptance: list[float] = Field(
+        description="Per draft depth (1, 2, ...): the chance speculative sampling accepts its "
+        "token, the sum over the vocabulary of min(p_policy, q_draft) (`mtp_acceptance_{j}`).")
+    accept_length: float | None = Field(
+        description="Expected drafts accepted per anchor when all are proposed "
+        "(`mtp_accept_length`).")
+
+
 class RunOut(Schema):
     id: int
     name: str
@@ -186,6 +200,9 @@ class RunOut(Schema):
     metrics: dict[str, list[list[float]]] = Field(
         description="Per metric, [trainer step, value] points over the policy versions."
     )
+    draft_acceptance: list[DraftAcceptanceOut] = Field(
+        description="Per policy version whose step measured an MTP draft, its expected "
+        "acceptance (empty without `trainer.mtp_layers`).")
     ledger: dict[str, int]
 
 

@@ -1,4 +1,5 @@
-"""GET /runs and GET /runs/{id}: config, policy versions, per-step training metrics, ledger."""
+"""GET /runs and GET /runs/{id}: config, policy versions, per-step training metrics (and an MTP
+draft's acceptance per version), ledger."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from agent_rl.api.convert import json_safe, metric_series, policy_version_out
+from agent_rl.api.convert import draft_acceptance, json_safe, metric_series, policy_version_out
 from agent_rl.api.deps import StoreDep
 from agent_rl.api.schemas import EvaluationOut, RunOut, RunSummaryOut
 from agent_rl.store.models import ID_MAX
@@ -39,5 +40,6 @@ async def get_run(run_id: Annotated[int, Path(ge=0, le=ID_MAX)], store: StoreDep
         config=json_safe(run["config"] or {}),
         policy_versions=[policy_version_out(v) for v in versions],
         metrics=metric_series(versions),
+        draft_acceptance=draft_acceptance(versions),
         ledger=ledger.as_dict(),
     )

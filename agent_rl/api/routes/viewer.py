@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agent_rl.api.convert import episode_out, json_safe, metric_series, transcript
+from agent_rl.api.convert import draft_acceptance, episode_out, json_safe, metric_series, transcript
 from agent_rl.api.deps import ConfigDep, StoreDep
 from agent_rl.api.filters import EpisodeQueryDep, fetch_page
 from agent_rl.api.stats import run_stats
@@ -101,6 +101,8 @@ async def run_page(request: Request, run_id: Id, store: StoreDep) -> HTMLRespons
     run = await store.get_run(run_id)
     versions = await store.policy_versions(run_id)
     plots = {name: plot(points) for name, points in metric_series(versions).items()}
+    drafts = draft_acceptance(versions)
+    draft_plot = plot([[d.version, d.acceptance[0]] for d in drafts]) if drafts else None
     ledger = await store.ledger(run_id)
     evaluated = score = None
     if run["kind"] == "eval":
@@ -123,6 +125,8 @@ async def run_page(request: Request, run_id: Id, store: StoreDep) -> HTMLRespons
         config=json_safe(run["config"] or {}),
         versions=versions,
         plots=plots,
+        drafts=drafts,
+        draft_plot=draft_plot,
         ledger=shown,
         evaluated=evaluated,
         score=score,
