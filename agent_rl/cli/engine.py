@@ -69,9 +69,22 @@ def start(
             "--moe-routing-replay/--no-moe-routing-replay", help="Return routed experts (R3)."
         ),
     ] = None,
+    speculative: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--speculative/--no-speculative",
+            help="Speculative decoding with the model's MTP draft (GPU only; engine.speculative).",
+        ),
+    ] = None,
+    speculative_steps: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="Draft tokens per verification (engine.speculative_steps)."),
+    ] = None,
 ) -> None:
     """Run one SGLang server in the foreground until Ctrl-C; exit 1 if it crashes."""
     cfg = state(ctx).config().engine
+    updates = {"speculative": speculative, "speculative_steps": speculative_steps}
+    cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
     server = EngineServer.from_config(
         cfg, model=model, port=port, host=host, moe_routing_replay=moe_routing_replay
     )

@@ -58,5 +58,13 @@ class EngineConfig(Section):
     log_dir: Path = Path("runs/logs")
     """Where each engine's output goes (`engine-PORT.log`), relative to the working directory."""
 
+    speculative: bool = False
+    """Serve the model's own MTP draft (the `mtp.*` weights of a `trainer.mtp_layers` export of
+    a Qwen3-MoE model) with SGLang's speculative decoding (EAGLE, top-1 chain). GPU only: on
+    CPU the engine refuses to start."""
+
+    speculative_steps: int = Field(default=3, ge=1)
+    """Draft tokens proposed per verification pass (SGLang verifies steps + 1 tokens)."""
+
     extra_args: list[str] = []
     """More `sglang.launch_server` arguments, passed through verbatim."""

@@ -11,7 +11,9 @@ test fixtures use. Contract:
   failure raises `EngineError` with one line that says what to do, plus the log's telling
   line when the engine itself died.
 - On CPU the server runs SGLang's CPU engine with agent-rl's compatibility layer on its
-  PYTHONPATH (`agent_rl/engine/sglang_cpu/sitecustomize.py`); on a GPU it runs stock SGLang.
+  PYTHONPATH (`agent_rl/engine/sglang_cpu/sitecustomize.py`); on a GPU it runs stock SGLang,
+  with `speculative_steps` the model's MTP draft too (agent_rl/engine/speculative.py; refused
+  on CPU before a launch).
 - `check()` raises `EngineError` if the process has exited (a crash); `watch()` is the same as
   an async loop for a supervisor's task group.
 - `stop()` terminates the whole process group (SGLang's scheduler and detokenizer children
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 import httpx
 
 from agent_rl.engine.install import engine_env, engine_python
+from agent_rl.engine.speculative import speculative_args
 from agent_rl.errors import EngineError
 
 if TYPE_CHECKING:
@@ -122,6 +125,7 @@ class EngineServer:
         mem_fraction_static: float | None = None,
         max_total_tokens: int | None = None,
         max_running_requests: int | None = None,
+        speculative_steps: int = 0,
         extra_args: list[str] | tuple[str, ...] = (),
     ) -> None:
         self.model = Path(model).expanduser().absolute()
@@ -136,6 +140,7 @@ class EngineServer:
         self.mem_fraction_static = mem_fraction_static
         self.max_total_tokens = max_total_tokens
         self.max_running_requests = max_running_requests
+        self.speculative_steps = speculative_steps  # 0: no speculative decoding
         self.extra_args = list(extra_args)
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -154,6 +159,7 @@ class EngineServer:
             mem_fraction_static=cfg.mem_fraction_static,
             max_total_tokens=cfg.max_total_tokens,
             max_running_requests=cfg.max_running_requests,
+            speculative_steps=cfg.speculative_steps if cfg.speculative else 0,
             extra_args=cfg.extra_args,
             log_dir=cfg.log_dir,
         )
@@ -196,6 +202,7 @@ class EngineServer:
             cmd += ["--max-running-requests", str(self.max_running_requests)]
         if self.moe_routing_replay:
             cmd.append("--enable-return-routed-experts")
+        cmd += speculative_args(self.model, self.device, self.speculative_steps)
         return cmd + self.extra_args
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -246,6 +253,7 @@ class EngineServer:
                 f"{self.model} is not a model directory (no config.json): "
                 f"make one with `agent-rl model init {self.model}`"
             )
+        speculative_args(self.model, self.device, self.speculative_steps)  # refuses on CPU
         if _port_in_use(self.host, self.port):
             raise EngineError(
                 f"port {self.port} on {self.host} is already in use: "

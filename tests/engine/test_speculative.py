@@ -1,0 +1,91 @@
+"""`engine.speculative` / `agent-rl engine start --speculative`: SGLang's speculative decoding
+with the model's own MTP draft. The flags are built for a GPU host and parsed by SGLang's own
+argument parser in the engine environment (no GPU is needed to parse them; serving with them
+is not run here: SGLang's CPU engine starts no speculative algorithm). On CPU, and for a model
+without a draft SGLang could serve, the engine refuses with one line before any launch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from agent_rl.engine.launcher import EngineServer
+from agent_rl.errors import EngineError
+
+PARSE = """
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+args = parser.parse_args(sys.argv[1:])
+print(json.dumps({k: v for k, v in vars(args).items() if k.startswith("speculative_")}))
+"""
+
+
+@pytest.fixture
+def drafted_moe(tiny_moe_model: Path, tmp_path: Path) -> Path:
+    """The tiny MoE with an `mtp.*` tensor in a second safetensors file (the launcher reads
+    tensor names from the files' headers, as an export with `trainer.mtp_layers` has them)."""
+    out = tmp_path / "drafted"
+    shutil.copytree(tiny_moe_model, out)
+    save_file({"mtp.fc.weight": torch.zeros(2, 2)}, str(out / "mtp.safetensors"))
+    return out
+
+
+def test_gpu_flags_parse_in_sglang(drafted_moe: Path, engine_venv: Path) -> None:
+    server = EngineServer(drafted_moe, venv=engine_venv, device="cuda", speculative_steps=2)
+    cmd = server.command("python")
+    assert cmd[cmd.index("--speculative-algorithm") + 1] == "EAGLE"
+    python = engine_venv / "bin" / "python"
+    proc = subprocess.run([str(python), "-c", PARSE, *cmd[3:]], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert parsed["speculative_algorithm"] == "EAGLE"
+    assert parsed["speculative_draft_model_path"] == str(drafted_moe)  # the target's own dir
+    assert (parsed["speculative_num_steps"], parsed["speculative_eagle_topk"],
+            parsed["speculative_num_draft_tokens"]) == (2, 1, 3)  # fmt: skip
+    plain = EngineServer(drafted_moe, venv=engine_venv, device="cuda").command("python")
+    assert not any(flag.startswith("--speculative") for flag in plain)
+
+
+def _refusal(server: EngineServer) -> str:
+    with pytest.raises(EngineError) as e:
+        server.start()
+    assert server.pid is None  # refused before a launch
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+def test_refused_on_cpu_and_without_a_draft(
+    drafted_moe: Path, tiny_moe_model: Path, tiny_dense_model: Path, engine_venv: Path
+) -> None:
+    cpu = _refusal(EngineServer(drafted_moe, venv=engine_venv, device="cpu", speculative_steps=3))
+    assert cpu.startswith("speculative decoding needs a GPU")
+    missing = _refusal(EngineServer(tiny_moe_model, venv=engine_venv, device="cuda",
+                                    speculative_steps=3))  # fmt: skip
+    assert "no mtp.* draft weights" in missing and "trainer.mtp_layers" in missing
+    dense = _refusal(EngineServer(tiny_dense_model, venv=engine_venv, device="cuda",
+                                  speculative_steps=3))  # fmt: skip
+    assert "is a Qwen2ForCausalLM" in dense and "EAGLE-format" in dense
+
+
+def test_cli_refuses_speculative_on_cpu_in_one_line(drafted_moe: Path, tmp_path: Path) -> None:
+    """This host has no GPU: `agent-rl engine start --speculative` exits 1 saying why."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from agent_rl.cli import main; main()", "engine", "start",
+         "--model", str(drafted_moe), "--speculative", "--speculative-steps", "2"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and "speculative decoding needs a GPU" in errors[0], proc.stderr
+    assert "engine ready" not in proc.stdout
