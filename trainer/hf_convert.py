@@ -27,6 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from agent_rl.errors import ConfigError
+from trainer import megatron_cpu
 from trainer.arch import ModelArch
 
 
@@ -90,7 +91,7 @@ def hf_to_mcore(
         src, dst = mtp_prefix(j), f"mtp.layers.{j}."
         for hf_name, mcore_name in _MTP_MODULE:
             out[dst + mcore_name] = _take(hf, src + hf_name)
-        _layer_in(hf, out, src + "layers.0.", dst + "transformer_layer.", arch)
+        _layer_in(hf, out, src + "layers.0.", f"{dst}{megatron_cpu.mtp_decoder_layer()}.", arch)
     if not mtp_layers:
         # An export with a draft, loaded without one (as SGLang's target model does).
         hf = {k: v for k, v in hf.items() if not k.startswith("mtp.")}
@@ -152,7 +153,7 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
         src, dst = f"mtp.layers.{j}.", mtp_prefix(j)
         for hf_name, mcore_name in _MTP_MODULE:
             out[dst + hf_name] = sd[src + mcore_name]
-        _layer_out(sd, out, src + "transformer_layer.", dst + "layers.0.", arch)
+        _layer_out(sd, out, f"{src}{megatron_cpu.mtp_decoder_layer()}.", dst + "layers.0.", arch)
         j += 1
     return out
 

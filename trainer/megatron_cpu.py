@@ -1,9 +1,14 @@
-"""CPU compatibility patches for megatron-core 0.16.1 on a CPU-only torch build (gloo backend).
+"""CPU compatibility patches for megatron-core on torch without a GPU (gloo backend), and the
+one naming difference between the two megatron-core releases the trainer runs on.
+
+Releases: 0.16.1 on Python 3.11 (its last release there), 0.19.2 on 3.12+ (pyproject's markers).
+Every patch below applies to both unchanged; `mtp_decoder_layer()` names the one module that
+moved.
 
 megatron-core is written for CUDA: it asks torch.cuda for devices, RNG state, streams and
-synchronisation, and creates a few tensors with a literal `device="cuda"`. On a CPU-only torch
-every one of those raises "Torch not compiled with CUDA enabled". `apply()` replaces exactly
-those calls with CPU equivalents. It is a no-op when CUDA is available, idempotent, and
+synchronisation, and creates a few tensors with a literal `device="cuda"`. Without a GPU every
+one of those raises (a CPU-only torch: "Torch not compiled with CUDA enabled"; PyPI's CUDA build:
+no device found). `apply()` replaces exactly those calls with CPU equivalents. It is a no-op when CUDA is available, idempotent, and
 touches no installed file. Each patch was shown necessary for a path the trainer uses (model
 forward/backward, MoE alltoall with EP, TP with sequence parallelism, Megatron DDP and
 (distributed) optimizer, dist_checkpointing); see ../shared/notes/megatron-cpu for the lab runs.
@@ -32,6 +37,20 @@ def apply() -> list[str]:
     _moe()
     _cuda_literals()
     return APPLIED
+
+
+def mtp_decoder_layer() -> str:
+    """The name of an MTP module's decoder layer in megatron's module tree and state dict:
+    `transformer_layer` in megatron-core 0.16, `mtp_model_layer` in 0.19 (whose dist
+    checkpoints map it back to `transformer_layer`). Read off the installed release."""
+    import dataclasses
+
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionLayerSubmodules as Submodules,
+    )
+
+    names = {f.name for f in dataclasses.fields(Submodules)}
+    return "mtp_model_layer" if "mtp_model_layer" in names else "transformer_layer"
 
 
 def _device_and_rng() -> None:

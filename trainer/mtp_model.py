@@ -41,17 +41,17 @@ class MTPGPTModel(GPTModel):
         rotary_pos_emb: Any,
         rotary_pos_cos: Any,
         rotary_pos_sin: Any,
-        mtp_in_postprocess: Any = None,
-        loss_mask: Any = None,
-        decoder_input: Any = None,
         attention_mask: Any = None,
-        inference_params: Any = None,
         packed_seq_params: Any = None,
         sequence_len_offset: Any = None,
-        runtime_gather_output: Any = None,
         extra_block_kwargs: Any = None,
         inference_context: Any = None,
+        padding_mask: Any = None,
+        **unused: Any,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        # GPTModel.forward passes its keywords by name, and their set grows between megatron-core
+        # releases (0.19 adds padding_mask, output_processor, ...): those not used here land in
+        # `unused`. padding_mask (0.19+, None unless a caller sets it) goes on to the MTP block.
         if labels is not None or inference_context is not None:
             raise ValueError("MTPGPTModel returns logits only (no labels, no inference context)")
         tied = self.share_embeddings_and_output_weights
@@ -77,6 +77,7 @@ class MTPGPTModel(GPTModel):
             packed_seq_params=packed_seq_params,
             sequence_len_offset=sequence_len_offset,
             embedding=embedding,
+            **({} if padding_mask is None else {"padding_mask": padding_mask}),
             **(extra_block_kwargs or {}),
         )
         depths = torch.chunk(stacked, 1 + self.config.mtp_num_layers, dim=0)[1:]
