@@ -1,0 +1,245 @@
+"""Online vs frozen MTP draft in a quickstart-sized RL run: the draft's expected acceptance per
+policy version, the learner's step-time overhead of MTP, and the reward with and without the
+MTP loss (issue 21).
+
+Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter Qwen2 model,
+random-init, the `calculator` env, groups of 8, 8 groups a step, lr 1e-4), an SFT warm start
+with `trainer.mtp_layers = 1` (SFT_STEPS steps on the calculator's demonstrations: the draft is
+trained with the policy on the SFT data), then two RL runs from that export, one after the
+other, each with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT
+weights as version 0 before each) and the trainer loop (trainer/loop.py) for VERSIONS versions:
+- online: `mtp_train = true`, the draft trains on every RL batch;
+- frozen: `mtp_train = false`, the draft stays the SFT one. Its loss is not added, and the
+  policy then trains exactly as without MTP (tests/trainer/test_mtp.py), detached or not.
+Acceptance is what the learner reports with each version (`mtp_acceptance_1`: per policy token,
+the sum over the vocabulary of min(p_policy, q_draft), at the weights the step starts from, on
+the step's batch; with one draft it is also the expected accepted length), read from the
+store's policy versions. The served speedup needs SGLang on a GPU and is not measured here.
+
+- reward_delta: mean reward of the online run's versions minus the frozen run's, over the
+  versions both reached. The frozen run's policy is the no-MTP policy, and a detached draft
+  leaves the policy's update bit-exact given the same batch, so the runs differ by rollout
+  noise only: which episodes finish first (asynchronous rollout beside steps of different
+  cost) and what they sample. `reward_delta_stderr` treats the per-version differences as
+  independent; they are not (each run is one RL trajectory), so it understates that noise.
+- mtp_step_overhead: the learner's time for what the loop does per step (the trainer logprobs of
+  the first micro-batch, then `rl_step`) on the online run's last batches, with
+  `mtp_layers = 1` over `mtp_layers = 0`, ROUNDS alternating rounds, after the runs (no
+  engine or serve beside it).
+
+Run: `python bench/mtp.py` (about 5 minutes on 2 CPU cores; needs `agent-rl engine install`).
+Last line: RESULT {"acceptance_online_last", "acceptance_frozen_last", "mtp_step_overhead",
+"reward_delta", "acceptance_last_mean", "acceptance_online", "acceptance_frozen", ...}; targets: online >= frozen + 0.1
+at the last version, overhead <= 0.15.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent_rl.config import Config, RouterConfig, TrainerConfig  # noqa: E402
+from bench._serving import RouterThread, ServeThread  # noqa: E402
+
+SFT_STEPS = 150
+VERSIONS = 24
+"""RL versions per run."""
+RUN_CAP_S = 100.0
+"""Wall-clock bound of one RL run (it stops earlier at VERSIONS)."""
+LAST = 5
+ROUNDS, TIMED_BATCHES = 2, 3
+ARMS = ("online", "frozen")
+
+
+def config(work: Path, sft: Path, router: RouterThread, arm: str) -> Config:
+    from agent_rl.quickstart.recipe import Options, recipe
+
+    raw = recipe(Options())
+    raw["run"] = {"name": f"mtp-{arm}"}
+    raw["store"] = {"url": f"sqlite:///{work / 'bench.db'}"}
+    raw["engine"] = {"model": str(sft), "log_dir": str(work / "logs")}
+    raw["router"] = {"admin_token": router.token}
+    raw["rollout"]["router_url"] = router.url
+    # Groups whose rewards are all equal still train the draft; keeping them keeps the pace
+    # of a short run independent of how many groups have signal.
+    raw["rollout"]["filter_zero_variance"] = False
+    raw["trainer"].update(
+        model=str(sft), router_url=router.url, checkpoint_every=10_000, tensorboard_dir=None,
+        checkpoint_dir=str(work / arm / "ckpt"), export_dir=str(work / arm / "exports"),
+        mtp_layers=1, mtp_train=arm == "online",
+    )
+    return Config(**raw)
+
+
+def sft(work: Path, model: Path) -> Path:
+    """The quickstart's SFT stage, shortened, with an MTP draft trained beside the policy."""
+    from agent_rl.quickstart.recipe import ENV_ID, ENV_KWARGS, Options, recipe
+    from agent_rl.rollout.demonstrations import demonstration_sequences
+    from trainer.sft import run_sft
+
+    qs = recipe(Options())["trainer"]
+    cfg = TrainerConfig(mtp_layers=1, **{k: qs[k] for k in ("seed", "sft_lr", "sft_batch_size",
+                                                          "micro_batch_size")})  # fmt: skip
+    data = asyncio.run(demonstration_sequences(ENV_ID, cfg.sft_batch_size * SFT_STEPS, model,
+                                               seed=cfg.seed, env_kwargs=ENV_KWARGS))
+    out = work / "sft"
+    result = run_sft(cfg, model, out, data.sequences, steps=SFT_STEPS, log=lambda line: None)
+    print(f"SFT {SFT_STEPS} steps with the draft: final loss {result['loss']:.3f} "
+          f"(at {time.strftime('%H:%M:%S')})", flush=True)
+    return out
+
+
+def reset_engine(router: RouterThread, model: Path) -> None:
+    """Every engine behind the router back to `model`, as policy version 0."""
+    from agent_rl.engine.client import EngineClient
+
+    async def go() -> None:
+        async with EngineClient(router.url, token=router.token) as client:
+            await client.update_weights_from_disk(model, weight_version="0")
+
+    asyncio.run(go())
+
+
+def rl_run(cfg: Config, batches: list[Any]) -> list[dict[str, Any]]:
+    """The trainer loop beside a running serve until VERSIONS (or RUN_CAP_S); every step's
+    batch is appended to `batches`; returns the store's policy versions."""
+    from trainer.learner import learner
+    from trainer.loop import TrainLoop
+
+    with learner(cfg.trainer.model, cfg.trainer) as e:
+        step = e.rl_step
+
+        def kept(batch: Any) -> dict[str, float]:
+            batches.append(batch)
+            return step(batch)
+
+        e.rl_step = kept  # type: ignore[method-assign]
+        loop = TrainLoop(cfg, e, log=lambda line: None)
+        loop.open()
+        server = ServeThread(cfg, None)
+        server.start()
+        t0 = time.monotonic()
+        try:
+            while loop.stats.version < VERSIONS and time.monotonic() - t0 < RUN_CAP_S:
+                loop.step_once()
+        finally:
+            server.stop()
+            loop.close()
+        if server.error is not None:
+            raise server.error
+    return versions(cfg)
+
+
+def versions(cfg: Config) -> list[dict[str, Any]]:
+    from agent_rl.store import Store
+
+    async def go() -> list[dict[str, Any]]:
+        async with await Store.open(cfg.store) as store:
+            rows = await store.policy_versions(await store.run_id(cfg.run.name))
+        return [{"version": r["version"], **r["metrics"]} for r in rows if r["metrics"]]
+
+    return asyncio.run(go())
+
+
+def step_times(model: Path, batches: list[Any]) -> dict[int, float]:
+    """Seconds per loop step's learner work (trainer logprobs of the first micro-batch, then
+    `rl_step`) without and with the draft, ROUNDS alternating rounds of TIMED_BATCHES."""
+    from trainer.learner import learner
+
+    total = {0: 0.0, 1: 0.0}
+    for _ in range(ROUNDS):
+        for layers in (0, 1):
+            cfg = TrainerConfig(lr=1e-4, micro_batch_size=32, mtp_layers=layers)
+            with learner(model, cfg) as e:
+                e.rl_step(batches[0])  # optimizer state, first allocations: not timed
+                t0 = time.perf_counter()
+                for batch in batches[-TIMED_BATCHES:]:
+                    e.logprobs(batch.rows(slice(0, cfg.micro_batch_size)))
+                    e.rl_step(batch)
+                total[layers] += time.perf_counter() - t0
+    return {k: v / (ROUNDS * TIMED_BATCHES) for k, v in total.items()}
+
+
+def main() -> None:
+    import torch
+
+    from agent_rl.config import load_config
+    from agent_rl.engine.launcher import EngineServer
+    from agent_rl.models import init_model
+    from agent_rl.quickstart.recipe import MODEL_PRESET
+    from agent_rl.store.migrate import upgrade
+
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    runs: dict[str, list[dict[str, Any]]] = {}
+    batches: list[Any] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = init_model(work / "model", MODEL_PRESET, seed=0)
+        engine = EngineServer(model, venv=load_config().engine.venv, log_dir=work / "logs",
+                              startup_timeout_s=600.0)
+        engine.launch()  # on the base model, starting while SFT runs; the runs load the SFT weights
+        try:
+            sft_model = sft(work, model)
+            engine.wait_until_healthy()
+            router = RouterThread([engine.url], RouterConfig(port=0, admin_token=secrets.token_urlsafe(24)))
+            router.start()
+            router.ready.wait(60)
+            try:
+                for arm in ARMS:
+                    cfg = config(work, sft_model, router, arm)
+                    asyncio.run(upgrade(cfg.store))
+                    reset_engine(router, sft_model)
+                    t0 = time.monotonic()
+                    runs[arm] = rl_run(cfg, batches if arm == "online" else [])
+                    print(f"{arm} ({time.monotonic() - t0:.0f} s): " + json.dumps([
+                        {k: round(v[k], 3) for k in ("version", "mtp_acceptance_1", "reward_mean")}
+                        for v in runs[arm]]), flush=True)  # fmt: skip
+            finally:
+                router.stop()
+        finally:
+            engine.stop()
+        load_runs = os.getloadavg()[0]
+        step = step_times(sft_model, batches)
+    acc = {arm: [round(v["mtp_acceptance_1"], 4) for v in runs[arm]] for arm in ARMS}
+    reward = {arm: [v["reward_mean"] for v in runs[arm]] for arm in ARMS}
+    # The runs are compared at the versions both reached (a run may stop at RUN_CAP_S).
+    n = min(len(reward["online"]), len(reward["frozen"]))
+    diffs = [a - b for a, b in zip(reward["online"][:n], reward["frozen"][:n])]
+    result = {
+        "acceptance_online_last": acc["online"][n - 1],
+        "acceptance_frozen_last": acc["frozen"][n - 1],
+        "acceptance_gap_last": round(acc["online"][n - 1] - acc["frozen"][n - 1], 4),
+        "last_version": n,
+        # One version's acceptance is one batch's: the mean of the last LAST versions is steadier.
+        "acceptance_last_mean": {arm: round(statistics.fmean(acc[arm][n - LAST:n]), 4)
+                                 for arm in ARMS},  # fmt: skip
+        "mtp_step_overhead": round(step[1] / step[0] - 1, 3),
+        "reward_delta": round(statistics.fmean(diffs), 4),
+        "reward_delta_stderr": round(statistics.stdev(diffs) / n**0.5, 4) if n > 1 else None,
+        "reward_mean": {arm: round(statistics.fmean(reward[arm]), 4) for arm in ARMS},
+        "acceptance_online": acc["online"],
+        "acceptance_frozen": acc["frozen"],
+        "versions": {arm: len(runs[arm]) for arm in ARMS},
+        "step_s": {"no_mtp": round(step[0], 3), "mtp": round(step[1], 3)},
+        "step_s_in_run_median": {arm: round(statistics.median(v["step_s"] for v in runs[arm]), 3)
+                                 for arm in ARMS},  # fmt: skip
+        "sft_steps": SFT_STEPS,
+        "load_avg_1m": round(max(load_runs, os.getloadavg()[0]), 2),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
