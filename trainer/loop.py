@@ -120,6 +120,16 @@ class TrainLoop:
         assert self._store is not None, "only rank 0 talks to the store"
         return self._store
 
+    def _stop_agreed(self) -> bool:
+        """Whether any rank was asked to stop; then every rank stops here, at the same step.
+        A signal reaches torchrun's ranks at different moments (or only one of them), and a
+        rank that left the loop alone would leave the others in the next step's collectives."""
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            flags: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(flags, self.stopping)
+            self.stopping = any(flags)
+        return self.stopping
+
     def _broadcast(self, obj: Any) -> Any:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return obj
@@ -182,7 +192,7 @@ class TrainLoop:
         try:
             while (max_steps is None or self.stats.steps < max_steps) and (
                 until_version is None or self.stats.version < until_version
-            ) and not self.stopping:
+            ) and not self._stop_agreed():
                 try:
                     self.step_once()
                 except _StopRequested:
@@ -242,15 +252,22 @@ class TrainLoop:
         self._spans = []
         if self.rank0:
             wait_started = time.time()
-            claim, waited = self._wait_for_claim()
-            self._span("wait", wait_started)
-            data = self._call(
-                load_batch(self.store, claim, self.stats.version, self.floor,
-                           measure=self.tcfg.staleness_measure,
-                           std_normalize=self.tcfg.advantage_std_normalize,
-                           use_experts=self.learner.replay is not None)
-            )
+            try:
+                claim, waited = self._wait_for_claim()
+            except _StopRequested:
+                claim = None  # the other ranks, waiting for this step's data, stop with it
+            else:
+                self._span("wait", wait_started)
+                data = self._call(
+                    load_batch(self.store, claim, self.stats.version, self.floor,
+                               measure=self.tcfg.staleness_measure,
+                               std_normalize=self.tcfg.advantage_std_normalize,
+                               use_experts=self.learner.replay is not None)
+                )
         data = self._broadcast(data)
+        if data is None:
+            self.stopping = True
+            raise _StopRequested
         assert isinstance(data, TrainingData)
         t0, step_started = time.monotonic(), time.time()
         self._record_trainer_logprobs(data, data.batch)

@@ -138,16 +138,27 @@ async def check_router(url: str) -> None:
             ) from e
 
 
+REPEAT_S = 1.0
+"""A second signal this soon after the first is the same stop: a Ctrl-C under torchrun reaches
+each rank twice, from the terminal and from torchrun passing it on to its workers."""
+
+
 def _stop_on_signals(loop) -> None:  # type: ignore[no-untyped-def]
     """SIGINT/SIGTERM: stop at the next safe point (after the step in progress, or at once while
     waiting for data) and checkpoint; a second one interrupts immediately. Our own handler also
     keeps asyncio.Runner from installing its one, which cancels the store call in flight instead
     (a Ctrl-C could then be swallowed while waiting for data)."""
     import signal
+    import time
+
+    first: list[float] = []
 
     def handle(signum, frame):  # type: ignore[no-untyped-def]
-        if loop.stopping:
+        if first and time.monotonic() - first[0] > REPEAT_S:
             raise KeyboardInterrupt
+        if first:  # the same stop, delivered twice (see REPEAT_S)
+            return
+        first.append(time.monotonic())
         err_console.print("stopping after the current step (again to interrupt)")
         loop.request_stop()
 

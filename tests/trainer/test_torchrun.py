@@ -1,6 +1,7 @@
 """`agent-rl train` under torchrun, two ranks on CPU (gloo), against a real store filled by real
 SGLang: data-parallel and tensor-parallel runs advance the policy version with every episode
-trained once; a SIGKILL of one rank stops the job, and a restart resumes from its checkpoint."""
+trained once; a SIGKILL of one rank stops the job, and a restart resumes from its checkpoint;
+a SIGTERM to one rank stops every rank at the same step, checkpointed."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from agent_rl.config import load_config
 from agent_rl.store import Store
 from tests.trainer._served import served_db  # noqa: F401 (fixture)
 from tests.trainer.test_resume import _config, _env, _versions
+from trainer.learner import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +119,40 @@ def test_a_killed_rank_stops_the_job_and_a_restart_resumes(served_db: Path, tmp_
     assert "resumed from checkpoint" in second.stdout
     assert _versions(db) == list(range(0, 5))
     _check_store(config, 4)
+
+
+def test_a_stop_asked_of_one_rank_stops_every_rank_at_the_same_step(
+    served_db: Path, tmp_path: Path, tiny_moe_model: Path
+) -> None:
+    """DP = 2, SIGTERM to rank 1 only (as a scheduler stopping one task, or a signal reaching the
+    ranks at different moments): every rank leaves at the same step, the job checkpoints and
+    exits 0. Before the ranks agreed on stopping, rank 1 left alone and rank 0's next step
+    failed on its collective (and a rank 0 stopped while waiting for data left rank 1 waiting in
+    the broadcast of that data)."""
+    db = tmp_path / "store.db"
+    db.write_bytes(served_db.read_bytes())
+    config = _config(tmp_path, db, tiny_moe_model)
+    log_path = tmp_path / "job.log"
+    job = subprocess.Popen(_torchrun(config), env=_env(), stdout=log_path.open("w"),
+                           stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while max(_versions(db), default=0) < 1:
+            assert job.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        rank1 = _rank_pid(job.pid, "1")
+        assert rank1 is not None
+        os.kill(rank1, signal.SIGTERM)
+        rc = job.wait(120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    log = log_path.read_text()
+    assert rc == 0, log[-4000:]
+    assert "stopping after the current step" in log
+    steps = max(_versions(db))
+    assert f"trained {steps} steps" in log
+    latest = latest_checkpoint(tmp_path / "ckpt")
+    assert latest is not None and latest.name == f"step_{steps:08d}"
+    _check_store(config, steps)
