@@ -8,13 +8,18 @@ tokens, GRPO advantages. Each mode gets a warm-up step on a small batch (optimiz
 allocations), then one timed `rl_step` of the batch:
 - padded: `micro_batch_size = MICRO` rows each, every row padded to the batch's longest;
 - packed: `max_tokens_per_micro_batch = MAX_LEN`, one packed row per micro-batch;
-- packed, bf16: the same with `dtype = "bf16"` (fp32 master weights).
+- packed, bf16: the same with `dtype = "bf16"` (fp32 master weights);
+- packed, 2 ranks: the packed fp32 step data-parallel over two processes (torchrun, gloo, one
+  thread each where the one-rank runs use every core), each rank taking half of the batch's
+  tokens (sequences dealt longest first to the rank with fewer); timed from a barrier to a
+  barrier, so the step ends when the slower rank's does.
 Tokens per second counts the batch's real tokens for all. The padding fraction is the share of
-the tokens the model computes that are padding. 2 ranks are not measured here.
+the tokens the model computes that are padding.
 
-Run: `python bench/trainer.py` (about 3 minutes on 2 CPU cores).
+Run: `python bench/trainer.py` (about 4 minutes on 2 CPU cores).
 Last line: RESULT {"packed_speedup", "padding_fraction_padded", "padding_fraction_packed",
-"tokens_per_s": {"padded", "packed", "packed_bf16"}, "step_s": {...}, "params", "real_tokens", "load_avg_1m"}.
+"tokens_per_s": {"padded", "packed", "packed_bf16", "packed_2_ranks"}, "step_s": {...},
+"two_rank_speedup", "params", "real_tokens", "load_avg_1m"}.
 """
 
 from __future__ import annotations
@@ -65,6 +70,58 @@ def measure(model: Path, batch: Any, warm: Any, **cfg: Any) -> float:
         return time.perf_counter() - t0
 
 
+def deal(lengths: list[int], ranks: int) -> list[list[int]]:
+    """Row indices per rank: longest first, each to the rank with the fewest tokens so far."""
+    shares: list[list[int]] = [[] for _ in range(ranks)]
+    tokens = [0] * ranks
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = tokens.index(min(tokens))
+        shares[r].append(i)
+        tokens[r] += lengths[i]
+    return shares
+
+
+def rank_role(model: Path, out: Path) -> None:
+    """One data-parallel rank of the 2-rank run (under torchrun): rank 0 writes the step time."""
+    import torch
+    import torch.distributed as dist
+
+    from agent_rl.config import TrainerConfig
+    from trainer.arch import ModelArch
+    from trainer.learner import learner
+
+    vocab = ModelArch.from_hf_dir(model).vocab_size
+    batch, warm = heavy_tailed_batch(vocab, BATCH), heavy_tailed_batch(vocab, 2, seed=1)
+    cfg = TrainerConfig(lr=1e-5, threads=1, max_tokens_per_micro_batch=MAX_LEN)
+    with learner(model, cfg) as e:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        mine = torch.tensor(deal([int(n) for n in batch.lengths], world)[rank])
+        e.rl_step(warm.rows(slice(rank, rank + 1)))
+        dist.barrier()
+        t0 = time.perf_counter()
+        e.rl_step(batch.rows(mine))
+        dist.barrier()
+        if rank == 0:
+            out.write_text(json.dumps({"step_s": time.perf_counter() - t0}))
+
+
+def two_ranks(model: Path, tmp: Path) -> float:
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp / "two_ranks.json"
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), __file__,
+         "--rank-role", str(model), str(out)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, timeout=600,
+    )  # fmt: skip
+    return float(json.loads(out.read_text())["step_s"])
+
+
 def main() -> None:
     import torch
 
@@ -96,12 +153,15 @@ def main() -> None:
         print(f"packed: {step['packed']:.1f} s", flush=True)
         step["packed_bf16"] = measure(model, batch, warm, max_tokens_per_micro_batch=MAX_LEN, dtype="bf16")
         print(f"packed, bf16: {step['packed_bf16']:.1f} s", flush=True)
+        step["packed_2_ranks"] = two_ranks(model, Path(tmp))
+        print(f"packed, 2 ranks: {step['packed_2_ranks']:.1f} s", flush=True)
     tok_s = {k: round(real / v, 1) for k, v in step.items()}
     result = {
         "packed_speedup": round(step["padded"] / step["packed"], 2),
         "padding_fraction_padded": round(1 - real / padded_tokens, 3),
         "padding_fraction_packed": round(1 - real / packed_tokens, 3),
         "tokens_per_s": tok_s,
+        "two_rank_speedup": round(step["packed"] / step["packed_2_ranks"], 2),
         "step_s": {k: round(v, 2) for k, v in step.items()},
         "params": params,
         "real_tokens": real,
@@ -112,4 +172,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--rank-role"]:
+        rank_role(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        main()

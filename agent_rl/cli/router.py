@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from agent_rl.cli.common import err_console, state
 from agent_rl.config import RouterConfig
 from agent_rl.errors import ConfigError
+from agent_rl.heap import long_lived_heap
 
 
 def router(
@@ -75,4 +76,5 @@ async def serve(config: RouterConfig, workers: list[str]) -> None:
                 f"admin token (generated for this run; set [router] admin_token to fix it): "
                 f"{running.admin_token}", highlight=False, markup=False, soft_wrap=True,
             )
-        await stop.wait()
+        with long_lived_heap():  # started and imported: see agent_rl/heap.py
+            await stop.wait()
