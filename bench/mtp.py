@@ -24,13 +24,16 @@ store's policy versions. The served speedup needs SGLang on a GPU and is not mea
   independent; they are not (each run is one RL trajectory), so it understates that noise.
 - mtp_step_overhead: the learner's time for what the loop does per step (the trainer logprobs of
   the first micro-batch, then `rl_step`) on the online run's last batches, with
-  `mtp_layers = 1` over `mtp_layers = 0`, ROUNDS alternating rounds, after the runs (no
-  engine or serve beside it).
+  `mtp_layers = 1` over `mtp_layers = 0`: the median over ROUNDS rounds of the ratio within
+  each (its two learners timed back to back, the order flipping every round), after the runs
+  (no engine or serve beside it).
 
-Run: `python bench/mtp.py` (about 5 minutes on 2 CPU cores; needs `agent-rl engine install`).
+Run: `python bench/mtp.py` (needs `agent-rl engine install`). On 2 CPU cores shared with other
+runs it took 8.5 minutes at load 5-30 and 9.4 at load 23-38 (SFT 3.5 of them): over the
+5-minute budget there; an idle machine was not available to measure.
 Last line: RESULT {"acceptance_online_last", "acceptance_frozen_last", "mtp_step_overhead",
-"reward_delta", "acceptance_last_mean", "acceptance_online", "acceptance_frozen", ...}; targets: online >= frozen + 0.1
-at the last version, overhead <= 0.15.
+"reward_delta", "acceptance_last_mean", "acceptance_online", "acceptance_frozen", ...};
+targets: online >= frozen + 0.1 at the last version, overhead <= 0.15.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ VERSIONS = 24
 RUN_CAP_S = 100.0
 """Wall-clock bound of one RL run (it stops earlier at VERSIONS)."""
 LAST = 5
-ROUNDS, TIMED_BATCHES = 2, 3
+ROUNDS, TIMED_BATCHES = 3, 3
 ARMS = ("online", "frozen")
 
 
@@ -151,14 +154,16 @@ def versions(cfg: Config) -> list[dict[str, Any]]:
     return asyncio.run(go())
 
 
-def step_times(model: Path, batches: list[Any]) -> dict[int, float]:
-    """Seconds per loop step's learner work (trainer logprobs of the first micro-batch, then
-    `rl_step`) without and with the draft, ROUNDS alternating rounds of TIMED_BATCHES."""
+def step_times(model: Path, batches: list[Any]) -> list[dict[int, float]]:
+    """Per round, seconds per loop step's learner work (trainer logprobs of the first
+    micro-batch, then `rl_step`) without (0) and with (1) the draft over TIMED_BATCHES batches;
+    the order flips every round (0 1, 1 0, ...) so a load that drifts favours neither."""
     from trainer.learner import learner
 
-    total = {0: 0.0, 1: 0.0}
-    for _ in range(ROUNDS):
-        for layers in (0, 1):
+    rounds = []
+    for r in range(ROUNDS):
+        times: dict[int, float] = {}
+        for layers in (0, 1) if r % 2 == 0 else (1, 0):
             cfg = TrainerConfig(lr=1e-4, micro_batch_size=32, mtp_layers=layers)
             with learner(model, cfg) as e:
                 e.rl_step(batches[0])  # optimizer state, first allocations: not timed
@@ -166,8 +171,9 @@ def step_times(model: Path, batches: list[Any]) -> dict[int, float]:
                 for batch in batches[-TIMED_BATCHES:]:
                     e.logprobs(batch.rows(slice(0, cfg.micro_batch_size)))
                     e.rl_step(batch)
-                total[layers] += time.perf_counter() - t0
-    return {k: v / (ROUNDS * TIMED_BATCHES) for k, v in total.items()}
+                times[layers] = (time.perf_counter() - t0) / TIMED_BATCHES
+        rounds.append(times)
+    return rounds
 
 
 def main() -> None:
@@ -224,14 +230,14 @@ def main() -> None:
         # One version's acceptance is one batch's: the mean of the last LAST versions is steadier.
         "acceptance_last_mean": {arm: round(statistics.fmean(acc[arm][n - LAST:n]), 4)
                                  for arm in ARMS},  # fmt: skip
-        "mtp_step_overhead": round(step[1] / step[0] - 1, 3),
+        "mtp_step_overhead": round(statistics.median(r[1] / r[0] for r in step) - 1, 3),
         "reward_delta": round(statistics.fmean(diffs), 4),
         "reward_delta_stderr": round(statistics.stdev(diffs) / n**0.5, 4) if n > 1 else None,
         "reward_mean": {arm: round(statistics.fmean(reward[arm]), 4) for arm in ARMS},
         "acceptance_online": acc["online"],
         "acceptance_frozen": acc["frozen"],
         "versions": {arm: len(runs[arm]) for arm in ARMS},
-        "step_s": {"no_mtp": round(step[0], 3), "mtp": round(step[1], 3)},
+        "step_s_rounds": [{"no_mtp": round(r[0], 3), "mtp": round(r[1], 3)} for r in step],
         "step_s_in_run_median": {arm: round(statistics.median(v["step_s"] for v in runs[arm]), 3)
                                  for arm in ARMS},  # fmt: skip
         "sft_steps": SFT_STEPS,
