@@ -36,6 +36,7 @@ def apply() -> list[str]:
     _causal_mask()
     _moe()
     _cuda_literals()
+    _tied_embeddings()
     return APPLIED
 
 
@@ -147,9 +148,10 @@ def _moe() -> None:
 
 
 # megatron modules that create tensors with a literal device="cuda" on paths the trainer uses
-# (optimizer step, grad clipping and norms, DDP grad buffers). Pipeline schedules would need
-# "megatron.core.pipeline_parallel.schedules" too.
+# (optimizer step, grad clipping and norms, DDP grad buffers, the forward/backward schedules'
+# token counter).
 _CUDA_LITERAL_MODULES = (
+    "megatron.core.pipeline_parallel.schedules",
     "megatron.core.optimizer.optimizer",
     "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.optimizer.clip_grads",
@@ -206,6 +208,26 @@ def _cuda_literals() -> None:
 
     torch.Tensor.type = type_  # type: ignore[assignment]
     APPLIED.append("Tensor.type()->torch.cuda.* for megatron")
+
+
+def _tied_embeddings() -> None:
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    # Reason: with pipeline parallelism and tied embeddings, the last stage's copy of the
+    # embedding is moved with `weight.data.cuda()` before the all-reduce that fills it from the
+    # first stage's. Keep it where it is for that call only.
+    original = LanguageModule.setup_embeddings_and_output_layer
+
+    def setup_embeddings_and_output_layer(self: Any) -> None:
+        cuda = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda tensor, *a, **k: tensor  # type: ignore[assignment]
+        try:
+            original(self)
+        finally:
+            torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+
+    LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer  # type: ignore[method-assign]
+    APPLIED.append("tied embeddings under PP stay on cpu")
 
 
 def _is_cuda(device: Any) -> bool:
