@@ -409,16 +409,18 @@ class Learner:
         if not path.is_dir():
             raise ConfigError(f"checkpoint {path} does not exist")
         loaded = dist_checkpointing.load(self._sharded_state(loading=True), str(path))
+        self.step = int(loaded["step"])
         with torch.no_grad():  # fp32 main params are views of the (grad-requiring) model params
             self.module.load_state_dict(loaded["model"])
             self.optimizer.load_state_dict(loaded["optimizer"])
             # Without Apex/TE, megatron gives every param's Adam state the *same* `step` tensor,
-            # which torch's Adam then increments once per param per step: un-share it.
+            # which torch's Adam then increments once per param per step, and the distributed
+            # optimizer's dp_reshardable load then copies the placeholder state's step (1) into
+            # it. Adam took one step per learner step: each param gets its own step tensor.
             for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
                 for state in opt.optimizer.state.values():
                     if torch.is_tensor(state.get("step")):
-                        state["step"] = state["step"].clone()
-        self.step = int(loaded["step"])
+                        state["step"] = torch.full_like(state["step"], float(self.step))
         return self.step
 
     def _sharded_state(self, loading: bool = False) -> dict[str, Any]:

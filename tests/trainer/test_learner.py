@@ -85,17 +85,20 @@ def test_checkpoint_resume_gives_identical_steps(
     options: dict[str, object], tiny_moe_model: Path, tmp_path: Path
 ) -> None:
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
-    batches = [rl_batch(vocab, size=4, seed=s) for s in range(3)]
+    batches = [rl_batch(vocab, size=4, seed=s) for s in range(4)]
     cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, **options)
     with learner(tiny_moe_model, cfg) as e:
+        # Two steps before the checkpoint: Adam's step count (its bias correction) must resume
+        # as 2, not as the placeholder state's 1 that loading starts from.
         e.rl_step(batches[0])
+        e.rl_step(batches[1])
         saved = e.save_checkpoint(tmp_path / "ckpt")
-        expected = [e.rl_step(b) for b in batches[1:]]
+        expected = [e.rl_step(b) for b in batches[2:]]
         expected_lp = e.logprobs(batches[0])["logprobs"]
     assert latest_checkpoint(tmp_path / "ckpt") == saved
     with learner(tiny_moe_model, cfg) as e:
-        assert e.load_checkpoint(saved) == 1
-        resumed = [e.rl_step(b) for b in batches[1:]]
+        assert e.load_checkpoint(saved) == 2
+        resumed = [e.rl_step(b) for b in batches[2:]]
         resumed_lp = e.logprobs(batches[0])["logprobs"]
     for a, b in zip(expected, resumed):
         assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]
