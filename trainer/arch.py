@@ -114,11 +114,18 @@ class Parallel:
     ep: int = 1
 
 
-def check_parallel(arch: ModelArch, par: Parallel) -> None:
-    """Raise ConfigError when the model cannot be split as asked."""
-    if par.pp != 1:
+def check_parallel(arch: ModelArch, par: Parallel, mtp_layers: int = 0) -> None:
+    """Raise ConfigError when the model cannot be split as asked (with `mtp_layers` MTP draft
+    modules)."""
+    if arch.num_layers % par.pp:
         raise ConfigError(
-            "pipeline parallel size > 1 is not supported by the trainer yet: set pp=1"
+            f"pp={par.pp} does not divide the model's {arch.num_layers} layers"
+        )
+    if par.pp > 1 and mtp_layers:
+        raise ConfigError(
+            "mtp_layers > 0 with pp > 1 is not supported: the MTP drafts would run on the last "
+            "pipeline stage with a copy of the embedding, which the trainer does not load, "
+            "train or export; set pp=1 or mtp_layers=0"
         )
     for what, n in (
         ("attention heads", arch.num_heads),

@@ -5,12 +5,15 @@ of one, or whatever torchrun set up), builds the model from the HF directory, wr
 Megatron's DistributedDataParallel and builds Megatron's (distributed) Adam optimizer.
 ("Engine" in this project is the SGLang server; the learner is what trains.)
 
-Data contract: every rank calls every method collectively. Ranks in one tensor-parallel group
-(and the EP ranks that share a data-parallel index) must pass identical batches; different
-data-parallel ranks pass their own shards. Losses are normalised by denominators all-reduced
-over the data-parallel group (tokens for "token-mean", sequences otherwise), and Megatron is
-told not to average again (`calculate_per_token_loss`), so any DP/micro-batch split of a batch
-gives the same gradient. Returned metrics are global (reduced over data-parallel ranks).
+Data contract: every rank calls every method collectively. Ranks in one tensor-parallel or
+pipeline-parallel group (and the EP ranks that share a data-parallel index) must pass identical
+batches; different data-parallel ranks pass their own shards. Losses are normalised by
+denominators all-reduced over the data-parallel group (tokens for "token-mean", sequences
+otherwise), and Megatron is told not to average again (`calculate_per_token_loss`), so any
+DP/micro-batch split of a batch gives the same gradient. Micro-batches run through megatron's
+forward/backward schedule (trainer.pipeline: 1F1B over the pipeline stages when pp > 1), and
+the losses and logprobs, computed on the last stage, are returned on every rank. Returned
+metrics are global (reduced over data-parallel ranks).
 
 One optimizer step per batch: the PPO ratio is taken against the trainer's own logprobs at the
 start of the step (so it is 1 and `clip_fraction` 0; clipping matters for losses shared with
@@ -34,13 +37,14 @@ import torch.distributed as dist
 
 from agent_rl.config import TrainerConfig
 from agent_rl.errors import ConfigError
-from trainer import dist_env, hf_convert, mtp, packing, shard
-from trainer.arch import ModelArch, Parallel
+from trainer import dist_env, hf_convert, mtp, packing, pipeline, shard
+from trainer.arch import ModelArch, Parallel, check_parallel
 from trainer.batch import Batch
 from trainer.logprobs import token_entropy, token_logprobs
 from trainer.loss import PolicyLossConfig, policy_loss, sft_loss
 from trainer.model import build_gpt_model
 from trainer.packing import MicroBatch, per_token_rope
+from trainer.replay import Mismatch
 
 
 class Learner:
@@ -54,6 +58,7 @@ class Learner:
         self.cfg, self.model_dir = cfg, Path(model_dir)
         self.par = Parallel(cfg.tp, cfg.pp, cfg.ep)
         self.arch = ModelArch.from_hf_dir(self.model_dir)
+        check_parallel(self.arch, self.par, cfg.mtp_layers)  # before any process group forms
         dist_env.init(self.par, cfg.seed)
         bf16 = cfg.dtype == "bf16"
         module = build_gpt_model(
@@ -114,7 +119,11 @@ class Learner:
         if self.arch.is_moe:
             from trainer.replay import RoutingReplay
 
-            self.replay = RoutingReplay(sequence_parallel=module.config.sequence_parallel)
+            self.replay = RoutingReplay(
+                sequence_parallel=module.config.sequence_parallel,
+                first_layer=shard.layer_offset(module),
+                num_layers=self.arch.num_layers,
+            )
         # The KL reference is the starting policy; kept as a copy of this rank's shard.
         self._ref = [p.detach().clone() for p in self._gpt.parameters()] if cfg.kl_coef else None
         self.step = 0
@@ -132,12 +141,11 @@ class Learner:
             return batch.pad_to(batch.length + tp - batch.length % tp)
         return batch
 
-    def _forward(
-        self, micro: MicroBatch, replay: bool
-    ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, float]]:
-        """Logits [b, T, V/tp] (a packed micro-batch's [1, P, V/tp]), the MTP drafts' logits of
-        each depth (same shape; none without `mtp_layers`) and routing metrics (MoE batches
-        that carry routed experts)."""
+    def _forward(self, micro: MicroBatch, seen: list[Mismatch] | None = None) -> Any:
+        """This stage's output for a micro-batch: on the last stage logits [b, T, V/tp] (a packed
+        micro-batch's [1, P, V/tp]), or with `mtp_layers` (logits, [each depth's draft logits]);
+        on an earlier one the hidden states for the next stage. A MoE batch that carries routed
+        experts is routed by them (`routing_replay`), and its routing mismatch goes to `seen`."""
         pk, mb = micro.packed, micro.batch
         if pk is None:
             tokens, experts, mask = mb.tokens, mb.routed_experts, None
@@ -145,19 +153,17 @@ class Learner:
         else:
             tokens, experts, mask, positions = pk.tokens, pk.routed_experts, pk.attention_mask, pk.positions
 
-        def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        def run() -> Any:
             with contextlib.nullcontext() if pk is None else per_token_rope(self.module, positions):
-                out = self.model(tokens, positions, mask)
-            return out if isinstance(out, tuple) else (out, [])
+                return self.model(tokens, positions, mask)
 
         if self.replay is None or experts is None:
-            return *run(), {}
-        with self.replay.forward_context(experts, replay) as mismatch:
-            logits, drafts = run()
-        return logits, drafts, {
-            "routing_mismatch_tokens": mismatch.differing_tokens,
-            "routing_tokens": mismatch.tokens,
-        }
+            return run()
+        with self.replay.forward_context(experts, self.cfg.routing_replay) as mismatch:
+            out = run()
+        if seen is not None:
+            seen.append(mismatch)
+        return out
 
     def _scores(self, micro: MicroBatch, logits: torch.Tensor, entropy: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -181,13 +187,18 @@ class Learner:
         out: dict[str, torch.Tensor] = {"logprobs": torch.zeros(batch.size, batch.length)}
         if entropy:
             out["entropy"] = torch.zeros(batch.size, batch.length)
-        for micro in self._micro_batches(batch):
-            with self._drafts_off():
-                logits, _, _ = self._forward(micro, self.cfg.routing_replay)
-            lp, ent = self._scores(micro, logits, entropy)
+
+        def keep(_: int, micro: MicroBatch, output: Any) -> None:
+            lp, ent = self._scores(micro, _logits(output), entropy)
             out["logprobs"][micro.rows, 1:] = lp
             if ent is not None:
                 out["entropy"][micro.rows, 1:] = ent
+
+        with self._drafts_off():
+            pipeline.run(
+                self.model, self._micro_batches(batch), self._forward, keep, forward_only=True
+            )
+        out = pipeline.from_last_stage(out)  # computed on the last stage, returned on every rank
         return {key: value[:, :T] for key, value in out.items()}
 
     @contextlib.contextmanager
@@ -232,9 +243,12 @@ class Learner:
         sums: dict[str, float] = {}
         # Reference logprobs first: swapping weights after a forward would break its backward.
         refs = self._reference_logprobs(batch) if self._ref is not None and not sft else None
-        for index, micro in enumerate(self._micro_batches(batch)):
+        micros = self._micro_batches(batch)
+
+        def loss_of(index: int, micro: MicroBatch, output: Any) -> torch.Tensor:
+            """The last stage's loss of one micro-batch (its metrics added to `sums`)."""
             mb = micro.batch
-            logits, drafts, routing = self._forward(micro, self.cfg.routing_replay)
+            logits, drafts = output if isinstance(output, tuple) else (output, [])
             lp, entropy = self._scores(micro, logits, entropy=True)
             assert entropy is not None
             mb_mask = mb.loss_mask[:, 1:]
@@ -259,18 +273,40 @@ class Learner:
                     loss = loss + self.cfg.mtp_loss_coef * draft_loss
                 for key, value in draft_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
-            loss.backward()
             out.metrics["entropy"] = float((entropy * mb_mask).sum() / max(out.tokens, 1))
             for key, value in out.metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * out.tokens
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-            for key, value in routing.items():
-                sums[key] = sums.get(key, 0.0) + value
+            return loss
+
+        seen: list[Mismatch] = []
+        pipeline.run(
+            self.model, micros, lambda micro: self._forward(micro, seen), loss_of,
+            forward_only=False,
+        )
+        sums.update(self._routing_counts(seen))
         finalize_model_grads([self.model])
         self._set_lr()
         ok, grad_norm, _ = self.optimizer.step()
         self.step += 1
-        return self._global_metrics(sums, counts, grad_norm, ok)
+        # The losses are the last stage's; every rank returns its metrics.
+        last = pipeline.is_last_stage()
+        return pipeline.from_last_stage(
+            self._global_metrics(sums, counts, grad_norm, ok) if last else None
+        )
+
+    def _routing_counts(self, seen: list[Mismatch]) -> dict[str, float]:
+        """Tokens of the step whose free routing differs from the replayed experts in some MoE
+        layer (of any pipeline stage), and tokens with recorded routing; {} without either."""
+        if not seen:
+            return {}
+        tokens = sum(m.tokens for m in seen)
+        if self.par.pp == 1:
+            differing = sum(m.differing_tokens for m in seen)
+        else:
+            assert self.replay is not None
+            differing = self.replay.differing_on_any_stage(seen)
+        return {"routing_mismatch_tokens": float(differing), "routing_tokens": float(tokens)}
 
     def _mtp_loss(
         self, micro: MicroBatch, drafts: list[torch.Tensor], counts: torch.Tensor
@@ -366,17 +402,23 @@ class Learner:
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: Batch) -> list[torch.Tensor]:
-        """Per micro-batch logprobs [b, T-1] under the starting weights (swapped in, then back)."""
+        """Per micro-batch logprobs [b, T-1] under the starting weights (swapped in, then back);
+        on the last pipeline stage (the only one that uses them)."""
         params = list(self.module.parameters())
         current = [p.detach().clone() for p in params]
+        refs: list[torch.Tensor] = []
+
+        def keep(_: int, micro: MicroBatch, output: Any) -> None:
+            refs.append(self._scores(micro, _logits(output))[0])
+
         try:
             for p, ref in zip(params, self._ref or []):
                 p.copy_(ref)
             with self._drafts_off():
-                return [
-                    self._scores(micro, self._forward(micro, self.cfg.routing_replay)[0])[0]
-                    for micro in self._micro_batches(batch)
-                ]
+                pipeline.run(
+                    self.model, self._micro_batches(batch), self._forward, keep, forward_only=True
+                )
+            return refs
         finally:
             for p, cur in zip(params, current):
                 p.copy_(cur)
@@ -444,7 +486,7 @@ class Learner:
         return {"model": model_state, "optimizer": optimizer_state, "step": self.step}
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full weights in HF names and layouts (gathered over TP/EP: every rank calls it),
+        """The full weights in HF names and layouts (gathered over TP/PP/EP: every rank calls it),
         as engines load them; on ranks other than 0, {}."""
         full = shard.gather_full_state_dict(self.module, self.arch)
         return hf_convert.mcore_to_hf(full, self.arch) if dist.get_rank() == 0 else {}
@@ -457,6 +499,11 @@ class Learner:
             hf_convert.write_hf_dir(hf_convert.mcore_to_hf(full, self.arch), out, self.model_dir)
         dist.barrier()
         return out
+
+
+def _logits(output: Any) -> torch.Tensor:
+    """The policy's logits of a last-stage output (without the MTP drafts' beside them)."""
+    return output[0] if isinstance(output, tuple) else output
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:

@@ -6,7 +6,9 @@ learner fills it from the HF safetensors (`trainer.hf_convert`, `trainer.shard`)
 the HF reference: RMSNorm, SwiGLU, rotary embeddings with `rotary_base = rope_theta`, GQA,
 Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm, and Qwen3-MoE's softmax top-k router
 (renormalised iff `norm_topk_prob`).
-Parallel state (TP/PP/EP) must be initialised before `build_gpt_model`.
+Parallel state (TP/PP/EP) must be initialised before `build_gpt_model`; with PP > 1 each rank
+builds its pipeline stage's layers (megatron numbers them globally, `layer_number`), the
+embedding on the first stage and the final norm and output layer on the last.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def transformer_config(
     """megatron TransformerConfig matching the HF model; fusions off (they need CUDA kernels)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    check_parallel(arch, par)
+    check_parallel(arch, par, mtp_layers)
     moe: dict[str, object] = {}
     if arch.is_moe:
         moe = {
@@ -37,7 +39,6 @@ def transformer_config(
             "moe_router_dtype": "fp32",
             "moe_router_load_balancing_type": "none",
             "moe_aux_loss_coeff": 0.0,
-            "moe_token_dispatcher_type": "alltoall",
             "moe_grouped_gemm": False,
             # The replay hook is inert until a replay action is set (trainer.replay).
             "moe_enable_routing_replay": True,
@@ -70,6 +71,12 @@ def transformer_config(
         persist_layer_norm=False,
         tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp,
+        # Stages tell each other the shape of each micro-batch's activations: packed rows and a
+        # step's last padded micro-batch differ from the others.
+        variable_seq_lengths=par.pp > 1,
+        # The MoE dispatcher (alltoall: the one that takes variable sequence lengths; megatron
+        # checks the setting for dense models too).
+        moe_token_dispatcher_type="alltoall",
         expert_model_parallel_size=par.ep,
         # Megatron requires sequence parallelism for MoE with TP (the dispatcher expects it).
         sequence_parallel=par.tp > 1 and arch.is_moe,
@@ -89,6 +96,7 @@ def build_gpt_model(
     With `mtp_layers` k > 0, a `trainer.mtp_model.MTPGPTModel` with k MTP modules, whose forward
     returns the draft logits of each depth beside the logits."""
     megatron_cpu.apply()
+    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -108,6 +116,9 @@ def build_gpt_model(
         rotary_base=arch.rope_theta,
         share_embeddings_and_output_weights=arch.tied_embeddings,
         parallel_output=True,
+        # This pipeline stage's part: the embedding on the first, the head on the last.
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
     )
     if not mtp_layers:
         return GPTModel(config, spec, **kwargs)

@@ -12,6 +12,9 @@ Layouts:
 Rows without engine routing (-1: padding, or a turn's last token, which the engine never fed
 back in that turn) are routed freely, never replayed: free routing is what the engine itself
 computed for that token when the next turn's prefill fed it back.
+With pipeline parallelism a stage's routers are those of its own layers: it is given the
+experts of its layers (`first_layer` on), and whether a token's free routing differs in some
+layer is decided over all stages (`differing_on_any_stage`) once the step's forwards are done.
 
 `RoutingReplay.forward_context(experts, replay=...)` wraps one forward: with replay on, the
 routers use the given experts on known rows and free routing (top-k of the same router scores)
@@ -60,10 +63,14 @@ class Mismatch:
     `free` holds this rank's chunk only."""
 
     differing_tokens: int = 0
+    """Over this pipeline stage's layers (all of them with pp = 1)."""
     tokens: int = 0
     per_layer: list[float] = field(default_factory=list)
+    """This stage's layers'."""
     free: list[torch.Tensor] = field(default_factory=list)
-    """Free-routing top-k per MoE layer, megatron layout ([T_chunk * B, k])."""
+    """Free-routing top-k per MoE layer of this stage, megatron layout ([T_chunk * B, k])."""
+    differing: torch.Tensor | None = None
+    """[T_chunk * B] bool, this rank's chunk: free routing differs in one of this stage's layers."""
 
     @property
     def fraction(self) -> float:
@@ -73,25 +80,30 @@ class Mismatch:
 class RoutingReplay:
     """Drives megatron's RouterReplay instances of one model (they are process-global)."""
 
-    def __init__(self, sequence_parallel: bool) -> None:
+    def __init__(
+        self, sequence_parallel: bool, first_layer: int = 0, num_layers: int | None = None
+    ) -> None:
+        """This process's routers are the model's MoE layers `first_layer` on (its pipeline
+        stage's); the routed experts it is given cover `num_layers` (default: its own)."""
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
         self.routers = list(RouterReplay.global_router_replay_instances)
         self.sequence_parallel = sequence_parallel
+        self.layers = slice(first_layer, first_layer + len(self.routers))
+        self.num_layers = len(self.routers) if num_layers is None else num_layers
 
     @contextmanager
     def forward_context(self, experts: torch.Tensor, replay: bool) -> Iterator[Mismatch]:
         """Around one forward of a [B, T] batch: `experts` [B, T, L, k], -1 on unknown rows."""
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
-        if experts.shape[2] != len(self.routers):
+        if experts.shape[2] != self.num_layers:
             raise ValueError(
                 f"routed experts have {experts.shape[2]} layers, the model has "
-                f"{len(self.routers)} MoE layers"
+                f"{self.num_layers} MoE layers"
             )
-        per_layer = [
-            self._megatron_layout(experts[:, :, layer]) for layer in range(experts.shape[2])
-        ]
+        stage = experts[:, :, self.layers]
+        per_layer = [self._megatron_layout(stage[:, :, layer]) for layer in range(stage.shape[2])]
         valid_rows = self._megatron_layout((experts >= 0).all(-1).all(-1))
         free: list[torch.Tensor] = []
         result = Mismatch()
@@ -121,11 +133,25 @@ class RoutingReplay:
             result.differing_tokens, result.tokens = int(totals[0]), int(totals[1])
             result.per_layer = [float(c) / max(result.tokens, 1) for c in totals[2:]]
             result.free = [f.detach().clone() for f in free]
+            result.differing = any_diff
         finally:
             for router in self.routers:
                 router.__dict__.pop("get_replay_topk", None)
             RouterReplay.clear_global_router_replay_action()
             RouterReplay.clear_global_indices()
+
+    def differing_on_any_stage(self, seen: Sequence[Mismatch]) -> int:
+        """Tokens of these forwards (this rank's, in order) whose free routing differs in a MoE
+        layer of any pipeline stage: each stage's per-token flags, OR-ed over the pipeline group.
+        A collective: every stage calls it, after the same forwards."""
+        from megatron.core import parallel_state as ps
+
+        flags = torch.cat([m.differing for m in seen if m.differing is not None]).to(torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=ps.get_pipeline_model_parallel_group())
+        total = flags.sum().double().reshape(1)
+        if self.sequence_parallel:  # each TP rank saw its own chunk of the sequence
+            dist.all_reduce(total, group=ps.get_tensor_model_parallel_group())
+        return int(total)
 
     def _megatron_layout(self, t: torch.Tensor) -> torch.Tensor:
         """[B, T, ...] -> this rank's [T_chunk * B, ...], sequence-major."""

@@ -1,15 +1,20 @@
-"""Cut a full megatron state dict into this rank's TP/EP shard, and gather it back.
+"""Cut a full megatron state dict into this rank's TP/PP/EP shard, and gather it back.
 
-The full layout is the one trainer.hf_convert produces (TP=1, EP=1). A parameter that megatron
-splits over tensor parallelism carries `tensor_model_parallel=True` and `partition_dim`; we cut
-contiguous chunks along that dim, except for SwiGLU `linear_fc1`, whose [gate; up] halves are
-each cut and re-stacked (rank r holds [gate_r; up_r]). Experts are numbered locally on each
-expert-parallel rank: local expert i of EP rank r is global expert r * E/ep + i; expert weights
-use the expert-tensor-parallel group. Everything else is replicated.
+The full layout is the one trainer.hf_convert produces (TP=1, PP=1, EP=1). A parameter that
+megatron splits over tensor parallelism carries `tensor_model_parallel=True` and
+`partition_dim`; we cut contiguous chunks along that dim, except for SwiGLU `linear_fc1`, whose
+[gate; up] halves are each cut and re-stacked (rank r holds [gate_r; up_r]). Experts are
+numbered locally on each expert-parallel rank: local expert i of EP rank r is global expert
+r * E/ep + i; expert weights use the expert-tensor-parallel group. A pipeline stage holds a
+slice of the decoder layers, numbered locally from 0 (`decoder.layers.i` is global layer
+`layer_number - 1` of its first layer + i), the embedding on the first stage and the final norm
+and output layer on the last; with tied embeddings the last stage's output layer is a copy of
+the embedding (megatron keeps the two equal), loaded from it and left out of the gather.
+Everything else is replicated.
 
-`gather_full_state_dict` runs collectives: every rank of the model-parallel groups must call
-it, in the same order. It returns the full dict on every rank (fine for the model sizes a
-single host exports; a large model would stream per tensor instead).
+`gather_full_state_dict` runs collectives: every rank must call it, in the same order. It
+returns the full dict on every rank (fine for the model sizes a single host exports; a large
+model would stream per tensor instead).
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from agent_rl.errors import ConfigError
 from trainer.arch import ModelArch
 
 _LOCAL_EXPERT = re.compile(r"local_experts\.(\d+)\.")
+_LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_TIED_COPY = "output_layer.weight"
+"""The last pipeline stage's copy of tied embeddings."""
 
 
 def _expert_index(name: str) -> int | None:
@@ -46,15 +54,34 @@ def _groups(is_expert: bool) -> tuple[object, int, int]:
     )
 
 
-def _global_name(name: str, arch: ModelArch) -> str:
+def layer_offset(model: torch.nn.Module) -> int:
+    """Global index of this pipeline stage's first decoder layer."""
+    decoder = getattr(model, "decoder", None)
+    layers = getattr(decoder, "layers", None)
+    return int(layers[0].layer_number) - 1 if layers else 0
+
+
+def _stage_name(name: str, offset: int) -> str:
+    """A parameter name with the stage's local decoder layer index made global."""
+    m = _LOCAL_LAYER.match(name)
+    return f"decoder.layers.{offset + int(m.group(1))}.{name[m.end():]}" if m else name
+
+
+def _global_name(name: str, arch: ModelArch, offset: int = 0) -> str:
     from megatron.core import parallel_state as ps
 
+    name = _stage_name(name, offset)
     local = _expert_index(name)
     if local is None:
         return name
     per_rank = arch.num_experts // ps.get_expert_model_parallel_world_size()
     index = ps.get_expert_model_parallel_rank() * per_rank + local
     return _LOCAL_EXPERT.sub(f"local_experts.{index}.", name, count=1)
+
+
+def _tied_copy(name: str, arch: ModelArch) -> bool:
+    """The last stage's copy of tied embeddings (its own output layer only under PP > 1)."""
+    return arch.tied_embeddings and name == _TIED_COPY
 
 
 def _cut(full: torch.Tensor, dim: int, rank: int, size: int, gated: bool) -> torch.Tensor:
@@ -68,9 +95,12 @@ def load_full_state_dict(
 ) -> None:
     """Copy this rank's shard of `full` into `model`'s parameters; every parameter must be
     covered, except those under the prefix `keep`, which keep their values when `full` has none."""
+    offset = layer_offset(model)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            key = _global_name(_strip(name), arch)
+            key = _global_name(_strip(name), arch, offset)
+            if _tied_copy(key, arch):
+                key = "embedding.word_embeddings.weight"
             if keep is not None and key.startswith(keep) and key not in full:
                 continue
             if key not in full:
@@ -89,12 +119,15 @@ def load_full_state_dict(
 
 
 def gather_full_state_dict(model: torch.nn.Module, arch: ModelArch) -> dict[str, torch.Tensor]:
-    """The full (unsharded) state dict, assembled on every rank from the TP/EP shards."""
+    """The full (unsharded) state dict, assembled on every rank from the TP/PP/EP shards."""
     from megatron.core import parallel_state as ps
 
+    offset = layer_offset(model)
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, param in model.named_parameters():
+            if _tied_copy(_strip(name), arch):
+                continue  # the first stage's embedding is the same weight
             tensor = param.detach().clone()
             is_expert = _expert_index(name) is not None
             if getattr(param, "tensor_model_parallel", False):
@@ -112,11 +145,34 @@ def gather_full_state_dict(model: torch.nn.Module, arch: ModelArch) -> dict[str,
                 for r, part in enumerate(parts):
                     out[
                         _LOCAL_EXPERT.sub(
-                            f"local_experts.{r * per_rank + local}.", _strip(name), count=1
+                            f"local_experts.{r * per_rank + local}.",
+                            _stage_name(_strip(name), offset),
+                            count=1,
                         )
                     ] = part
             else:
-                out[_strip(name)] = tensor
+                out[_stage_name(_strip(name), offset)] = tensor
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        out = _gather_stages(out)
+    return out
+
+
+def _gather_stages(own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every pipeline stage's tensors on every rank of the pipeline group: each stage in turn
+    broadcasts its names, shapes and dtypes, then its tensors."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_pipeline_model_parallel_group()
+    me = ps.get_pipeline_model_parallel_rank()
+    device = next(iter(own.values())).device
+    out: dict[str, torch.Tensor] = {}
+    for stage, src in enumerate(dist.get_process_group_ranks(group)):
+        meta = [[(k, tuple(v.shape), v.dtype) for k, v in own.items()] if stage == me else None]
+        dist.broadcast_object_list(meta, src=src, group=group)
+        for key, shape, dtype in meta[0]:
+            tensor = own[key] if stage == me else torch.empty(shape, dtype=dtype, device=device)
+            dist.broadcast(tensor, src=src, group=group)
+            out[key] = tensor
     return out
 
 

@@ -74,7 +74,8 @@ class TrainerConfig(Section):
     """Tensor-parallel size."""
 
     pp: int = Field(default=1, ge=1)
-    """Pipeline-parallel size (only 1 is supported so far)."""
+    """Pipeline-parallel size: each of pp stages holds num_layers / pp decoder layers and
+    megatron's 1F1B schedule runs the micro-batches through them (not with `mtp_layers`)."""
 
     ep: int = Field(default=1, ge=1)
     """Expert-parallel size (MoE models)."""

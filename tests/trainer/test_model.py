@@ -11,10 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from agent_rl.config import TrainerConfig
 from agent_rl.errors import ConfigError
 from trainer import hf_convert, shard
 from trainer.arch import ModelArch, Parallel
-from trainer.learner import load_hf_weights
+from trainer.learner import Learner, load_hf_weights
 from trainer.model import build_gpt_model
 
 
@@ -104,3 +105,11 @@ def test_parallel_sizes_are_checked(tiny_dense_model: Path) -> None:
         check_parallel(arch, Parallel(tp=3))
     with pytest.raises(ConfigError, match="ep=2 needs a MoE model"):
         check_parallel(arch, Parallel(ep=2))
+    with pytest.raises(ConfigError, match="pp=3 does not divide the model's 4 layers"):
+        check_parallel(arch, Parallel(pp=3))
+    check_parallel(arch, Parallel(tp=2, pp=2))
+    # MTP drafts under PP would need the embedding on the last stage: refused, one message.
+    with pytest.raises(ConfigError, match="mtp_layers > 0 with pp > 1 is not supported"):
+        check_parallel(arch, Parallel(pp=2), mtp_layers=1)
+    with pytest.raises(ConfigError, match="mtp_layers > 0 with pp > 1 is not supported"):
+        Learner(tiny_dense_model, TrainerConfig(pp=2, mtp_layers=1))  # before any process group
