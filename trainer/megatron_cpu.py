@@ -10,8 +10,8 @@ synchronisation, and creates a few tensors with a literal `device="cuda"`. Witho
 one of those raises (a CPU-only torch: "Torch not compiled with CUDA enabled"; PyPI's CUDA build:
 no device found). `apply()` replaces exactly those calls with CPU equivalents. It is a no-op when CUDA is available, idempotent, and
 touches no installed file. Each patch was shown necessary for a path the trainer uses (model
-forward/backward, MoE alltoall with EP, TP with sequence parallelism, Megatron DDP and
-(distributed) optimizer, dist_checkpointing); see ../shared/notes/megatron-cpu for the lab runs.
+forward/backward, MoE alltoall with EP, TP with sequence parallelism, the pipeline schedules,
+Megatron DDP and (distributed) optimizer, dist_checkpointing); see ../shared/notes/megatron-cpu for the lab runs.
 
 Call `apply()` before building any megatron module (trainer.model does).
 """
@@ -218,7 +218,7 @@ def _tied_embeddings() -> None:
     # first stage's. Keep it where it is for that call only.
     original = LanguageModule.setup_embeddings_and_output_layer
 
-    def setup_embeddings_and_output_layer(self: Any) -> None:
+    def setup(self: Any) -> None:
         cuda = torch.Tensor.cuda
         torch.Tensor.cuda = lambda tensor, *a, **k: tensor  # type: ignore[assignment]
         try:
@@ -226,7 +226,7 @@ def _tied_embeddings() -> None:
         finally:
             torch.Tensor.cuda = cuda  # type: ignore[method-assign]
 
-    LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer  # type: ignore[method-assign]
+    LanguageModule.setup_embeddings_and_output_layer = setup  # type: ignore[method-assign]
     APPLIED.append("tied embeddings under PP stay on cpu")
 
 
