@@ -127,7 +127,11 @@ class TrainLoop:
         if dist.is_initialized() and dist.get_world_size() > 1:
             flags: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(flags, self.stopping)
-            self.stopping = any(flags)
+            # Only ever set here: a signal handled on this rank during the gather (a rank spends
+            # most of its wait inside collectives) sets the flag after it was sent, and clearing
+            # it would lose that stop; it is sent at the next step's gather.
+            if any(flags):
+                self.stopping = True
         return self.stopping
 
     def _broadcast(self, obj: Any) -> Any:
