@@ -19,6 +19,7 @@ from aiohttp import web
 
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.store import Store
+from tests.rollout.invariants import check_transcript
 
 
 class Tap:
@@ -94,13 +95,7 @@ async def check_agent_episode(store: Store, renderer: ChatRenderer, tap: Tap, ep
     assert np.all(tokens.versions[model] >= 0) and np.all(tokens.versions[~model] == -1)
     assert np.all(tokens.logprobs[~model] == 0)
 
-    messages = [{k: v for k, v in m.items() if k in ("role", "content", "tool_calls", "name") and v is not None}
-                for m in detail.messages]  # fmt: skip
-    last_assistant = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    rendered = renderer.render(messages[: last_assistant + 1], tools, generation_prompt=False)
-    decoded = renderer.decode(ids)
-    assert rendered.startswith(decoded), "the token stream is not the rendered transcript"
-    assert rendered[len(decoded):] in ("\n", renderer.eos_text + "\n")
+    check_transcript(renderer, detail, tokens, tools)
     if experts:
         assert tokens.routed_experts is not None and tokens.routed_experts.shape[0] == len(ids)
         known = tokens.routed_experts[:, 0, 0] >= 0
