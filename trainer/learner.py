@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from agent_rl.config import TrainerConfig
 from agent_rl.errors import ConfigError
-from trainer import dist_env, hf_convert, mtp, packing, pipeline, shard
+from trainer import dist_env, hf_convert, mtp, packing, pipeline, save_queue, shard
 from trainer.arch import ModelArch, Parallel, check_parallel
 from trainer.batch import Batch
 from trainer.logprobs import token_entropy, token_logprobs
@@ -435,6 +435,7 @@ class Learner:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
+        save_queue.install()  # before megatron starts a manager that would outlive a SIGKILL
         dist_checkpointing.save(self._sharded_state(), str(tmp))
         dist.barrier()
         if dist.get_rank() == 0:

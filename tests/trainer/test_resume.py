@@ -48,6 +48,26 @@ def _versions(db: Path) -> list[int]:
         return [r[0] for r in conn.execute("SELECT version FROM policy_versions ORDER BY version")]
 
 
+def _children(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
 def _train(config: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run([AGENT_RL, "--config", str(config), "train", *args], env=_env(),
                           capture_output=True, text=True, timeout=timeout)
@@ -61,12 +81,20 @@ def test_sigkill_mid_run_then_resume(served_db: Path, tmp_path: Path, tiny_moe_m
     first = subprocess.Popen([AGENT_RL, "--config", str(config), "train"], env=_env(),
                              stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240
-    while max(_versions(db), default=0) < 1:  # one step committed; the next is under way
+    # One step committed and checkpointed; the next is under way.
+    while max(_versions(db), default=0) < 1 or not list((tmp_path / "ckpt").glob("step_*[0-9]")):
         assert first.poll() is None, (tmp_path / "first.log").read_text()
         assert time.monotonic() < deadline, (tmp_path / "first.log").read_text()
         time.sleep(0.2)
+    helpers = _children(first.pid)  # the checkpoint writer's results-queue manager among them
+    assert helpers, "a trainer that saved a checkpoint has its writer's helper process"
     first.send_signal(signal.SIGKILL)
     first.wait(30)
+    # Nothing the killed trainer started outlives it (each would hold hundreds of MB forever).
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in helpers):
+        assert time.monotonic() < deadline, f"processes {helpers} outlived their SIGKILLed trainer"
+        time.sleep(0.2)
     done = max(_versions(db))
     assert done < 4
     time.sleep(3.5)  # the killed trainer's lease runs out
