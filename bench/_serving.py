@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import Any
 
 from agent_rl.config import Config, RouterConfig
@@ -72,3 +73,24 @@ class RouterThread(LoopThread):
             self.url, self.token = router.url, router.admin_token
             self.ready.set()
             await asyncio.Event().wait()
+
+
+def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, **trainer: Any) -> Config:
+    """The quickstart's recipe as one named run of a benchmark: its store a file in `work`,
+    rollouts and weight syncs through `router`, checkpoints and exports under `work / run`,
+    no TensorBoard, and `trainer` on top of the recipe's trainer settings. Every group trains,
+    equal rewards or not, so a short run's pace does not depend on how many have signal."""
+    from agent_rl.quickstart.recipe import Options, recipe
+
+    raw = recipe(Options())
+    raw["run"] = {"name": run}
+    raw["store"] = {"url": f"sqlite:///{work / 'bench.db'}"}
+    raw["engine"] = {"model": str(model), "log_dir": str(work / "logs")}
+    raw["router"] = {"admin_token": router.token}
+    raw["rollout"]["router_url"] = router.url
+    raw["rollout"]["filter_zero_variance"] = False
+    raw["trainer"].update(
+        model=str(model), router_url=router.url, checkpoint_every=10_000, tensorboard_dir=None,
+        checkpoint_dir=str(work / run / "ckpt"), export_dir=str(work / run / "exports"), **trainer,
+    )
+    return Config(**raw)

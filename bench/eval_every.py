@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.config import Config, RouterConfig, TrainerConfig  # noqa: E402
-from bench._serving import RouterThread, ServeThread  # noqa: E402
+from bench._serving import RouterThread, ServeThread, quickstart_run  # noqa: E402
 
 RUN_S = 45.0
 """Training seconds per phase, after its first step."""
@@ -49,25 +49,13 @@ EVAL_TASKS, EVAL_SAMPLES = 16, 4
 
 def config(work: Path, model: Path, train: RouterThread, evals: RouterThread, phase: int,
            eval_on: bool) -> Config:
-    from agent_rl.quickstart.recipe import Options, recipe
-
-    raw = recipe(Options())
-    run = f"phase{phase}-{'on' if eval_on else 'off'}"
-    raw["run"] = {"name": run}
-    raw["store"] = {"url": f"sqlite:///{work / 'bench.db'}"}
-    raw["engine"] = {"model": str(model), "log_dir": str(work / "logs")}
-    raw["router"] = {"admin_token": train.token}
-    raw["rollout"]["router_url"] = train.url
     # The model is random-init (no SFT: it would cost minutes), so nearly every group has equal
-    # rewards; training those too keeps the trainer's steps what they cost with signal.
-    raw["rollout"]["filter_zero_variance"] = False
-    raw["trainer"].update(
-        model=str(model), router_url=train.url, checkpoint_every=10_000, tensorboard_dir=None,
-        checkpoint_dir=str(work / run / "ckpt"), export_dir=str(work / run / "exports"),
+    # rewards; `quickstart_run` trains those too, so steps cost what they cost with signal.
+    return quickstart_run(
+        work, model, train, f"phase{phase}-{'on' if eval_on else 'off'}",
         eval_every=EVAL_EVERY if eval_on else 0, eval_tasks=EVAL_TASKS,
         eval_samples=EVAL_SAMPLES, eval_router_url=evals.url,
     )
-    return Config(**raw)
 
 
 def cpu_s(pid: int) -> float:

@@ -52,7 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.config import Config, RouterConfig, TrainerConfig  # noqa: E402
-from bench._serving import RouterThread, ServeThread  # noqa: E402
+from bench._serving import RouterThread, ServeThread, quickstart_run  # noqa: E402
 
 SFT_STEPS = 150
 VERSIONS = 24
@@ -65,23 +65,7 @@ ARMS = ("online", "frozen")
 
 
 def config(work: Path, sft: Path, router: RouterThread, arm: str) -> Config:
-    from agent_rl.quickstart.recipe import Options, recipe
-
-    raw = recipe(Options())
-    raw["run"] = {"name": f"mtp-{arm}"}
-    raw["store"] = {"url": f"sqlite:///{work / 'bench.db'}"}
-    raw["engine"] = {"model": str(sft), "log_dir": str(work / "logs")}
-    raw["router"] = {"admin_token": router.token}
-    raw["rollout"]["router_url"] = router.url
-    # Groups whose rewards are all equal still train the draft; keeping them keeps the pace
-    # of a short run independent of how many groups have signal.
-    raw["rollout"]["filter_zero_variance"] = False
-    raw["trainer"].update(
-        model=str(sft), router_url=router.url, checkpoint_every=10_000, tensorboard_dir=None,
-        checkpoint_dir=str(work / arm / "ckpt"), export_dir=str(work / arm / "exports"),
-        mtp_layers=1, mtp_train=arm == "online",
-    )
-    return Config(**raw)
+    return quickstart_run(work, sft, router, f"mtp-{arm}", mtp_layers=1, mtp_train=arm == "online")
 
 
 def sft(work: Path, model: Path) -> Path:
