@@ -19,15 +19,14 @@ One optimizer step per batch: the PPO ratio is taken against the trainer's own l
 start of the step (so it is 1 and `clip_fraction` 0; clipping matters for losses shared with
 multi-step callers), and TIS weights each token by min(pi_train / pi_rollout, cap), which is
 what corrects for stale or mismatched rollout logprobs. Checkpoints are dist_checkpointing
-directories (model + optimizer + step); exports are HF safetensors directories that SGLang and
-transformers load. dist_checkpointing.save starts a helper process with multiprocessing
-"spawn", so a script that saves must guard its entry point with `if __name__ == "__main__"`.
+directories (model + optimizer + step, trainer.checkpoint: a script that saves must guard its
+entry point with `if __name__ == "__main__"`); exports are HF safetensors directories that
+SGLang and transformers load.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,7 @@ import torch
 import torch.distributed as dist
 
 from agent_rl.config import TrainerConfig
-from agent_rl.errors import ConfigError
-from trainer import dist_env, hf_convert, mtp, packing, pipeline, save_queue, shard
+from trainer import checkpoint, dist_env, hf_convert, mtp, packing, pipeline, shard
 from trainer.arch import ModelArch, Parallel, check_parallel
 from trainer.batch import Batch
 from trainer.logprobs import token_entropy, token_logprobs
@@ -426,65 +424,13 @@ class Learner:
     # ----- persistence -----------------------------------------------------------------------
 
     def save_checkpoint(self, directory: str | Path) -> Path:
-        """Write model + optimizer + step with dist_checkpointing into `directory/step_N`."""
-        from megatron.core import dist_checkpointing
-
-        final = Path(directory) / f"step_{self.step:08d}"
-        tmp = final.with_name(final.name + ".tmp")
-        if dist.get_rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier()
-        save_queue.install()  # before megatron starts a manager that would outlive a SIGKILL
-        dist_checkpointing.save(self._sharded_state(), str(tmp))
-        dist.barrier()
-        if dist.get_rank() == 0:
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)  # a checkpoint directory exists only once complete
-        dist.barrier()
-        return final
+        """Write model + optimizer + step into `directory/step_N` (trainer.checkpoint)."""
+        return checkpoint.save(self.module, self.optimizer, self.step, directory)
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Restore model, optimizer and step from a `save_checkpoint` directory; return the step."""
-        from megatron.core import dist_checkpointing
-
-        path = Path(path)
-        if not path.is_dir():
-            raise ConfigError(f"checkpoint {path} does not exist")
-        loaded = dist_checkpointing.load(self._sharded_state(loading=True), str(path))
-        self.step = int(loaded["step"])
-        with torch.no_grad():  # fp32 main params are views of the (grad-requiring) model params
-            self.module.load_state_dict(loaded["model"])
-            self.optimizer.load_state_dict(loaded["optimizer"])
-            # Without Apex/TE, megatron gives every param's Adam state the *same* `step` tensor,
-            # which torch's Adam then increments once per param per step, and the distributed
-            # optimizer's dp_reshardable load then copies the placeholder state's step (1) into
-            # it. Adam took one step per learner step: each param gets its own step tensor.
-            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                for state in opt.optimizer.state.values():
-                    if torch.is_tensor(state.get("step")):
-                        state["step"] = torch.full_like(state["step"], float(self.step))
+        self.step = checkpoint.load(self.module, self.optimizer, path)
         return self.step
-
-    def _sharded_state(self, loading: bool = False) -> dict[str, Any]:
-        # "dp_reshardable": optimizer state loads under another DP size (same TP/EP). 0.16's
-        # default format is rejected by its own saver, and "fully_reshardable" cannot load a
-        # torch-Adam state (it drops `step`); model weights alone reshard freely.
-        metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
-        if loading:
-            # Without Apex/TE, megatron reads Adam's `step` from existing state, so a fresh
-            # optimizer needs placeholder state (megatron's own helper) before it can load.
-            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                if (
-                    hasattr(opt, "_init_optimizer_states_with_dummy_values")
-                    and not opt.optimizer.state
-                ):
-                    opt._init_optimizer_states_with_dummy_values()
-        model_state = self.module.sharded_state_dict(metadata=metadata)
-        optimizer_state = self.optimizer.sharded_state_dict(
-            model_state, is_loading=loading, metadata=metadata
-        )
-        return {"model": model_state, "optimizer": optimizer_state, "step": self.step}
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights in HF names and layouts (gathered over TP/PP/EP: every rank calls it),
@@ -505,14 +451,6 @@ class Learner:
 def _logits(output: Any) -> torch.Tensor:
     """The policy's logits of a last-stage output (without the MTP drafts' beside them)."""
     return output[0] if isinstance(output, tuple) else output
-
-
-def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The newest complete `step_N` directory under `directory`, if any."""
-    steps = sorted(
-        p for p in Path(directory).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
-    )
-    return steps[-1] if steps else None
 
 
 def load_hf_weights(

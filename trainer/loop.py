@@ -41,7 +41,8 @@ from agent_rl.store import Claim, Span, Store
 from agent_rl.store.staleness import bucket
 from trainer.data import TrainingData, load_batch
 from trainer.evals import Evaluations
-from trainer.learner import Learner, latest_checkpoint
+from trainer.checkpoint import latest_checkpoint
+from trainer.learner import Learner
 from trainer.weight_sync import InMemorySync, make_sync
 
 T = TypeVar("T")

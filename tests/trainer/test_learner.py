@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 from agent_rl.config import TrainerConfig
 from tests.trainer._batches import rl_batch
 from trainer.arch import ModelArch
-from trainer.learner import latest_checkpoint, learner
+from trainer.checkpoint import latest_checkpoint
+from trainer.learner import learner
 
 
 def test_trainer_logprobs_match_transformers(tiny_dense_model: Path) -> None:

@@ -20,7 +20,7 @@ from agent_rl.config import load_config
 from agent_rl.store import Store
 from tests.trainer._served import served_db  # noqa: F401 (fixture)
 from tests.trainer.test_resume import _config, _env, _versions
-from trainer.learner import latest_checkpoint
+from trainer.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 
