@@ -43,7 +43,7 @@ import anyio
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from agent_rl import telemetry
-from agent_rl.engine.client import Generation
+from agent_rl.engine.generation import Generation
 from agent_rl.errors import EngineError, EngineUnavailableError
 from agent_rl.messages import AssistantTurn, Message
 from agent_rl.rollout.openai_wire import (

@@ -31,7 +31,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils.chat_template_utils import _alias_reasoning_fields, _compile_jinja_template
 
-from agent_rl.engine.client import TokenIds
+from agent_rl.engine.generation import TokenIds
 from agent_rl.messages import Message
 
 

@@ -43,7 +43,8 @@ from tenacity import (
 
 from agent_rl import telemetry
 from agent_rl.config import RolloutConfig
-from agent_rl.engine.client import EngineClient, Generation
+from agent_rl.engine.client import EngineClient
+from agent_rl.engine.generation import Generation
 from agent_rl.env import Env, EnvCodeError, StepResult
 from agent_rl.errors import EngineError, EngineUnavailableError, EnvError, SandboxError, StoreError
 from agent_rl.messages import AssistantTurn, Message

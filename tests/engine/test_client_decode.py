@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from agent_rl.engine.client import Generation, WeightSpan, decode_routed_experts
+from agent_rl.engine.generation import Generation, WeightSpan, decode_routed_experts
 from agent_rl.errors import EngineError
 
 
@@ -75,7 +75,7 @@ def test_streaming_chunk_without_finish_reason() -> None:
 
 
 def test_token_ids_keep_their_json_as_they_grow() -> None:
-    from agent_rl.engine.client import TokenIds, json_body
+    from agent_rl.engine.generation import TokenIds, json_body
 
     ids = TokenIds([1, 2])
     ids.extend([3, 40000])
