@@ -70,7 +70,18 @@ class LoopStats:
 
 
 class _StopRequested(Exception):
-    """Raised inside the waiting loop once `request_stop` was called."""
+    """Raised inside the waiting loop once `request_stop` was called. `agreed`: every rank
+    knows it already (the ranks agreed on it while rank 0 waited), so no rank waits for data."""
+
+    def __init__(self, agreed: bool = False) -> None:
+        super().__init__()
+        self.agreed = agreed
+
+
+_WAITING = "waiting for data"
+"""What rank 0 broadcasts for a step's data at every poll that found too little: the ranks
+waiting for the data then agree on their stop flags, so a stop asked of any one of them ends
+the job while rank 0 waits, not only once data comes."""
 
 
 class TrainLoop:
@@ -125,7 +136,7 @@ class TrainLoop:
         """Whether any rank was asked to stop; then every rank stops here, at the same step.
         A signal reaches torchrun's ranks at different moments (or only one of them), and a
         rank that left the loop alone would leave the others in the next step's collectives."""
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if self._multi_rank:
             flags: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(flags, self.stopping)
             # Only ever set here: a signal handled on this rank during the gather (a rank spends
@@ -135,8 +146,12 @@ class TrainLoop:
                 self.stopping = True
         return self.stopping
 
+    @property
+    def _multi_rank(self) -> bool:
+        return dist.is_initialized() and dist.get_world_size() > 1
+
     def _broadcast(self, obj: Any) -> Any:
-        if not dist.is_initialized() or dist.get_world_size() == 1:
+        if not self._multi_rank:
             return obj
         box = [obj]
         dist.broadcast_object_list(box, src=0)
@@ -238,6 +253,10 @@ class TrainLoop:
             if len(claim.groups) >= need:
                 return claim, waited
             self._call(self.store.release(claim))
+            if self._multi_rank:
+                self._broadcast(_WAITING)
+                if self._stop_agreed():
+                    raise _StopRequested(agreed=True)
             self._reconcile_weights()
             waited = time.monotonic() - t0
             if waited - announced >= WAIT_LOG_S:
@@ -259,7 +278,9 @@ class TrainLoop:
             wait_started = time.time()
             try:
                 claim, waited = self._wait_for_claim()
-            except _StopRequested:
+            except _StopRequested as stop:
+                if stop.agreed:
+                    raise
                 claim = None  # the other ranks, waiting for this step's data, stop with it
             else:
                 self._span("wait", wait_started)
@@ -270,6 +291,10 @@ class TrainLoop:
                                use_experts=self.learner.replay is not None)
                 )
         data = self._broadcast(data)
+        while isinstance(data, str):  # _WAITING; not rank 0: it polled the store and found too little
+            if self._stop_agreed():
+                raise _StopRequested(agreed=True)
+            data = self._broadcast(None)
         if data is None:
             self.stopping = True
             raise _StopRequested

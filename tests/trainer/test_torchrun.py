@@ -89,7 +89,7 @@ def test_a_killed_rank_stops_the_job_and_a_restart_resumes(served_db: Path, tmp_
                                                           tiny_moe_model: Path) -> None:  # fmt: skip
     """DP = 2: both runs train data-parallel; the first loses rank 1 to SIGKILL after its first
     committed step, the second resumes from the checkpoint and trains the rest, each episode
-    once, versions without gaps."""
+    once, versions without gaps, and stops on a SIGTERM to rank 1 while rank 0 waits for data."""
     db = tmp_path / "store.db"
     db.write_bytes(served_db.read_bytes())
     config = _config(tmp_path, db, tiny_moe_model)
@@ -112,11 +112,28 @@ def test_a_killed_rank_stops_the_job_and_a_restart_resumes(served_db: Path, tmp_
     done = max(_versions(db))
     assert done < 4
     time.sleep(3.5)  # the killed job's lease runs out
-    second = subprocess.run(_torchrun(config, "--max-steps", str(4 - done)), env=_env(),
-                            capture_output=True, text=True, timeout=420)  # fmt: skip
-    print(second.stdout[-3000:])
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "resumed from checkpoint" in second.stdout
+    # The second run trains the rest, then waits for data that never comes; a SIGTERM to rank 1
+    # alone (waiting inside the broadcast of that data) still stops the job, within a poll.
+    second_log = tmp_path / "second.log"
+    second = subprocess.Popen(_torchrun(config), env=_env(), stdout=second_log.open("w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while max(_versions(db)) < 4 or "waiting for data" not in second_log.read_text():
+            assert second.poll() is None, second_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, second_log.read_text()[-3000:]
+            time.sleep(0.2)
+        rank1 = _rank_pid(second.pid, "1")
+        assert rank1 is not None
+        os.kill(rank1, signal.SIGTERM)
+        rc = second.wait(60)
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+    out = second_log.read_text()
+    print(out[-3000:])
+    assert rc == 0, out[-3000:]
+    assert "resumed from checkpoint" in out and f"trained {4 - done} steps" in out
     assert _versions(db) == list(range(0, 5))
     _check_store(config, 4)
 
