@@ -139,11 +139,14 @@ class TrainLoop:
         if self._multi_rank:
             flags: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(flags, self.stopping)
-            # Only ever set here: a signal handled on this rank during the gather (a rank spends
-            # most of its wait inside collectives) sets the flag after it was sent, and clearing
-            # it would lose that stop; it is sent at the next step's gather.
-            if any(flags):
+            # The answer is the gathered flags, the same on every rank. A signal handled on this
+            # rank during the gather (a rank spends most of its wait inside collectives) sets its
+            # flag after it was sent: that stop is kept for the next gather, neither cleared (it
+            # would be lost) nor acted on now (this rank would leave alone).
+            agreed = any(flags)
+            if agreed:
                 self.stopping = True
+            return agreed
         return self.stopping
 
     @property
