@@ -8,9 +8,10 @@
   each engine its TP size) form one torch process group, gloo on CPU and NCCL on GPU; each
   bucket of HF-named tensors is broadcast as one flat byte tensor while every engine receives it
   through `/update_weights_from_distributed` (`load_format: flattened_bucket`).
-- `tensor` (`SharedMemory`): for engines on this host, each bucket is pickled as shared-memory
-  handles (multiprocessing's ForkingPickler, `file_system` sharing) and loaded through
-  `/update_weights_from_tensor`.
+- `tensor` (`SharedMemory`): for engines on this host, each bucket is one flat byte tensor in
+  shared memory, pickled as its handle (multiprocessing's ForkingPickler, `file_system`
+  sharing) with each tensor's byte range, and loaded through `/update_weights_from_tensor`
+  (`load_format: flattened_bucket`).
 
 Both run the same sequence (`InMemorySync.push`): the router's worker list (`GET /workers`: one
 call, its workers in rotation; a bare SGLang server is its own one worker), then
@@ -36,6 +37,7 @@ import io
 import itertools
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.reduction import ForkingPickler
@@ -65,6 +67,42 @@ def buckets(weights: dict[str, torch.Tensor], limit_bytes: int) -> Iterator[Buck
         size += nbytes
     if bucket:
         yield bucket
+
+
+class Buffer:
+    """The flat byte buffer buckets are packed into, kept from bucket to bucket and push to
+    push (the buckets are sent one at a time, each received before the next is packed): a new
+    one per bucket cost an allocation and first-touch page faults, in shared memory a file too
+    (105M parameters: 0.7-0.9 s of a 1.1 s push); one already mapped costs only the copy. It
+    holds one bucket (`weight_sync_bucket_mb`), as the per-bucket allocations did."""
+
+    def __init__(self, device: torch.device, *, shared: bool) -> None:
+        self.device, self.shared = device, shared
+        self._flat = torch.empty(0, dtype=torch.uint8, device=device)
+
+    def fill(self, bucket: Bucket, *, align: bool) -> tuple[torch.Tensor, list[SimpleNamespace]]:
+        """`bucket` copied into the buffer (not shared: a view of its first bytes), and each tensor's name,
+        shape, dtype and byte range in it (`align`: each starts at a multiple of its dtype's
+        size; otherwise back to back)."""
+        spans, offset = [], 0
+        for name, t in bucket:
+            if align:
+                offset += -offset % t.element_size()
+            nbytes = t.numel() * t.element_size()
+            spans.append(SimpleNamespace(name=name, shape=t.shape, dtype=t.dtype, start_idx=offset,
+                                         end_idx=offset + nbytes, numel=nbytes))  # fmt: skip
+            offset += nbytes
+        if self._flat.numel() < offset:
+            flat = torch.empty(offset, dtype=torch.uint8, device=self.device)
+            self._flat = flat.share_memory_() if self.shared else flat
+        for (_, t), span in zip(bucket, spans):
+            self._flat[span.start_idx : span.end_idx].copy_(t.detach().reshape(-1).view(torch.uint8))
+        # Shared: the whole buffer (its ranges say where each tensor is); broadcast: exactly the
+        # bytes the engines allocate from the names, dtypes and shapes.
+        return (self._flat if self.shared else self._flat[:offset]), spans
+
+    def clear(self) -> None:
+        self._flat = torch.empty(0, dtype=torch.uint8, device=self.device)
 
 
 @dataclass
@@ -178,6 +216,7 @@ class Broadcast(InMemorySync):
         self._group_name = ""
         self._members: tuple[str, ...] = ()
         self._store: Any = None
+        self._buffer = Buffer(self.device, shared=False)
 
     async def _send(
         self, weights: dict[str, torch.Tensor], version: str, engines: list[Engine],
@@ -234,8 +273,8 @@ class Broadcast(InMemorySync):
     async def _one_bucket(
         self, bucket: Bucket, engines: list[Engine], version: str | None, flush: bool
     ) -> dict[str, str]:
-        flat = torch.cat([t.detach().reshape(-1).view(torch.uint8) for _, t in bucket])
-        flat = flat.to(self.device)
+        # Contiguous: the engines compute the same offsets from the names, dtypes and shapes.
+        flat, _ = self._buffer.fill(bucket, align=False)
         meta = {"names": [n for n, _ in bucket],
                 "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                 "shapes": [list(t.shape) for _, t in bucket]}
@@ -297,6 +336,7 @@ class Broadcast(InMemorySync):
 
     async def close(self) -> None:
         await self._drop_group()
+        self._buffer.clear()
         await super().close()
 
 
@@ -328,6 +368,7 @@ class SharedMemory(InMemorySync):
         # CPU tensors cross processes as shared-memory files; descriptors cannot be passed to
         # an engine that is not our child.
         torch.multiprocessing.set_sharing_strategy("file_system")
+        self._buffer = Buffer(torch.device("cpu"), shared=True)
 
     async def _send(
         self, weights: dict[str, torch.Tensor], version: str, engines: list[Engine],
@@ -336,17 +377,21 @@ class SharedMemory(InMemorySync):
         parts = list(buckets(weights, self.limit_bytes))
         for i, bucket in enumerate(parts):
             last = i == len(parts) - 1
-            # Copies: pickling moves a tensor's storage into shared memory, and the trainer's
-            # parameters must stay where they are. Kept alive until every engine loaded them.
-            shared = [(name, t.detach().to("cpu", copy=True).contiguous()) for name, t in bucket]
-            payload = _pickle(shared)
+            # SGLang's `flattened_bucket` load format: one flat byte tensor in shared memory and
+            # each tensor's name, shape, dtype and byte range in it (per-tensor shared memory
+            # cost a file and a second copy per tensor).
+            flat, spans = self._buffer.fill(bucket, align=True)
+            shared = {"flattened_tensor": flat, "metadata": spans}
+            # One pickle per receiving rank: each pickle takes a reference on the shared memory
+            # that its one unpickling gives back; one pickle read by two ranks gave back two,
+            # and the buffer's count fell below zero (the process aborted when it was freed).
             answers = await asyncio.gather(*(
                 e.client.update_weights_from_tensor(  # type: ignore[union-attr]
-                    [payload] * e.tp_size, weight_version=version if last else None,
-                    flush_cache=flush and last, timeout_s=self.timeout_s)
+                    [_pickle(shared) for _ in range(e.tp_size)],
+                    weight_version=version if last else None,
+                    flush_cache=flush and last, flattened=True, timeout_s=self.timeout_s)
                 for e in engines
             ), return_exceptions=True)
-            del shared
             failed = {e.url: str(a)[:300] for e, a in zip(engines, answers)
                       if isinstance(a, BaseException)}
             if failed:
@@ -354,8 +399,12 @@ class SharedMemory(InMemorySync):
             report.buckets += 1
         return {}
 
+    async def close(self) -> None:
+        self._buffer.clear()
+        await super().close()
 
-def _pickle(named: Bucket) -> str:
+
+def _pickle(named: Any) -> str:
     buf = io.BytesIO()
     ForkingPickler(buf).dump(named)
     return base64.b64encode(buf.getvalue()).decode()

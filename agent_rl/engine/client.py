@@ -251,11 +251,15 @@ class EngineClient:
 
     async def update_weights_from_tensor(
         self, serialized: list[str], *, weight_version: str | None, flush_cache: bool,
-        timeout_s: float | None = None,
+        flattened: bool = False, timeout_s: float | None = None,
     ) -> Any:  # fmt: skip
         """Load named tensors the engine reads from this host's shared memory: `serialized`
-        holds one base64 pickle (multiprocessing's ForkingPickler) per engine TP rank."""
+        holds one base64 pickle (multiprocessing's ForkingPickler) per engine TP rank, of a list
+        of (name, tensor) or, `flattened`, of SGLang's flattened bucket ({"flattened_tensor": one
+        flat uint8 tensor, "metadata": each tensor's name, shape, dtype and byte range})."""
         body: dict[str, Any] = {"serialized_named_tensors": serialized, "flush_cache": flush_cache}
+        if flattened:
+            body["load_format"] = "flattened_bucket"
         if weight_version is not None:
             body["weight_version"] = weight_version
         return await self._request("POST", "/update_weights_from_tensor", body, timeout_s)
