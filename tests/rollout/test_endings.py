@@ -55,9 +55,12 @@ async def test_runner_max_turns(tmp_path: Path, sglang_moe_server: Any, tiny_moe
 
 
 async def test_runner_max_tokens(tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path) -> None:
+    # max_new_tokens above the budget: every completion is cut by the episode's budget, never by
+    # its own cap (with 24, a random model's 24 tokens without a stop ended an episode by
+    # max_new_tokens first, a CI flake).
     episodes = await _truncated_by(tmp_path, sglang_moe_server, tiny_moe_model, "max_tokens",
                                    "test-never-ends", max_turns=50, max_tokens=160,
-                                   max_new_tokens=24)
+                                   max_new_tokens=200)
     assert all(1 <= e.num_turns < 50 and e.num_tokens <= 160 for e in episodes)
 
 
