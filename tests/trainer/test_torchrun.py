@@ -6,12 +6,14 @@ a SIGTERM to one rank stops every rank at the same step, checkpointed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,33 @@ def _rank_pid(parent: int, rank: str) -> int | None:
     return None
 
 
+def _signal_rank(config: Path, log_path: Path, ready: Callable[[], bool], rank: str, sig: int,
+                 wait_s: float) -> int:  # fmt: skip
+    """Start the job, wait (up to 300 s) until `ready()`, send `sig` to `rank`, and return the
+    job's exit status within `wait_s`. Whatever is left is killed, ranks too: torchrun starts
+    each in a session of its own, out of reach of the job's process group."""
+    job = subprocess.Popen(_torchrun(config), env=_env(), stdout=log_path.open("w"),
+                           stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not ready():
+            assert job.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        ranks = [pid for pid in (_rank_pid(job.pid, r) for r in ("0", "1")) if pid is not None]
+        target = _rank_pid(job.pid, rank)
+        assert target is not None
+        os.kill(target, sig)
+        return job.wait(wait_s)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            for pid in ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 def test_a_killed_rank_stops_the_job_and_a_restart_resumes(served_db: Path, tmp_path: Path,
                                                           tiny_moe_model: Path) -> None:  # fmt: skip
     """DP = 2: both runs train data-parallel; the first loses rank 1 to SIGKILL after its first
@@ -93,43 +122,20 @@ def test_a_killed_rank_stops_the_job_and_a_restart_resumes(served_db: Path, tmp_
     db = tmp_path / "store.db"
     db.write_bytes(served_db.read_bytes())
     config = _config(tmp_path, db, tiny_moe_model)
-    log = (tmp_path / "first.log").open("w")
-    first = subprocess.Popen(_torchrun(config), env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while max(_versions(db), default=0) < 1:  # a step committed (and checkpointed)
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
-            time.sleep(0.2)
-        victim = _rank_pid(first.pid, "1")
-        assert victim is not None
-        os.kill(victim, signal.SIGKILL)
-        assert first.wait(120) != 0  # one rank lost: the job stops, it does not hang
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
+    # One rank lost: the job stops, it does not hang.
+    assert _signal_rank(config, tmp_path / "first.log", lambda: max(_versions(db), default=0) >= 1,
+                        "1", signal.SIGKILL, 120) != 0  # a step committed (and checkpointed)
     done = max(_versions(db))
     assert done < 4
     time.sleep(3.5)  # the killed job's lease runs out
     # The second run trains the rest, then waits for data that never comes; a SIGTERM to rank 1
     # alone (waiting inside the broadcast of that data) still stops the job, within a poll.
     second_log = tmp_path / "second.log"
-    second = subprocess.Popen(_torchrun(config), env=_env(), stdout=second_log.open("w"),
-                              stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while max(_versions(db)) < 4 or "waiting for data" not in second_log.read_text():
-            assert second.poll() is None, second_log.read_text()[-3000:]
-            assert time.monotonic() < deadline, second_log.read_text()[-3000:]
-            time.sleep(0.2)
-        rank1 = _rank_pid(second.pid, "1")
-        assert rank1 is not None
-        os.kill(rank1, signal.SIGTERM)
-        rc = second.wait(60)
-    finally:
-        if second.poll() is None:
-            os.killpg(second.pid, signal.SIGKILL)
+    rc = _signal_rank(
+        config, second_log,
+        lambda: max(_versions(db)) >= 4 and "waiting for data" in second_log.read_text(),
+        "1", signal.SIGTERM, 60,
+    )  # fmt: skip
     out = second_log.read_text()
     print(out[-3000:])
     assert rc == 0, out[-3000:]
@@ -150,21 +156,8 @@ def test_a_stop_asked_of_one_rank_stops_every_rank_at_the_same_step(
     db.write_bytes(served_db.read_bytes())
     config = _config(tmp_path, db, tiny_moe_model)
     log_path = tmp_path / "job.log"
-    job = subprocess.Popen(_torchrun(config), env=_env(), stdout=log_path.open("w"),
-                           stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while max(_versions(db), default=0) < 1:
-            assert job.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-            time.sleep(0.2)
-        rank1 = _rank_pid(job.pid, "1")
-        assert rank1 is not None
-        os.kill(rank1, signal.SIGTERM)
-        rc = job.wait(120)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+    rc = _signal_rank(config, log_path, lambda: max(_versions(db), default=0) >= 1, "1",
+                      signal.SIGTERM, 120)  # fmt: skip
     log = log_path.read_text()
     assert rc == 0, log[-4000:]
     assert "stopping after the current step" in log
