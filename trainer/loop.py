@@ -349,8 +349,7 @@ class TrainLoop:
         export = Path(self.tcfg.export_dir) / f"v{version:06d}"
         # In memory only from a trainer of one rank: the weights are gathered collectively, and
         # the other ranks are not in this loop. Otherwise the newest export, as for disk.
-        from_memory = self._memory is not None and (
-            not dist.is_initialized() or dist.get_world_size() == 1)
+        from_memory = self._memory is not None and not self._multi_rank
         if self._engines is None or version == 0 or not (
                 from_memory or (export / "config.json").is_file()):
             return
