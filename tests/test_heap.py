@@ -32,3 +32,69 @@ def test_nested_uses_keep_the_outermost_settings() -> None:
         assert gc.get_threshold()[0] == 5_000  # the inner exit does not restore
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before
+
+
+def test_imports_begin_and_end_bracket_a_commands_imports() -> None:
+    from agent_rl.heap import imports_begin, imports_end
+
+    frozen_before = gc.get_freeze_count()
+    imports_begin()
+    try:
+        assert not gc.isenabled()
+        made = [{"i": i} for i in range(100)]  # what the imports make, alive after them
+    finally:
+        imports_end()
+    try:
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen_before + len(made)
+        imports_end()  # a second end changes nothing
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+
+
+def test_imports_begin_leaves_a_collector_the_caller_disabled_alone() -> None:
+    from agent_rl.heap import imports_begin, imports_end
+
+    gc.disable()
+    try:
+        imports_begin()
+        imports_end()
+        assert not gc.isenabled()  # not ours to turn on
+    finally:
+        gc.enable()
+
+
+def test_a_cli_command_imports_without_collections(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`agent-rl episodes list` as a user runs it: no collection runs while the command's module
+    and its libraries (config, store, SQLAlchemy) are imported (~200 did before the bracket), the
+    collector is back on for the command itself, and the command works."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AGENT_RL_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}"}
+    subprocess.run([sys.executable, "-m", "agent_rl.cli", "db", "upgrade"], env=env, check=True,
+                   capture_output=True)
+    count = (
+        "import gc, sys\n"
+        "n = [0]\n"
+        "gc.callbacks.append(lambda phase, info: n.__setitem__(0, n[0] + (phase == 'start')))\n"
+        "sys.argv = ['agent-rl', 'episodes', 'list']\n"
+        "import agent_rl.cli as cli\n"
+        "end = cli.imports_end\n"
+        "def imports_end():\n"
+        "    print('at the end of imports', n[0], 'modules', len(sys.modules), file=sys.stderr)\n"
+        "    end()\n"
+        "    print('enabled after', gc.isenabled(), file=sys.stderr)\n"
+        "cli.imports_end = imports_end\n"
+        "print('before main', n[0], 'modules', len(sys.modules), file=sys.stderr)\n"
+        "cli.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", count], env=env, check=True, capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.stdout.endswith("0 episodes\n")
+    before, at_end, enabled = done.stderr.splitlines()[-3:]
+    assert before.split()[2] == at_end.split()[5], done.stderr  # no collection in between
+    assert int(at_end.split()[-1]) > int(before.split()[-1]) + 300  # the store's libraries came in between
+    assert enabled == "enabled after True"

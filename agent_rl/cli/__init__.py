@@ -20,6 +20,7 @@ from typer.core import TyperGroup
 from agent_rl.cli import common
 from agent_rl.cli.common import CliState
 from agent_rl.errors import AgentRLError
+from agent_rl.heap import imports_begin, imports_end
 
 # name -> "module:attribute"; the attribute is a Typer app (a command group) or a function
 # (a single command).
@@ -50,6 +51,7 @@ class LazyGroup(TyperGroup):
             return None
         module, _, attr = target.partition(":")
         obj = getattr(import_module(module), attr)
+        imports_end()  # the command's libraries are in (see agent_rl/heap.py)
         if isinstance(obj, typer.Typer):
             command: click.Command = typer.main.get_group(obj)
         else:
@@ -82,6 +84,7 @@ def root(
 
 
 def main() -> None:
+    imports_begin()
     try:
         app()
     except AgentRLError as e:

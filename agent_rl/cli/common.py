@@ -1,7 +1,9 @@
 """State and helpers shared by the CLI command modules.
 
 `console` and `err_console` (rich consoles for stdout and stderr) are made on first use: the
-commands that print plain text (`agent-rl episodes list`) should not wait for rich to load.
+commands that print plain text (`agent-rl episodes list`) should not wait for rich to load. The
+config is imported on first use too, after `main()` has turned the collector off for a
+command's imports (agent_rl/heap.py).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from agent_rl.config import Config, load_config
-
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from agent_rl.config import Config
 
     console: Console
     err_console: Console
@@ -40,6 +42,8 @@ class CliState:
 
     def config(self) -> Config:
         if self._config is None:
+            from agent_rl.config import load_config
+
             self._config = load_config(self.config_path)
         return self._config
 

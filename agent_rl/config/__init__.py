@@ -46,7 +46,6 @@ class Config(BaseSettings):
         env_prefix="AGENT_RL_",
         env_nested_delimiter="__",
         extra="forbid",
-        use_attribute_docstrings=True,
     )
 
     run: RunConfig = RunConfig()

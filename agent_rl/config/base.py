@@ -6,6 +6,11 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Section(BaseModel):
-    """Base for config sections: unknown keys are errors, docstrings document fields."""
+    """Base for config sections: unknown keys are errors; the string under each field documents
+    it for readers.
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    pydantic could copy those strings into the fields' descriptions (`use_attribute_docstrings`),
+    but it finds them by reading and parsing each class's source: half of the time importing the
+    config took, in every command, for descriptions nothing reads."""
+
+    model_config = ConfigDict(extra="forbid")

@@ -13,7 +13,7 @@ from agent_rl.config.base import Section
 class SandboxLimits(Section):
     """Resource limits of one sandbox (`agent_rl.sandbox.Limits` is this class)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     wall_s: float = Field(default=30.0, gt=0)
     """Default wall-clock timeout of one call, seconds; a call may ask for less, never more."""
