@@ -187,16 +187,6 @@ class StoreBase:
         faults (see the module docstring); `name` says which in logs and errors."""
         what = name or getattr(fn, "__name__", "transaction")
         attempt_once = functools.partial(self._attempt, fn, write, durable)
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_delay(self.retry_window_s),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0),
-            before_sleep=lambda state: log.warning(
-                "store: %s hit a transient database fault (%s); retrying (attempt %d)",
-                what, one_line(state.outcome.exception()), state.attempt_number,
-            ),
-            reraise=True,
-        )
 
         async def once() -> R:
             try:
@@ -209,8 +199,8 @@ class StoreBase:
                 raise doubt.cause from None
 
         try:
-            # The first attempt outside tenacity, whose machinery cost more CPU than a turn's
-            # SQL; the retries only after a transient fault.
+            # The first attempt outside tenacity, whose machinery (even its construction) cost
+            # more CPU than a turn's SQL; the retries only after a transient fault.
             try:
                 return await once()
             except DBAPIError as e:
@@ -219,6 +209,16 @@ class StoreBase:
                 log.warning("store: %s hit a transient database fault (%s); retrying",
                             what, one_line(e))
                 await anyio.sleep(0.05)
+            retrying = AsyncRetrying(
+                retry=retry_if_exception(is_transient),
+                stop=stop_after_delay(self.retry_window_s),
+                wait=wait_exponential_jitter(initial=0.05, max=2.0),
+                before_sleep=lambda state: log.warning(
+                    "store: %s hit a transient database fault (%s); retrying (attempt %d)",
+                    what, one_line(state.outcome.exception()), state.attempt_number,
+                ),
+                reraise=True,
+            )
             async for attempt in retrying:
                 with attempt:
                     return await once()

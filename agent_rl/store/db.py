@@ -78,6 +78,11 @@ def _install_sqlite_hooks(db: Engine, busy_timeout_s: float) -> None:
     @event.listens_for(db, "begin")
     def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
         options = conn.get_execution_options()
-        # synchronous can only change between transactions, so each one sets its own.
-        conn.exec_driver_sql(f"PRAGMA synchronous={options.get(SYNC_OPTION, 'FULL')}")
+        # synchronous can only change between transactions, so each one sets its own; the
+        # connection keeps it, so the pragma is sent only when the level changes (`info` is
+        # the DBAPI connection's: a new connection starts without one and gets it set).
+        level = options.get(SYNC_OPTION, "FULL")
+        if conn.info.get(SYNC_OPTION) != level:
+            conn.exec_driver_sql(f"PRAGMA synchronous={level}")
+            conn.info[SYNC_OPTION] = level
         conn.exec_driver_sql(f"BEGIN {options.get(BEGIN_OPTION, 'DEFERRED')}")

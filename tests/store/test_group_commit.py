@@ -115,3 +115,19 @@ async def test_a_cancelled_writer_leaves_the_others_running(db_url: str) -> None
         # The store still writes after the cancellations.
         await store.append_turn(episodes[-1], make_turn(99))
         assert (await store.get_episode(episodes[-1])).episode.num_turns == 2
+
+
+async def test_each_transaction_commits_at_its_own_synchronous_level(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SQLite keeps `PRAGMA synchronous` on the connection, and the store sends the pragma only
+    when a transaction's level differs from the connection's: on one pooled connection, a
+    durable write after bookkeeping ones still runs at FULL (2), and bookkeeping after it at
+    NORMAL (1)."""
+    async with await migrated_store(f"sqlite:///{tmp_path}/s.db", pool_size=1) as store:
+
+        def level(conn) -> int:  # type: ignore[no-untyped-def]
+            return int(conn.exec_driver_sql("PRAGMA synchronous").scalar())
+
+        seen = [await store.run_in_transaction(level, write=True, durable=durable)
+                for durable in (False, False, True, True, False)]  # fmt: skip
+        seen.append(await store.run_in_transaction(level, write=False))
+    assert seen == [1, 1, 2, 2, 1, 2]
