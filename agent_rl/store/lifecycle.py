@@ -67,11 +67,8 @@ class LifecycleWrites(StoreBase):
 
     @write()
     def add_task(self, conn: Connection, run_id: int, env_id: str, key: str, payload: dict[str, Any]) -> int:
-        return conn.scalar(
-            insert(Task)
-            .values(run_id=run_id, env_id=env_id, key=key, payload=payload, created_at=now())
-            .returning(Task.id)
-        )
+        return conn.scalar(_INSERT_TASK, dict(run_id=run_id, env_id=env_id, key=key, payload=payload,
+                                              created_at=now()))  # fmt: skip
 
     @write(durable=False)
     def admit_group(
@@ -85,13 +82,10 @@ class LifecycleWrites(StoreBase):
             raise ValueError("a group needs at least one episode")
         seeds = seeds if seeds is not None else [None] * size  # type: ignore[list-item]
         t = now()
-        group_id = conn.scalar(
-            insert(Group)
-            .values(run_id=run_id, task_id=task_id, env_id=env_id, size=size, created_at=t)
-            .returning(Group.id)
-        )
+        group_id = conn.scalar(_INSERT_GROUP, dict(run_id=run_id, task_id=task_id, env_id=env_id,
+                                                    size=size, created_at=t))  # fmt: skip
         rows = conn.execute(
-            insert(Episode).returning(Episode.id, sort_by_parameter_order=True),
+            _INSERT_EPISODES,
             [
                 dict(run_id=run_id, group_id=group_id, task_id=task_id, env_id=env_id,
                      index=i, seed=seeds[i], created_at=t, parent_episode_id=parent_episode_id)
@@ -290,7 +284,7 @@ class LifecycleWrites(StoreBase):
         too, with the reason), `ready` if any episode completed, else `failed`. `rewards`
         replaces completed episodes' rewards (a group reward hook's result) in the same
         transaction. Returns the group's status; a group already decided is left as it is."""
-        status = conn.scalar(select(Group.status).where(Group.id == group_id))
+        status = conn.scalar(_GROUP_STATUS, {"gid": group_id})
         if status is None:
             raise NotFoundError(f"group {group_id} does not exist")
         if status != "open":
@@ -298,30 +292,23 @@ class LifecycleWrites(StoreBase):
         if rewards:
             conn.execute(_SET_REWARD, [dict(eid=e, gid=group_id, reward=float(r))
                                        for e, r in rewards.items()])
-        rows = conn.execute(
-            select(Episode.status, Episode.min_version, Episode.max_version)
-            .where(Episode.group_id == group_id)
-        ).all()
+        rows = conn.execute(_GROUP_VERSIONS, {"gid": group_id}).all()
         pending = [r for r in rows if r.status not in TERMINAL_EPISODE_STATUSES]
         if pending:
             raise StoreError(f"group {group_id} still has {len(pending)} episodes in flight")
         completed = [r for r in rows if r.status == "completed"]
         if filter_reason is not None:
-            conn.execute(
-                update(Episode)
-                .where(Episode.group_id == group_id, Episode.status == "completed")
-                .values(status="filtered", filter_reason=filter_reason)
-            )
-            new, values = "filtered", {"filter_reason": filter_reason}
+            conn.execute(_FILTER_GROUP_EPISODES, {"gid": group_id, "reason": filter_reason})
+            new, values = "filtered", {"reason": filter_reason}
         elif completed:
             oldest = [r.min_version for r in completed if r.min_version is not None]
             newest = [r.max_version for r in completed if r.max_version is not None]
             new = "ready"
-            values = {"ready_at": now(), "min_version": min(oldest) if oldest else None,
-                      "newest_version": min(newest) if newest else None}
+            values = {"t": now(), "lo": min(oldest) if oldest else None,
+                      "hi": min(newest) if newest else None}
         else:
             new, values = "failed", {}
-        conn.execute(update(Group).where(Group.id == group_id).values(status=new, **values))
+        conn.execute(_DECIDE_GROUP[new], {"gid": group_id, **values})
         return new
 
     @read
@@ -365,6 +352,9 @@ _START = (
     .values(status="running", owner=bindparam("owner"),
             started_at=func.coalesce(Episode.started_at, bindparam("t")), heartbeat_at=bindparam("t"))
 )
+_INSERT_TASK = insert(Task).returning(Task.id)
+_INSERT_GROUP = insert(Group).returning(Group.id)
+_INSERT_EPISODES = insert(Episode).returning(Episode.id, sort_by_parameter_order=True)
 _INSERT_TURN = insert(Turn)
 _INSERT_MESSAGE = insert(Message)
 _INSERT_TOOL_CALL = insert(ToolCall)
@@ -404,6 +394,22 @@ _FAIL = (
             error_cause=bindparam("cause"))
     .returning(Episode.num_turns)
 )
+_GROUP_STATUS = select(Group.status).where(Group.id == bindparam("gid"))
+_GROUP_VERSIONS = (select(Episode.status, Episode.min_version, Episode.max_version)
+                   .where(Episode.group_id == bindparam("gid")))
+_FILTER_GROUP_EPISODES = (
+    update(Episode)
+    .where(Episode.group_id == bindparam("gid"), Episode.status == "completed")
+    .values(status="filtered", filter_reason=bindparam("reason"))
+)
+_GROUP_ID = Group.id == bindparam("gid")
+_DECIDE_GROUP = {
+    "filtered": update(Group).where(_GROUP_ID).values(status="filtered", filter_reason=bindparam("reason")),
+    "ready": update(Group).where(_GROUP_ID).values(
+        status="ready", ready_at=bindparam("t"), min_version=bindparam("lo", type_=Integer),
+        newest_version=bindparam("hi", type_=Integer)),
+    "failed": update(Group).where(_GROUP_ID).values(status="failed"),
+}
 _SET_REWARD = (
     update(Episode)
     .where(Episode.id == bindparam("eid"), Episode.group_id == bindparam("gid"),
