@@ -15,9 +15,9 @@ as the process serves; on exit the previous settings come back (serve also runs 
 and the quickstart's process). SGLang's scheduler freezes its heap after warm-up the same way.
 
 A short-lived command pays for the collector at start-up instead: importing its libraries
-(SQLAlchemy, pydantic, Typer) makes hundreds of thousands of long-lived containers and hardly
-any garbage, yet sets off ~200 collections (measured on `agent-rl episodes list`), and at exit
-the interpreter walks that heap once more. The CLI brackets a command's imports with
+(SQLAlchemy, pydantic, Typer) makes a large heap of long-lived containers and hardly any
+garbage, yet sets off ~150 collections (measured on `agent-rl episodes list`), and at exit the
+interpreter walks that heap once more. The CLI brackets a command's imports with
 `imports_begin()` / `imports_end()`: no collection while they run, and what they made frozen
 afterwards.
 """

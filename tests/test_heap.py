@@ -67,7 +67,7 @@ def test_imports_begin_leaves_a_collector_the_caller_disabled_alone() -> None:
 
 def test_a_cli_command_imports_without_collections(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """`agent-rl episodes list` as a user runs it: no collection runs while the command's module
-    and its libraries (config, store, SQLAlchemy) are imported (~200 did before the bracket), the
+    and its libraries (config, store, SQLAlchemy) are imported (146 did without the bracket), the
     collector is back on for the command itself, and the command works."""
     import os
     import subprocess
