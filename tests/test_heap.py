@@ -1,8 +1,13 @@
-"""`long_lived_heap`: what serve's collector settings are while it serves, and after."""
+"""`long_lived_heap`: what serve's collector settings are while it serves, and after; and the CLI's
+bracket around a command's imports (`imports_begin` / `imports_end`)."""
 
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
 
 from agent_rl.heap import YOUNG_THRESHOLD, long_lived_heap
 
@@ -69,32 +74,30 @@ def test_a_cli_command_imports_without_collections(tmp_path) -> None:  # type: i
     """`agent-rl episodes list` as a user runs it: no collection runs while the command's module
     and its libraries (config, store, SQLAlchemy) are imported (146 did without the bracket), the
     collector is back on for the command itself, and the command works."""
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "AGENT_RL_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}"}
     subprocess.run([sys.executable, "-m", "agent_rl.cli", "db", "upgrade"], env=env, check=True,
                    capture_output=True)
+    # The command, with the collections and modules counted when main() starts and when the
+    # command's imports end; each count is one JSON line on stderr.
     count = (
-        "import gc, sys\n"
+        "import gc, json, sys\n"
         "n = [0]\n"
         "gc.callbacks.append(lambda phase, info: n.__setitem__(0, n[0] + (phase == 'start')))\n"
+        "def say(**kw): print(json.dumps(dict(collections=n[0], modules=len(sys.modules), **kw)), file=sys.stderr)\n"
         "sys.argv = ['agent-rl', 'episodes', 'list']\n"
         "import agent_rl.cli as cli\n"
         "end = cli.imports_end\n"
         "def imports_end():\n"
-        "    print('at the end of imports', n[0], 'modules', len(sys.modules), file=sys.stderr)\n"
         "    end()\n"
-        "    print('enabled after', gc.isenabled(), file=sys.stderr)\n"
+        "    say(enabled=gc.isenabled())\n"
         "cli.imports_end = imports_end\n"
-        "print('before main', n[0], 'modules', len(sys.modules), file=sys.stderr)\n"
+        "say()\n"
         "cli.main()\n"
     )
     done = subprocess.run([sys.executable, "-c", count], env=env, check=True, capture_output=True,
                           text=True, cwd=tmp_path)
     assert done.stdout.endswith("0 episodes\n")
-    before, at_end, enabled = done.stderr.splitlines()[-3:]
-    assert before.split()[2] == at_end.split()[5], done.stderr  # no collection in between
-    assert int(at_end.split()[-1]) > int(before.split()[-1]) + 300  # the store's libraries came in between
-    assert enabled == "enabled after True"
+    before, after = map(json.loads, done.stderr.splitlines()[-2:])
+    assert before["collections"] == after["collections"], done.stderr  # none in between
+    assert after["modules"] > before["modules"] + 300  # the store's libraries came in between
+    assert after["enabled"] is True
