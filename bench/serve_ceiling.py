@@ -328,7 +328,9 @@ def measure(args: argparse.Namespace, tmp: Path, *, env: str, backend: str, serv
 
 # (stage, what in a frame's "function (file:line)" marks it), innermost match wins.
 STAGES = [
-    ("store: SQL (SQLAlchemy, the driver, the database)", ("sqlalchemy/", "sqlite3", "psycopg/")),
+    # driver.py: the hot statements' calls into the driver (its C code has no frames of its own).
+    ("store: SQL (SQLAlchemy, the driver, the database)", ("sqlalchemy/", "sqlite3", "psycopg/",
+                                                           "agent_rl/store/driver.py")),
     ("store: transaction and thread hop", ("agent_rl/store/base.py", "anyio/to_thread",
                                            "anyio/_backends", "concurrent/futures")),
     ("store: turn rows", ("agent_rl/store/lifecycle.py", "agent_rl/store/arrays.py")),

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Integer, bindparam, case, func, insert, select, update
+from sqlalchemy import Connection, Integer, bindparam, case, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from agent_rl.errors import NotFoundError, StoreError
 from agent_rl.store import arrays as codec
 from agent_rl.store.base import StoreBase, now, read, write
+from agent_rl.store.driver import DriverStatement
 from agent_rl.store.models import (
     TERMINAL_EPISODE_STATUSES,
     Episode,
@@ -98,8 +99,7 @@ class LifecycleWrites(StoreBase):
     def start_episode(self, conn: Connection, episode_id: int, owner: str) -> None:
         """waiting -> running, owned by `owner` (a serve process)."""
         t = now()
-        res = conn.execute(_START, {"eid": episode_id, "owner": owner, "t": t})
-        if res.rowcount != 1:
+        if _START.rowcount(conn, {"eid": episode_id, "owner": owner, "t": t}) != 1:
             _raise_state(conn, episode_id, "waiting")
 
     @write()
@@ -153,10 +153,10 @@ class LifecycleWrites(StoreBase):
             values = dict(error_type=end.error_type, cause=_text(end.error_cause))
         else:
             raise ValueError(f"an episode ends completed or failed, not {end.status!r}")
-        res = conn.execute(statement, dict(eid=episode_id, t=now(), **values)).one_or_none()
-        if res is None:
+        row = statement.one_or_none(conn, dict(eid=episode_id, t=now(), **values))
+        if row is None:
             _raise_state(conn, episode_id, allowed)
-        return int(res.num_turns)
+        return int(row[0])
 
     def _append(self, conn: Connection, episode_id: int, turn: TurnRecord) -> int:
         tokens = turn.tokens
@@ -165,8 +165,8 @@ class LifecycleWrites(StoreBase):
         enc = codec.CODEC_ZLIB if self.cfg.compress_tokens else codec.CODEC_RAW
         # The episode's counters move first, in one statement that also checks it is running
         # and returns where the turn goes: one round trip fewer than reading them first.
-        row = conn.execute(
-            _UPDATE_FOR_TURN,
+        row = _UPDATE_FOR_TURN.one_or_none(
+            conn,
             dict(
                 eid=episode_id, messages=len(turn.messages), tokens=len(tokens),
                 model_tokens=int(model.sum()), lo=_min(model_versions), hi=_max(model_versions),
@@ -174,18 +174,19 @@ class LifecycleWrites(StoreBase):
                 tool_errors=sum(c.status != "ok" for c in turn.tool_calls),
                 heartbeat_at=turn.finished_at,
             ),
-        ).one_or_none()
+        )
         if row is None:
             status = conn.scalar(select(Episode.status).where(Episode.id == episode_id))
             if status is None:
                 raise NotFoundError(f"episode {episode_id} does not exist")
             raise StoreError(f"episode {episode_id} is {status}, not running: cannot add a turn")
-        index = row.num_turns - 1
+        num_turns, num_tokens, num_messages = row
+        index = num_turns - 1
         experts = tokens.routed_experts
-        conn.execute(
-            _INSERT_TURN,
+        _INSERT_TURN.rowcount(
+            conn,
             dict(
-                episode_id=episode_id, index=index, span_start=row.num_tokens - len(tokens),
+                episode_id=episode_id, index=index, span_start=num_tokens - len(tokens),
                 num_tokens=len(tokens), num_prompt_tokens=turn.num_prompt_tokens,
                 finish_reason=turn.finish_reason, drift=turn.drift, segment=turn.segment,
                 started_at=turn.started_at, finished_at=turn.finished_at, codec=enc,
@@ -198,11 +199,10 @@ class LifecycleWrites(StoreBase):
                 trainer_logprobs=None,
             ),
         )
-        _insert_messages(conn, episode_id, index, row.num_messages - len(turn.messages),
-                         turn.messages)
+        _insert_messages(conn, episode_id, index, num_messages - len(turn.messages), turn.messages)
         if turn.tool_calls:
-            conn.execute(
-                _INSERT_TOOL_CALL,
+            _INSERT_TOOL_CALL.many(
+                conn,
                 [
                     dict(episode_id=episode_id, turn_index=index, call_index=i, name=_text(c.name),
                          arguments=_text(c.arguments), status=c.status, output=_text(c.output),
@@ -344,8 +344,9 @@ class LifecycleWrites(StoreBase):
 
 
 # The hot path's statements are built once: constructing SQLAlchemy statements per call cost
-# more CPU than the database work for a turn.
-_START = (
+# more CPU than the database work for a turn. Those each turn or episode runs go to the driver's
+# cursor (`DriverStatement`): SQLAlchemy's per-execute work cost about as much again.
+_START = DriverStatement(
     update(Episode)
     .where(Episode.id == bindparam("eid"), Episode.status == "waiting")
     # A resumed episode keeps the start of its first run.
@@ -355,11 +356,20 @@ _START = (
 _INSERT_TASK = insert(Task).returning(Task.id)
 _INSERT_GROUP = insert(Group).returning(Group.id)
 _INSERT_EPISODES = insert(Episode).returning(Episode.id, sort_by_parameter_order=True)
-_INSERT_TURN = insert(Turn)
-_INSERT_MESSAGE = insert(Message)
-_INSERT_TOOL_CALL = insert(ToolCall)
+_INSERT_TURN = DriverStatement(insert(Turn), [
+    "episode_id", "index", "span_start", "num_tokens", "num_prompt_tokens", "finish_reason", "drift",
+    "segment", "started_at", "finished_at", "codec", "token_ids", "logprobs", "loss_mask", "versions",
+    "routed_experts", "experts_shape", "trainer_logprobs",
+])
+_INSERT_MESSAGE = DriverStatement(insert(Message), [
+    "episode_id", "turn_index", "position", "role", "content", "tool_calls", "name",
+])
+_INSERT_TOOL_CALL = DriverStatement(insert(ToolCall), [
+    "episode_id", "turn_index", "call_index", "name", "arguments", "status", "output", "exit_status",
+    "duration_s", "sandbox_error",
+])
 _LO, _HI = bindparam("lo", type_=Integer), bindparam("hi", type_=Integer)
-_UPDATE_FOR_TURN = (
+_UPDATE_FOR_TURN = DriverStatement(
     update(Episode)
     .where(Episode.id == bindparam("eid"), Episode.status == "running")
     .values(
@@ -380,16 +390,17 @@ _UPDATE_FOR_TURN = (
     )
     .returning(Episode.num_turns, Episode.num_tokens, Episode.num_messages)
 )
-_COMPLETE = (
+_COMPLETE = DriverStatement(
     update(Episode)
     .where(Episode.id == bindparam("eid"), Episode.status == "running")
     .values(status="completed", finished_at=bindparam("t"), reward=bindparam("reward"),
             reward_details=bindparam("details", type_=Episode.reward_details.type))
     .returning(Episode.num_turns)
 )
-_FAIL = (
+_FAIL = DriverStatement(
     update(Episode)
-    .where(Episode.id == bindparam("eid"), Episode.status.in_(("waiting", "running")))
+    # Not `in_`: its expanding parameter needs SQLAlchemy's execution.
+    .where(Episode.id == bindparam("eid"), or_(Episode.status == "waiting", Episode.status == "running"))
     .values(status="failed", finished_at=bindparam("t"), error_type=bindparam("error_type"),
             error_cause=bindparam("cause"))
     .returning(Episode.num_turns)
@@ -422,8 +433,8 @@ def _insert_messages(
     conn: Connection, episode_id: int, turn_index: int, start: int, messages: list[MessageRecord]
 ) -> None:
     if messages:
-        conn.execute(
-            _INSERT_MESSAGE,
+        _INSERT_MESSAGE.many(
+            conn,
             [
                 dict(episode_id=episode_id, turn_index=turn_index, position=start + i,
                      role=m.role, content=_text(m.content), tool_calls=m.tool_calls, name=_text(m.name))
