@@ -17,13 +17,17 @@ Runs, each a fresh store:
    skipped without one) with 1, 2 and 4 serves on one store (scaling = turns/s of n serves /
    turns/s of one), with what the store's backends did meanwhile (`PostgresWaits`: lock
    waits, I/O, or waiting for their serve) and the postgres processes' CPU per turn, which
-   tell contention on the store from a machine out of CPU;
+   tell contention on the store from a machine out of CPU; and the same with 1 and 4 serves
+   paced (the stand-in at `--paced-tokens-per-s` per request, `--paced-concurrency` episodes
+   per serve): on a machine with fewer cores than 4 saturated serves need, whether the store
+   lets serves add up when CPU is not what bounds them (`scaling_4_serves_paced`);
 3. a py-spy profile (`.[bench]`; sampled, all threads, waits left out) of the one-serve SQLite
    run, taken after its measurement, its samples grouped into stages by their innermost frame.
 
 Last line: RESULT {"turns_per_s_sqlite", "turns_per_s_postgres", "cpu_ms_per_turn",
-"top_stages", "scaling_4_serves", ...}. The load average and the machine's CPU use are printed
-with every run: on a shared or saturated machine the numbers say so.
+"top_stages", "scaling_4_serves", "scaling_4_serves_paced", ...}. The load average and the
+machine's CPU use are printed with every run: on a shared or saturated machine the numbers say
+so.
 """
 
 from __future__ import annotations
@@ -244,11 +248,15 @@ def drop_store(url: str) -> None:
 
 def measure(args: argparse.Namespace, tmp: Path, *, env: str, backend: str, serves: int = 1,
             router: bool = False, profile: bool = False, turns: int | None = None,
-            ) -> dict[str, Any]:  # fmt: skip
-    """One run: a fresh store, `serves` serve processes, steady-state turns/s and CPU/turn."""
+            paced: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One run: a fresh store, `serves` serve processes, steady-state turns/s and CPU/turn.
+    `paced`: the stand-in decodes at `--paced-tokens-per-s` per request and each serve keeps
+    `--paced-concurrency` episodes in flight, so that serves do not run out of CPU."""
     import psutil
 
     turns = turns or (args.turns if env == "calculator" else 6)
+    tokens_per_s = args.paced_tokens_per_s if paced else args.tokens_per_s
+    concurrency = args.paced_concurrency if paced else args.concurrency
     model = tmp / "model"
     script_file = tmp / f"script-{env}-{turns}.json"
     if not script_file.exists():
@@ -257,7 +265,7 @@ def measure(args: argparse.Namespace, tmp: Path, *, env: str, backend: str, serv
     procs: list[subprocess.Popen[bytes]] = []
     try:
         elog = tmp / f"engine-{uuid.uuid4().hex[:6]}.log"
-        extra = ["--tokens-per-s", str(args.tokens_per_s)] if args.tokens_per_s else []
+        extra = ["--tokens-per-s", str(tokens_per_s)] if tokens_per_s else []
         procs.append(spawn("-m", "agent_rl.engine.stand_in", "--script", str(script_file),
                            *extra, log=elog))
         url = wait_url(procs[-1], elog)
@@ -271,7 +279,7 @@ def measure(args: argparse.Namespace, tmp: Path, *, env: str, backend: str, serv
             serve_procs.append(spawn(
                 __file__, "--role", "serve", "--store", store, "--engine", url, "--env", env,
                 "--turns", str(turns), "--model", str(model), "--seed", str(i),
-                "--concurrency", str(args.concurrency), log=slog))
+                "--concurrency", str(concurrency), log=slog))
         procs += serve_procs
         deadline = time.monotonic() + 120
         while count_turns(store) < 50 * serves:
@@ -308,7 +316,7 @@ def measure(args: argparse.Namespace, tmp: Path, *, env: str, backend: str, serv
     dt, dn = t1 - t0, n1 - n0
     cpu = sum(c1) - sum(c0)
     result = {
-        "env": env, "backend": backend, "serves": serves, "router": router,
+        "env": env, "backend": backend, "serves": serves, "router": router, "paced": paced,
         "turns_per_s": round(dn / dt, 1), "episodes_per_s": round((e1 - e0) / dt, 1),
         "cpu_ms_per_turn": round(1000 * cpu / max(dn, 1), 3),
         "serve_cpu_share": round(cpu / dt / serves, 2),
@@ -400,6 +408,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64, help="episodes in flight per serve")
     ap.add_argument("--tokens-per-s", type=float, default=None,
                     help="the stand-in's decode speed per request (default: instant)")
+    ap.add_argument("--paced-tokens-per-s", type=float, default=100.0,
+                    help="the paced scaling runs' decode speed per request")
+    ap.add_argument("--paced-concurrency", type=int, default=16,
+                    help="episodes in flight per serve in the paced scaling runs")
     ap.add_argument("--warmup-s", type=float, default=3.0)
     ap.add_argument("--window-s", type=float, default=10.0)
     ap.add_argument("--profile-s", type=float, default=8.0)
@@ -430,6 +442,8 @@ def main() -> None:
         if POSTGRES:
             plan |= {f"postgres_{n}": dict(env="calculator", backend="postgresql", serves=n)
                      for n in (1, 2, 4)}
+            plan |= {f"postgres_paced_{n}": dict(env="calculator", backend="postgresql",
+                                                 serves=n, paced=True) for n in (1, 4)}
         only = set(filter(None, args.only.split(",")))
         for name, kw in plan.items():
             if not only or name in only:
@@ -446,6 +460,10 @@ def main() -> None:
         "scaling_4_serves": round(four / one, 2) if one and four else None,
         "scaling_2_serves": round(get("postgres_2", "turns_per_s") / one, 2)
         if one and get("postgres_2", "turns_per_s") else None,
+        "scaling_4_serves_paced": round(get("postgres_paced_4", "turns_per_s")
+                                        / get("postgres_paced_1", "turns_per_s"), 2)
+        if get("postgres_paced_1", "turns_per_s") and get("postgres_paced_4", "turns_per_s")
+        else None,
         "episodes_per_s_sqlite": get("sqlite", "episodes_per_s"),
         "turns_per_s_sqlite_via_router": get("sqlite_router", "turns_per_s"),
         "cpu_ms_per_turn_via_router": get("sqlite_router", "cpu_ms_per_turn"),
