@@ -68,7 +68,8 @@ class DriverStatement:
     def one_or_none(self, conn: Connection, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Run it with `params`; the first row it returns (a RETURNING statement), or None."""
         c = self._for(conn.dialect)
-        return _run(conn, c.sql, params, lambda cur: cur.execute(c.sql, c.parameters(params)).fetchone())
+        return _run(conn, c.sql, params,
+                    lambda cur: cur.execute(c.sql, c.parameters(params)).fetchone())
 
     def rowcount(self, conn: Connection, params: Mapping[str, Any]) -> int:
         """Run it with `params`; the number of rows it matched."""
@@ -98,7 +99,8 @@ class DriverStatement:
     def _compile(self, dialect: Dialect) -> _Compiled:
         # for_executemany: no implicit RETURNING of the new row's id (PostgreSQL adds it to a
         # single-row INSERT), which `many` could not return and `execute` would not fetch.
-        c = self.statement.compile(dialect=dialect, column_keys=self.column_keys, for_executemany=True)
+        c = self.statement.compile(dialect=dialect, column_keys=self.column_keys,
+                                   for_executemany=True)
         if getattr(c, "insert_prefetch", None) or getattr(c, "update_prefetch", None) \
                 or c.literal_execute_params or c.post_compile_params:  # fmt: skip
             raise TypeError(f"{self.statement} needs SQLAlchemy's execution (Python-side defaults "
