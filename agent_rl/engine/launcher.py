@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -72,9 +73,34 @@ def detect_device() -> Literal["cpu", "cuda"]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free to listen on now, picked outside the kernel's ephemeral range.
+
+    A port from `bind(0)` is one the kernel also hands to outgoing connections, and an engine
+    binds its port only after loading (20 s on a loaded CPU): seen, an evaluation engine's bind
+    failing with "address already in use" because a connection had taken its port meanwhile.
+    Ports outside the range are never given to connections; another process picking the same
+    one at random is left to the bind check here and the engine's own error."""
+    low, high = _ephemeral_range()
+    ports = [p for r0, r1 in ((10_000, low - 1), (high + 1, 65_535)) for p in range(r0, r1 + 1)]
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.choice(ports) if ports else 0  # 0: the range covers them all
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise EngineError(f"no free port to listen on at {host}: set engine.port")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux's default otherwise)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999
 
 
 def _port_in_use(host: str, port: int) -> bool:

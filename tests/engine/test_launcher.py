@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from agent_rl.engine.install import compat_dir, engine_env
-from agent_rl.engine.launcher import EngineServer
+from agent_rl.engine.launcher import EngineServer, _ephemeral_range, free_port
 from agent_rl.errors import EngineError
 
 
@@ -23,6 +23,19 @@ def test_bad_model_dir(tmp_path: Path, engine_venv: Path) -> None:
     with pytest.raises(EngineError) as e:
         EngineServer(tmp_path / "missing", venv=engine_venv).start()
     assert "agent-rl model init" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_free_ports_are_never_ones_the_kernel_gives_to_connections() -> None:
+    """An engine binds its port ~20 s after it was picked; a port from the ephemeral range could
+    be taken by an outgoing connection meanwhile (seen in a loaded test run)."""
+    low, high = _ephemeral_range()
+    ports = [free_port() for _ in range(200)]
+    assert not [p for p in ports if low <= p <= high]
+    assert len(set(ports)) > 150  # spread at random, not one port handed out again and again
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[0]))
+        taken.listen()
+        assert ports[0] not in {free_port() for _ in range(300)}  # one in use is skipped
 
 
 def test_port_taken(tiny_dense_model: Path, engine_venv: Path) -> None:
