@@ -29,11 +29,7 @@ from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from agent_rl.engine.launcher import free_port  # outside the ephemeral range: restarts rebind it
 
 
 def _bindir() -> Path:

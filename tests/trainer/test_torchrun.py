@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.config import load_config
+from agent_rl.engine.launcher import free_port
 from agent_rl.store import Store
 from tests.trainer._served import served_db  # noqa: F401 (fixture)
 from tests.trainer.test_resume import _config, _env, _versions
@@ -28,9 +28,7 @@ pytestmark = pytest.mark.slow
 
 
 def _torchrun(config: Path, *args: str) -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # bound by torchrun's rendezvous later: outside the ephemeral range
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(port),
             "-m", "agent_rl.cli", "--config", str(config), "train", *args]  # fmt: skip
