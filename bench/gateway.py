@@ -9,12 +9,16 @@ generates through the engine, records the turn in the store (SQLite) and answers
 the stored prompt ids of each of those calls sent to the engine's `/generate` with the same
 sampling parameters and options (logprobs, routed experts), from the same process, episodes at
 the same concurrency and each one's calls in order. The engine's prefix cache is flushed
-before each side. Rounds alternate gateway and direct; a ratio is the median over rounds of
-the round's gateway p50 over its direct p50 (the two sides of a round meet the same machine
-load), the other figures are medians over rounds. CPU is this process's (for the gateway:
+before each side. Rounds (5 by default: on 2 cores shared with the engine, one round's ratio
+swings 0.8-1.25 with how the engine's batches form) alternate gateway and direct; a ratio is the
+median over rounds of the round's gateway p50 over its direct p50 (the two sides of a round
+meet the same machine load), the other figures are medians over rounds. CPU is this process's (for the gateway:
 serve, the gateway and the agents' client; the engine is a process of its own), per call,
 from the first call's start to the last one's end. Each round prints the machine's 1-minute
 load average before and after it (the machine is shared: compare runs at similar load only).
+`gateway_overhead_ms_c*` separates the gateway's own cost from the engine's swings: a round's
+call p50 minus the p50 of the gateway's calls to the engine in the same round (median over
+rounds).
 
 `tokens_exact`: every stored completion is exactly what the engine generates for its stored
 prompt (the direct call's greedy output for the same prompt ids equals the stored tokens).
@@ -22,7 +26,7 @@ prompt (the direct call's greedy output for the same prompt ids equals the store
 Last line: RESULT {"p50_ratio_c1", "p50_ratio_c16", "tokens_exact", ...}; target p50 ratio
 <= 1.1 at 16.
 
-    python bench/gateway.py [--episodes 24] [--calls 4] [--tokens 16] [--rounds 3]
+    python bench/gateway.py [--episodes 48] [--calls 4] [--tokens 16] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from agent_rl.registry import register
 from agent_rl.tasks import ListTasks, Task, TaskSource
 
 LATENCIES: list[float] = []
+ENGINE_CALLS: list[float] = []
+"""Latencies of the gateway's own /generate calls (inside serve), the engine's share of a call."""
 TOKENS = 16
 TASKS = 1024
 """Distinct questions (more than any round's calls, so no prompt repeats in a round)."""
@@ -102,20 +108,36 @@ def config(db: Path, url: str, model: Path, concurrency: int, run: str) -> Confi
     )  # fmt: skip
 
 
-async def gateway_round(db: Path, url: str, model: Path, episodes: int, c: int, run: str) -> tuple[list[float], float]:
-    """Latencies of every call, and this process's CPU per call from the first call's start
-    to the last one's end (serve's start and end left out)."""
+def time_engine_calls() -> None:
+    """Time every /generate call of this process into ENGINE_CALLS (the direct side's too;
+    cleared before each gateway round)."""
+    original = EngineClient.generate
+
+    async def generate(self: EngineClient, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        gen = await original(self, *args, **kwargs)
+        ENGINE_CALLS.append(time.perf_counter() - t)
+        return gen
+
+    EngineClient.generate = generate  # type: ignore[method-assign]
+
+
+async def gateway_round(db: Path, url: str, model: Path, episodes: int, c: int, run: str) -> tuple[list[float], float, list[float]]:
+    """Latencies of every call, this process's CPU per call from the first call's start to the
+    last one's end (serve's start and end left out), and the latencies of the gateway's calls
+    to the engine."""
     from agent_rl.serve import serve
 
     global HTTP
     LATENCIES.clear()
+    ENGINE_CALLS.clear()
     WINDOW[:] = [float("inf"), 0.0]
     async with EngineClient(url) as engine:
         await engine.flush_cache()  # both sides start from a cold prefix cache
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as HTTP:
         summary = await serve(config(db, url, model, c, run), max_episodes=episodes)
     assert summary.failed == 0, "an episode failed"
-    return list(LATENCIES), (WINDOW[1] - WINDOW[0]) / len(LATENCIES)
+    return list(LATENCIES), (WINDOW[1] - WINDOW[0]) / len(LATENCIES), list(ENGINE_CALLS)
 
 
 async def stored_calls(db: Path, run: str) -> list[list[tuple[list[int], list[int]]]]:
@@ -173,14 +195,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     exact = True
     loads: list[float] = []
+    # At 1 a call's latency hardly varies; at 16 it follows how the engine's batches form, so
+    # a round there makes more calls.
+    episodes = {1: max(args.episodes // 4, 4), 16: args.episodes}
     try:
         for c in (1, 16):
-            gw, direct, gw_cpu, direct_cpu = [], [], [], []
+            gw, direct, gw_cpu, direct_cpu, overhead = [], [], [], [], []
             for r in range(args.rounds):
                 loads.append(load_average())
                 run, db = f"c{c}-r{r}", work / f"c{c}-r{r}.db"
-                lat, cpu = await gateway_round(db, engine.url, model, args.episodes, c, run)
+                lat, cpu, engine_calls = await gateway_round(db, engine.url, model, episodes[c], c, run)
                 gw.append(statistics.median(lat))
+                overhead.append(gw[-1] - statistics.median(engine_calls))
                 gw_cpu.append(cpu)
                 calls = await stored_calls(db, run)
                 lat, cpu, same = await direct_round(engine.url, calls, c)
@@ -189,13 +215,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 exact &= same
                 loads.append(load_average())
                 print(f"c={c} round {r} (load {loads[-2]:.1f}-{loads[-1]:.1f}): "
-                      f"gateway p50 {gw[-1] * 1e3:.1f} ms ({gw_cpu[-1] * 1e3:.1f} ms CPU/call), "
+                      f"gateway p50 {gw[-1] * 1e3:.1f} ms ({gw_cpu[-1] * 1e3:.1f} ms CPU/call, "
+                      f"{overhead[-1] * 1e3:+.1f} ms over its engine calls' p50), "
                       f"direct p50 {direct[-1] * 1e3:.1f} ms ({direct_cpu[-1] * 1e3:.1f} ms CPU/call), "
                       f"tokens exact: {same}", flush=True)  # fmt: skip
             # Each round's ratio pairs sides that ran back to back on the same machine load.
             result[f"p50_ratio_c{c}"] = round(statistics.median(g / d for g, d in zip(gw, direct)), 3)
             result[f"gateway_p50_ms_c{c}"] = round(statistics.median(gw) * 1e3, 1)
             result[f"direct_p50_ms_c{c}"] = round(statistics.median(direct) * 1e3, 1)
+            result[f"gateway_overhead_ms_c{c}"] = round(statistics.median(overhead) * 1e3, 1)
             result[f"gateway_cpu_ms_per_call_c{c}"] = round(statistics.median(gw_cpu) * 1e3, 2)
             result[f"direct_cpu_ms_per_call_c{c}"] = round(statistics.median(direct_cpu) * 1e3, 2)
     finally:
@@ -210,11 +238,13 @@ if __name__ == "__main__":
 
     logging.basicConfig(level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=24, help="episodes per round and concurrency")
+    parser.add_argument("--episodes", type=int, default=48,
+                        help="episodes per round at concurrency 16 (a quarter of it at 1)")
     parser.add_argument("--calls", type=int, default=4, help="calls per episode")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of every call")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     started = time.time()
+    time_engine_calls()
     out = asyncio.run(main(parser.parse_args()))
     print(f"wall {time.time() - started:.0f} s")
     print("RESULT " + json.dumps(out))
