@@ -6,8 +6,8 @@ the `calculator` env, groups of 8, 8 groups a step), one SGLang engine behind a 
 writing into a SQLite store, the Megatron trainer loop (trainer/loop.py) stepping, exporting and
 syncing weights every step. With `eval_every` on, every EVAL_EVERY versions the trainer starts
 `agent-rl eval` of that version in a process of its own (trainer/evals.py, at
-`trainer.eval_nice`), on an evaluation engine of its own behind a second router
-(`trainer.eval_router_url`, reniced alike), as a deployment with an evaluation fleet runs it. Phases alternate off / on / off / on, each RUN_S seconds of training
+`trainer.eval_nice`, under SCHED_IDLE by `trainer.eval_cpu_idle`), on an evaluation engine of
+its own behind a second router (`trainer.eval_router_url`, at the same priority), as a deployment with an evaluation fleet runs it. Phases alternate off / on / off / on, each RUN_S seconds of training
 after its first step (the first step fills the pipeline and is not counted).
 
 On this machine every process shares the same 2 CPU cores: an evaluation's engine and its
@@ -79,13 +79,15 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
-def renice(pid: int, nice: int) -> None:
-    """Set `nice` on a process and its descendants."""
+def renice(pid: int, nice: int, idle: bool) -> None:
+    """Set `nice`, and SCHED_IDLE if `idle`, on a process and its descendants."""
     todo = [pid]
     while todo:
         p = todo.pop()
         for tid in os.listdir(f"/proc/{p}/task"):  # every thread: Linux nices threads alone
             os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            if idle:
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
         todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
 
 
@@ -171,10 +173,11 @@ def main() -> None:
         for router in (train, evals):
             router.start()
             router.ready.wait(60)
-        # The evaluation engine runs at the evaluations' niceness (`trainer.eval_nice`, which
-        # an engine an evaluation starts itself inherits), as a host shared with training would
-        # run its evaluation fleet.
-        renice(engines[1].pid or 0, TrainerConfig().eval_nice)
+        # The evaluation engine runs at the evaluations' priority (`trainer.eval_nice` and
+        # `eval_cpu_idle`, which an engine an evaluation starts itself inherits), as a host
+        # shared with training would run its evaluation fleet.
+        defaults = TrainerConfig()
+        renice(engines[1].pid or 0, defaults.eval_nice, defaults.eval_cpu_idle)
         try:
             for i, phase in enumerate(PHASES):
                 cfg = config(work, model, train, evals, i, phase == "on")

@@ -5,10 +5,10 @@ its own (at most one at a time: a version that comes up while one runs is skippe
 so), on the version's export hard-linked aside (the trainer keeps only its two newest exports,
 and the evaluation's engine may load them later than that). The evaluation runs on its own
 engine, or on `trainer.eval_router_url`'s, so the training fleet keeps serving the newest
-policy and the trainer never waits for it; at `trainer.eval_nice` it takes only the CPU that
-rollout and training leave. The child reads the trainer's effective
-configuration from a private file (secrets included, mode 0600), so it evaluates the run the
-trainer trains, with the same store.
+policy and the trainer never waits for it; under SCHED_IDLE (`trainer.eval_cpu_idle`) and at
+`trainer.eval_nice` it takes only the CPU that rollout and training leave. The child reads the
+trainer's effective configuration from a private file (secrets included, mode 0600), so it
+evaluates the run the trainer trains, with the same store.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ class Evaluations:
         log_path = Path(self.cfg.engine.log_dir) / f"eval-v{version:06d}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
-            nice = self.tcfg.eval_nice
+            nice, idle = self.tcfg.eval_nice, self.tcfg.eval_cpu_idle
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                                         preexec_fn=(lambda: spare_cpu_only(nice, idle)) if nice or idle else None)  # fmt: skip
         self.version = version
         self.started.append(version)
         self.log(f"evaluating v{version} in the background (log: {log_path})")
@@ -110,6 +110,15 @@ class Evaluations:
                 tomli_w.dump(_plain(self.cfg.model_dump()), f)
             self._config = Path(name)
         return self._config
+
+
+def spare_cpu_only(nice: int, idle: bool) -> None:
+    """Lower this process's CPU priority (before an evaluation execs; what it starts inherits
+    it): `nice` more, and SCHED_IDLE where the platform has it (`trainer.eval_cpu_idle`)."""
+    if nice:
+        os.nice(nice)
+    if idle and hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _plain(value: Any) -> Any:

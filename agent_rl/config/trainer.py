@@ -160,6 +160,13 @@ class TrainerConfig(Section):
     """CPU niceness of each `eval_every` evaluation (its process and the engine it starts): on
     a host that also runs rollout and training, evaluations take the spare CPU, not theirs."""
 
+    eval_cpu_idle: bool = True
+    """Run each `eval_every` evaluation (its process and the engine it starts) under Linux's
+    SCHED_IDLE: it gets a core only when rollout and training leave it idle (niceness alone
+    still gives it a share: at `eval_nice = 10` the step rate dropped 12-15% beside
+    evaluations on 2 cores, under SCHED_IDLE 4%). On a saturated host an evaluation then
+    waits for spare CPU. Elsewhere than Linux, `eval_nice` alone."""
+
     eval_router_url: str | None = None
     """Engines the `eval_every` evaluations load their weights on (a fleet of their own: the
     training fleet keeps serving the newest policy); unset: each starts an engine of its own."""
