@@ -9,16 +9,22 @@ flight, closed loop:
 - runner: `serve` (in this process) runs one-turn episodes of the `decode-bench` env through the
   router, `rollout.max_concurrent_episodes = c`, each asking for its completion length.
 Steady state at length L means the running requests sit at every position from 0 to L, not all
-at the start: each request gets a prompt of P random tokens, P uniform in [8, L), and
-generates exactly L - P tokens (ignore_eos), so from the first decode step on the engine
-decodes at the positions a long-running closed loop would. The prompts are prefixes of one
+at the start: each request gets a prompt of P random tokens and generates exactly L - P tokens
+(ignore_eos), so from the first decode step on the engine decodes at the positions a
+long-running closed loop would. A cell's first c requests take P at the middles of c equal
+slices of [0, L), the same on the three paths (`start_lengths`); later ones P uniform in
+[8, L). The prompts are prefixes of one
 random sequence (the runner's: of one text), so SGLang's prefix cache prefills each position
 once: otherwise 64 prompts of ~2k tokens took this CPU longer to prefill than the whole bench may
 run, and prefill is not what the bench measures. The window opens once c requests run on the
 engine (or after 8 s), plus `--settle-s`. The meter is the
 same for the three drivers: every /generate call of this process (the drivers' and serve's
-runner's) is timed and its returned tokens counted, each call's tokens spread evenly over its
-time; at the window's end every request is aborted, so calls in flight return what they got.
+runner's) is timed and its returned tokens counted, the first at the time the engine produced
+it and the rest spread evenly over the call's decode, from there to its end (the engine runs
+with `--enable-metrics` for its first-token timestamps); at the window's end every request is
+aborted, so calls in flight return what they got. (Spreading a call's tokens over its whole
+time instead, prefill and queueing included, undercounted the 4k cells, where a call's prefill
+often ran before the window opened: runner/engine read 0.42 and 0.93 in two runs.)
 (SGLang's own decode counter, `decode_moments`, skips decode steps longer than 2 s and steps
 after a prefill, which on a loaded CPU at 4k x 32 is most of them: it read 0.)
 
@@ -62,6 +68,15 @@ OPEN_WAIT_S = 8.0
 64 long requests may never all run at once: the cell then measures what does)."""
 
 
+def start_lengths(length: int, c: int) -> list[int]:
+    """Prompt lengths of a cell's first c requests, the same on the three paths: the middles of
+    c equal slices of [0, length), so the requests the window meets decode at positions spread
+    evenly over the length (at 4k a request outlasts the window, and a CPU engine decodes at
+    position 3,500 much slower than at 100: random first positions made one cell's paths
+    differ by their draws, 129 / 96 / 69 tok/s at c1). Later requests draw theirs at random."""
+    return [max(8, int((i + 0.5) * length / c)) for i in range(c)]
+
+
 def register_env() -> None:
     """One-turn episodes whose prompt length and completion length follow the task (see the
     module docstring); the reward does not matter."""
@@ -71,24 +86,26 @@ def register_env() -> None:
     from agent_rl.tasks import Task, TaskSource
 
     class Stream(TaskSource):
-        def __init__(self, length: int) -> None:
-            self.length = length
+        def __init__(self, length: int, concurrency: int) -> None:
+            self.length, self.concurrency = length, concurrency
 
         def stream(self, seed: int = 0):  # type: ignore[no-untyped-def]
+            # A word is a digit and a space: two tokens of the byte-level tokenizer.
+            first = [max(p // 2, 4) for p in start_lengths(self.length, self.concurrency)]
             rng = random.Random(seed)
             i = 0
             while True:
-                words = rng.randrange(4, max(self.length // 2, 5))
+                words = first[i] if i < len(first) else rng.randrange(4, max(self.length // 2, 5))
                 yield Task(id=str(i), data={"words": words, "new": self.length - 2 * words})
                 i += 1
 
     class DecodeBench(Env):
-        def __init__(self, length: int = 256) -> None:
+        def __init__(self, length: int = 256, concurrency: int = 1) -> None:
             super().__init__()
-            self.length = length
+            self.length, self.concurrency = length, concurrency
 
         def builtin_tasks(self, split: str = "train") -> TaskSource:
-            return Stream(self.length)
+            return Stream(self.length, self.concurrency)
 
         def initial_messages(self, task: Task) -> list[Message]:
             rng = random.Random(0)  # every prompt a prefix of one text: see the module docstring
@@ -107,9 +124,10 @@ def register_env() -> None:
 class Recorder:
     """Every /generate call made in this process (the drivers' and serve's runner's alike):
     when it was sent, when it returned, how many tokens came back (an aborted call returns its
-    partial output). The meter of all three drivers, so they are measured the same way."""
+    partial output) and when its first token came (the engine's own timestamps, with
+    `--enable-metrics`). The meter of all three drivers, so they are measured the same way."""
 
-    calls: list[tuple[float, float, int]] = []
+    calls: list[tuple[float, float, int, float | None]] = []
 
     @classmethod
     def install(cls) -> None:
@@ -118,21 +136,38 @@ class Recorder:
         async def generate(self: EngineClient, *args: Any, **kwargs: Any) -> Any:
             t0 = time.monotonic()
             g = await original(self, *args, **kwargs)
-            cls.calls.append((t0, time.monotonic(), len(g.output_ids)))
+            t1 = time.monotonic()
+            cls.calls.append((t0, t1, len(g.output_ids), _first_token(g.meta_info, t0, t1)))
             return g
 
         EngineClient.generate = generate  # type: ignore[method-assign]
 
     @classmethod
     def tok_s(cls, w0: float, w1: float) -> float:
-        """Tokens per second generated inside [w0, w1]: each call's tokens spread evenly over
-        its time, counted for the part of it inside the window."""
+        """Tokens per second generated inside [w0, w1]. A call's first token counts at the time
+        the engine produced it, the rest spread evenly from there to the call's end (its
+        decode); a call without the engine's timestamps spreads them over its whole time. A
+        long call's prefill and queueing, often before the window opened, then take none of
+        its decoded tokens."""
         total = 0.0
-        for a, b, n in cls.calls:
+        for a, b, n, first in cls.calls:
+            if first is not None and n > 0:
+                total += w0 <= first <= w1
+                a, n = first, n - 1
             overlap = min(b, w1) - max(a, w0)
             if overlap > 0 and b > a:
                 total += n * overlap / (b - a)
         return total / (w1 - w0)
+
+
+def _first_token(meta: dict[str, Any], t0: float, t1: float) -> float | None:
+    """When the engine produced the call's first token, on this process's monotonic clock
+    (SGLang's `request_received_ts` + `first_token_latency` are wall-clock seconds)."""
+    received, latency = meta.get("request_received_ts"), meta.get("first_token_latency")
+    if received is None or latency is None:
+        return None
+    first = float(received) + float(latency) - (time.time() - time.monotonic())
+    return min(max(first, t0), t1)
 
 
 async def window(engine_url: str, window_s: float, settle_s: float, c: int) -> tuple[float, float]:
@@ -157,17 +192,19 @@ async def window(engine_url: str, window_s: float, settle_s: float, c: int) -> t
 async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: float,
                       settle_s: float, rng: random.Random) -> float:
     stop = asyncio.Event()
+    first = start_lengths(length, c)
 
-    async def worker(client: EngineClient) -> None:
+    async def worker(k: int, client: EngineClient) -> None:
+        p = first[k]
         while not stop.is_set():
-            p = rng.randrange(8, length)
             prompt = BASE[:p]
             await client.generate(prompt, {"max_new_tokens": length - p, "ignore_eos": True,
                                            "temperature": 1.0}, return_logprob=True)
+            p = rng.randrange(8, length)
 
     Recorder.calls = []
     async with EngineClient(url) as client:
-        tasks = [asyncio.create_task(worker(client)) for _ in range(c)]
+        tasks = [asyncio.create_task(worker(k, client)) for k in range(c)]
         try:
             w0, w1 = await window(engine_url, window_s, settle_s, c)
             stop.set()
@@ -187,7 +224,7 @@ def runner(router: str, engine_url: str, model: Path, tmp: Path, length: int, c:
     cfg = Config(
         store=StoreConfig(url=f"sqlite:///{tmp}/runner-{length}-{c}.db"),
         engine=EngineConfig(model=model),
-        rollout=RolloutConfig(env=ENV_ID, env_kwargs={"length": length}, group_size=1,
+        rollout=RolloutConfig(env=ENV_ID, env_kwargs={"length": length, "concurrency": c}, group_size=1,
                               max_concurrent_episodes=c, max_new_tokens=length,
                               max_tokens=length + 256, max_turns=1, router_url=router,
                               max_queued_groups=0, filter_zero_variance=False,
@@ -256,6 +293,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             model=model, port=0, log_dir=tmp / "logs",
             max_total_tokens=max(concurrency) * (max(lengths) + 64),
             max_running_requests=max(concurrency),
+            extra_args=["--enable-metrics"],  # first-token timestamps for the meter
             ))
         anyio.run(engine.astart)
         router_proc, router = start_router(engine.url, tmp / "router.log")

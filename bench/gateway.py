@@ -122,7 +122,8 @@ def time_engine_calls() -> None:
     EngineClient.generate = generate  # type: ignore[method-assign]
 
 
-async def gateway_round(db: Path, url: str, model: Path, episodes: int, c: int, run: str) -> tuple[list[float], float, list[float]]:
+async def gateway_round(db: Path, url: str, model: Path, episodes: int, c: int,
+                        run: str) -> tuple[list[float], float, list[float]]:
     """Latencies of every call, this process's CPU per call from the first call's start to the
     last one's end (serve's start and end left out), and the latencies of the gateway's calls
     to the engine."""

@@ -68,9 +68,10 @@ class Evaluations:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
             nice, idle = self.tcfg.eval_nice, self.tcfg.eval_cpu_idle
+            lower = (lambda: spare_cpu_only(nice, idle)) if nice or idle else None
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=(lambda: spare_cpu_only(nice, idle)) if nice or idle else None)  # fmt: skip
+                                         preexec_fn=lower)
         self.version = version
         self.started.append(version)
         self.log(f"evaluating v{version} in the background (log: {log_path})")
