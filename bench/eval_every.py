@@ -2,13 +2,16 @@
 running beside it, side by side in one run.
 
 Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter model, random-init,
-the `calculator` env, groups of 8, 8 groups a step), one SGLang engine behind a router for training, `serve`
-writing into a SQLite store, the Megatron trainer loop (trainer/loop.py) stepping, exporting and
-syncing weights every step. With `eval_every` on, every EVAL_EVERY versions the trainer starts
-`agent-rl eval` of that version in a process of its own (trainer/evals.py, at
-`trainer.eval_nice`, under SCHED_IDLE by `trainer.eval_cpu_idle`), on an evaluation engine of
-its own behind a second router (`trainer.eval_router_url`, at the same priority), as a deployment with an evaluation fleet runs it. Phases alternate off / on / off / on, each RUN_S seconds of training
-after its first step (the first step fills the pipeline and is not counted).
+the `calculator` env, groups of 8, 8 groups a step), one SGLang engine behind a router for
+training, `serve` writing into a SQLite store, the Megatron trainer loop (trainer/loop.py)
+stepping, exporting and syncing weights every step. With `eval_every` on, every EVAL_EVERY
+versions the trainer starts `agent-rl eval` of that version in a process of its own
+(trainer/evals.py, at `trainer.eval_nice`, under SCHED_IDLE by `trainer.eval_cpu_idle`), on an
+evaluation engine of its own behind a second router (`trainer.eval_router_url`, at the same
+priority), as a deployment with an evaluation fleet runs it. Phases run off / on / on / off, each RUN_S seconds of training after its first step (the
+first step fills the pipeline and is not counted). `step_rate_off_spread` is how far the two
+off phases differ (relative to their mean): the machine's own noise, beside which the drop is
+read.
 
 On this machine every process shares the same 2 CPU cores: an evaluation's engine and its
 rollouts take CPU the training engine and the trainer would otherwise use. So besides the drop
@@ -18,8 +21,8 @@ contention for cores that a GPU deployment's separate evaluation fleet does not 
 `trainer_waited_s`, the time the trainer spent starting evaluations (it never waits for one).
 
 Run: `python bench/eval_every.py` (about 4-5 minutes; needs `agent-rl engine install`).
-Last line: RESULT {"step_rate_off", "step_rate_on", "step_rate_drop", "evaluations",
-"eval_cpu_share", ...}.
+Last line: RESULT {"step_rate_off", "step_rate_on", "step_rate_drop", "step_rate_off_spread",
+"evaluations", "eval_cpu_share", ...}.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from bench._serving import RouterThread, ServeThread, quickstart_run  # noqa: E4
 
 RUN_S = 45.0
 """Training seconds per phase, after its first step."""
-PHASES = ("off", "on", "off", "on")
+PHASES = ("off", "on", "on", "off")
+"""In this order a drift of the machine's speed through the run (linear in time) weighs on both
+sides alike; off / on / off / on read a drop from a machine slowing down."""
 EVAL_EVERY = 2
 EVAL_TASKS, EVAL_SAMPLES = 16, 4
 
@@ -201,6 +206,7 @@ def main() -> None:
         "step_rate_off": round(rate(off), 3),
         "step_rate_on": round(rate(on), 3),
         "step_rate_drop": round(1 - rate(on) / rate(off), 3),
+        "step_rate_off_spread": round(abs(rate(off[:1]) - rate(off[-1:])) / rate(off), 3),
         "evaluations": len(recorded),
         "evaluated_versions": [e["version"] for e in recorded],
         "eval_episodes_failed": sum(e["failed"] for e in recorded),

@@ -163,8 +163,7 @@ class TrainerConfig(Section):
     eval_cpu_idle: bool = True
     """Run each `eval_every` evaluation (its process and the engine it starts) under Linux's
     SCHED_IDLE: it gets a core only when rollout and training leave it idle (niceness alone
-    still gives it a share: at `eval_nice = 10` the step rate dropped 12-15% beside
-    evaluations on 2 cores, under SCHED_IDLE 4%). On a saturated host an evaluation then
+    still gives it a weighted share of a busy core). On a saturated host an evaluation then
     waits for spare CPU. Elsewhere than Linux, `eval_nice` alone."""
 
     eval_router_url: str | None = None
