@@ -122,3 +122,21 @@ def test_cli_start_failure_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(errors) == 1 and "agent-rl model init" in errors[0], proc.stderr
+
+
+def test_cpu_engine_memory_is_on_huge_pages(sglang_server: EngineServer) -> None:
+    """A CPU engine's large tensors (its KV cache, the buckets of an in-memory weight update)
+    are on transparent huge pages (`THP_MEM_ALLOC_ENABLE`, set by `engine_env`): faulting in a
+    fresh bucket 4 KB at a time was most of a weight update's time."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.is_file() or "[never]" in thp.read_text():
+        pytest.skip("transparent huge pages are off on this host")
+    assert sglang_server.pid is not None
+    todo, huge_kb = [sglang_server.pid], 0
+    while todo:  # the launcher's process and SGLang's scheduler and detokenizer under it
+        pid = todo.pop()
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                huge_kb += int(line.split()[1])
+        todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    assert huge_kb >= 2048, "no anonymous huge page in the engine's processes"
