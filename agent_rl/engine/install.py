@@ -136,8 +136,8 @@ def engine_env(device: Device, cpu_threads: int = 1) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""
         # torch backs its CPU allocations of 2 MB and more with transparent huge pages. An
         # in-memory weight update receives each bucket into fresh memory, and faulting in 4 KB
-        # pages was most of it: allocating and filling 420 MB took 0.11-0.12 s, 0.03 s on huge
-        # pages once warm; a 105M-parameter distributed sync 1.35-1.53 s -> 0.84 s.
+        # pages was most of that: allocating and filling 420 MB took 0.11-0.12 s, 0.03 s on
+        # huge pages once warm (bench/weight_sync.py in the README for the end-to-end figures).
         env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     else:
         env.pop("PYTHONPATH", None)
