@@ -13,12 +13,11 @@ at the start: each request gets a prompt of P random tokens and generates exactl
 (ignore_eos), so from the first decode step on the engine decodes at the positions a
 long-running closed loop would. A cell's first c requests take P at the middles of c equal
 slices of [0, L), the same on the three paths (`start_lengths`); later ones P uniform in
-[8, L). The prompts are prefixes of one
-random sequence (the runner's: of one text), so SGLang's prefix cache prefills each position
-once: otherwise 64 prompts of ~2k tokens took this CPU longer to prefill than the whole bench may
-run, and prefill is not what the bench measures. The window opens once c requests run on the
-engine (or after 8 s), plus `--settle-s`. The meter is the
-same for the three drivers: every /generate call of this process (the drivers' and serve's
+[8, L). The prompts are prefixes of one random sequence (the runner's: of one text), so
+SGLang's prefix cache prefills each position once: otherwise 64 prompts of ~2k tokens took this
+CPU longer to prefill than the whole bench may run, and prefill is not what the bench measures.
+The window opens once c requests run on the engine (or after 8 s), plus `--settle-s`. The meter
+is the same for the three drivers: every /generate call of this process (the drivers' and serve's
 runner's) is timed and its returned tokens counted, the first at the time the engine produced
 it and the rest spread evenly over the call's decode, from there to its end (the engine runs
 with `--enable-metrics` for its first-token timestamps); at the window's end every request is
