@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agent_rl.config import Config, RouterConfig
+from agent_rl.engine.client import EngineClient
+from agent_rl.engine.generation import Generation
 
 
 class LoopThread(threading.Thread):
@@ -94,3 +98,17 @@ def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, **tr
         checkpoint_dir=str(work / run / "ckpt"), export_dir=str(work / run / "exports"), **trainer,
     )
     return Config(**raw)
+
+
+def on_generate(record: Callable[[float, float, Generation], None]) -> None:
+    """Call `record(sent, returned, generation)` (monotonic seconds) after every /generate call
+    of this process: the benchmarks' drivers and serve's runner and gateway alike."""
+    original = EngineClient.generate
+
+    async def generate(self: EngineClient, *args: Any, **kwargs: Any) -> Generation:
+        t0 = time.monotonic()
+        gen = await original(self, *args, **kwargs)
+        record(t0, time.monotonic(), gen)
+        return gen
+
+    EngineClient.generate = generate  # type: ignore[method-assign]

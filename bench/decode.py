@@ -53,7 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.engine.client import EngineClient  # noqa: E402
-from bench._serving import ServeThread  # noqa: E402
+from bench._serving import ServeThread, on_generate  # noqa: E402
 
 LENGTHS = (256, 1024, 4096)
 CONCURRENCY = (1, 8, 32, 64)
@@ -130,16 +130,8 @@ class Recorder:
 
     @classmethod
     def install(cls) -> None:
-        original = EngineClient.generate
-
-        async def generate(self: EngineClient, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.monotonic()
-            g = await original(self, *args, **kwargs)
-            t1 = time.monotonic()
-            cls.calls.append((t0, t1, len(g.output_ids), _first_token(g.meta_info, t0, t1)))
-            return g
-
-        EngineClient.generate = generate  # type: ignore[method-assign]
+        on_generate(lambda t0, t1, g: cls.calls.append(
+            (t0, t1, len(g.output_ids), _first_token(g.meta_info, t0, t1))))
 
     @classmethod
     def tok_s(cls, w0: float, w1: float) -> float:
@@ -223,7 +215,8 @@ def runner(router: str, engine_url: str, model: Path, tmp: Path, length: int, c:
     cfg = Config(
         store=StoreConfig(url=f"sqlite:///{tmp}/runner-{length}-{c}.db"),
         engine=EngineConfig(model=model),
-        rollout=RolloutConfig(env=ENV_ID, env_kwargs={"length": length, "concurrency": c}, group_size=1,
+        rollout=RolloutConfig(env=ENV_ID, env_kwargs={"length": length, "concurrency": c},
+                              group_size=1,
                               max_concurrent_episodes=c, max_new_tokens=length,
                               max_tokens=length + 256, max_turns=1, router_url=router,
                               max_queued_groups=0, filter_zero_variance=False,

@@ -8,10 +8,10 @@ stepping, exporting and syncing weights every step. With `eval_every` on, every 
 versions the trainer starts `agent-rl eval` of that version in a process of its own
 (trainer/evals.py, at `trainer.eval_nice`, under SCHED_IDLE by `trainer.eval_cpu_idle`), on an
 evaluation engine of its own behind a second router (`trainer.eval_router_url`, at the same
-priority), as a deployment with an evaluation fleet runs it. Phases run off / on / on / off, each RUN_S seconds of training after its first step (the
-first step fills the pipeline and is not counted). `step_rate_off_spread` is how far the two
-off phases differ (relative to their mean): the machine's own noise, beside which the drop is
-read.
+priority), as a deployment with an evaluation fleet runs it. Phases run off / on / on / off,
+each RUN_S seconds of training after its first step (the first step fills the pipeline and is
+not counted). `step_rate_off_spread` is how far the two off phases differ (relative to their
+mean): the machine's own noise, beside which the drop is read.
 
 On this machine every process shares the same 2 CPU cores: an evaluation's engine and its
 rollouts take CPU the training engine and the trainer would otherwise use. So besides the drop

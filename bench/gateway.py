@@ -12,10 +12,11 @@ the same concurrency and each one's calls in order. The engine's prefix cache is
 before each side. Rounds (5 by default: on 2 cores shared with the engine, one round's ratio
 swings 0.8-1.25 with how the engine's batches form) alternate gateway and direct; a ratio is the
 median over rounds of the round's gateway p50 over its direct p50 (the two sides of a round
-meet the same machine load), the other figures are medians over rounds. CPU is this process's (for the gateway:
-serve, the gateway and the agents' client; the engine is a process of its own), per call,
-from the first call's start to the last one's end. Each round prints the machine's 1-minute
-load average before and after it (the machine is shared: compare runs at similar load only).
+meet the same machine load), the other figures are medians over rounds. CPU is this process's
+(for the gateway: serve, the gateway and the agents' client; the engine is a process of its
+own), per call, from the first call's start to the last one's end. Each round prints the
+machine's 1-minute load average before and after it (the machine is shared: compare runs at
+similar load only).
 `gateway_overhead_ms_c*` separates the gateway's own cost from the engine's swings: a round's
 call p50 minus the p50 of the gateway's calls to the engine in the same round (median over
 rounds).
@@ -35,6 +36,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,11 +44,14 @@ from typing import Any
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from agent_rl.agent import AgentEnv
 from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig, TrainerConfig
 from agent_rl.engine.client import EngineClient
 from agent_rl.registry import register
 from agent_rl.tasks import ListTasks, Task, TaskSource
+from bench._serving import on_generate
 
 LATENCIES: list[float] = []
 ENGINE_CALLS: list[float] = []
@@ -106,20 +111,6 @@ def config(db: Path, url: str, model: Path, concurrency: int, run: str) -> Confi
                               max_new_tokens=TOKENS, max_tokens=4096, engine_sample_s=0),
         trainer=TrainerConfig(max_staleness=1000),
     )  # fmt: skip
-
-
-def time_engine_calls() -> None:
-    """Time every /generate call of this process into ENGINE_CALLS (the direct side's too;
-    cleared before each gateway round)."""
-    original = EngineClient.generate
-
-    async def generate(self: EngineClient, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        gen = await original(self, *args, **kwargs)
-        ENGINE_CALLS.append(time.perf_counter() - t)
-        return gen
-
-    EngineClient.generate = generate  # type: ignore[method-assign]
 
 
 async def gateway_round(db: Path, url: str, model: Path, episodes: int, c: int,
@@ -205,7 +196,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             for r in range(args.rounds):
                 loads.append(load_average())
                 run, db = f"c{c}-r{r}", work / f"c{c}-r{r}.db"
-                lat, cpu, engine_calls = await gateway_round(db, engine.url, model, episodes[c], c, run)
+                lat, cpu, engine_calls = await gateway_round(db, engine.url, model, episodes[c],
+                                                             c, run)
                 gw.append(statistics.median(lat))
                 overhead.append(gw[-1] - statistics.median(engine_calls))
                 gw_cpu.append(cpu)
@@ -245,7 +237,9 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of every call")
     parser.add_argument("--rounds", type=int, default=5)
     started = time.time()
-    time_engine_calls()
+    # Every /generate call of this process (the direct side's too; cleared before each
+    # gateway round) into ENGINE_CALLS.
+    on_generate(lambda sent, returned, _: ENGINE_CALLS.append(returned - sent))
     out = asyncio.run(main(parser.parse_args()))
     print(f"wall {time.time() - started:.0f} s")
     print("RESULT " + json.dumps(out))

@@ -181,9 +181,9 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
     restore_engine: None,
 ) -> None:
     """`trainer.eval_every = 1`: after v1 the trainer starts `agent-rl eval` of v1 in a process
-    of its own (its own engine, on v1's export, at `eval_nice` and SCHED_IDLE) and goes on training; v2 comes while it runs
-    and is skipped, with a line saying so. The evaluation run records v1 as the version it
-    scored, and every token it sampled says v1."""
+    of its own (its own engine, on v1's export, at `eval_nice` and SCHED_IDLE) and goes on
+    training; v2 comes while it runs and is skipped, with a line saying so. The evaluation run
+    records v1 as the version it scored, and every token it sampled says v1."""
     cfg = trainer_config(store_copy, tmp_path, sglang_moe_server.url, tiny_moe_model,
                          eval_every=1, eval_tasks=2, eval_samples=2, eval_env="calculator")
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"log_dir": tmp_path / "logs"})})
@@ -204,7 +204,8 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
     print("\n".join(lines))
     assert stats.steps == 2 and loop.evaluations.started == [1]
     # Spare CPU only: niced and under SCHED_IDLE (trainer.eval_cpu_idle).
-    assert niceness == [(min(19, os.getpriority(os.PRIO_PROCESS, 0) + cfg.trainer.eval_nice), os.SCHED_IDLE)]
+    nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + cfg.trainer.eval_nice)
+    assert niceness == [(nice, os.SCHED_IDLE)]
     assert any("evaluating v1 in the background" in ln for ln in lines)
     assert any("evaluation of v2 skipped: v1's is still running" in ln for ln in lines)
     assert any("evaluation of v1 done" in ln for ln in lines), (
