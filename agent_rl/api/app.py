@@ -119,6 +119,13 @@ def check_exposure(api: ApiConfig) -> None:
 SHUTDOWN_GRACE_S = 5.0
 """How long a stopping API waits for open requests (an event stream never ends by itself)."""
 
+KEEP_ALIVE_S = 75
+"""How long an idle client connection is kept open (uvicorn's default is 5 s). A client that
+keeps its pooled connections longer than the server does sometimes sends a request down one the
+server is closing, and gets "Server disconnected": httpx (the OpenAI client) keeps them 5 s,
+aiohttp 15 s, requests for ever. An agent program idle between two calls to the gateway (a slow
+tool) must not meet that, so the server outlasts the usual clients, as nginx's 75 s does."""
+
 
 async def serve_api(
     app: FastAPI, api: ApiConfig, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED
@@ -138,6 +145,7 @@ async def serve_api(
             lifespan="on",
             access_log=False,
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
     )
     failed: list[str] = []

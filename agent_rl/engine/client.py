@@ -32,6 +32,15 @@ PauseMode = Literal["in_place", "retract", "abort"]
 
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+IDLE_CONNECTION_S = 4.0
+"""How long a pooled connection may sit idle before it is dropped instead of reused. SGLang
+serves HTTP with uvicorn, which closes idle keep-alive connections after 5 s; a client that
+keeps them longer (aiohttp's default is 15 s) sometimes sends a request down a connection just
+as the server closes it, and the request fails with "Server disconnected" after it may have been
+read (seen when a store outage paused serve's episodes for a few seconds). Dropping ours first
+means that never happens (the router's pool to its workers follows the same rule)."""
+
 _JSON = {"Content-Type": "application/json"}
 
 
@@ -78,7 +87,8 @@ class EngineClient:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             # Unlimited connections: the caller's scheduler bounds concurrency, not the pool.
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=IDLE_CONNECTION_S))
         return self._session
 
     # --- generation ----------------------------------------------------------------------------

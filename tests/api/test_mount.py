@@ -9,6 +9,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from fastapi import FastAPI
 from pydantic import SecretStr
 
 from agent_rl.api import create_app, serve_api
@@ -50,3 +51,27 @@ def test_a_public_address_needs_a_token(tmp_path: Path) -> None:
     unchecked = ApiConfig().model_copy(update={"host": "0.0.0.0", "token": SecretStr(" ")})
     with pytest.raises(ConfigError, match="unset or blank"):
         check_exposure(unchecked)
+
+
+@pytest.mark.anyio
+async def test_an_idle_connection_outlives_the_usual_clients_pools() -> None:
+    """An agent idle between two gateway calls (a slow tool) reuses its pooled connection; if
+    the server closed idle connections first (uvicorn's default: 5 s, the OpenAI client's pool
+    also 5 s, aiohttp's 15 s), some of those reuses would meet a closing connection."""
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, bool]:
+        return {"ok": True}
+
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_api, app, ApiConfig(port=0))
+        async with await anyio.connect_tcp("127.0.0.1", port) as conn:
+            request = b"GET /ping HTTP/1.1\r\nHost: test\r\n\r\n"
+            for idle_s in (0.0, 6.0):  # past uvicorn's default keep-alive
+                await anyio.sleep(idle_s)
+                await conn.send(request)
+                with anyio.fail_after(5):
+                    answer = await conn.receive()
+                assert answer.startswith(b"HTTP/1.1 200"), (idle_s, answer)
+        tg.cancel_scope.cancel()

@@ -108,4 +108,9 @@ def test_serve_and_train_ride_through_a_postgres_restart(
         result = anyio.run(audit)
         assert result.problems() == [], result.problems()
         assert result.ledger.trained == result.trained_by_steps > 0
-        assert result.ledger.admitted == EPISODES and result.ledger.failed == 0
+        assert result.ledger.admitted == EPISODES
+        with psycopg.connect(pg.url) as conn:
+            failed = conn.execute(
+                "SELECT id, error_type, error_cause FROM episodes WHERE status = 'failed'"
+            ).fetchall()
+        assert failed == [] and result.ledger.failed == 0, failed

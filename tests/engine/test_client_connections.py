@@ -1,0 +1,46 @@
+"""EngineClient's connection pool against uvicorn's keep-alive, the HTTP server SGLang runs.
+
+uvicorn closes a connection idle for 5 s. A client that reuses connections idle for longer sends
+some requests down a connection the server is closing at that moment; such a request fails with
+"Server disconnected" (an episode failed that way in CI while a store restart paused serve for a
+few seconds). The client must drop idle connections first, and still reuse busy ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+
+from agent_rl.api.app import EmbeddedServer
+from agent_rl.engine.client import IDLE_CONNECTION_S, EngineClient
+
+
+def client_ports_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/server_info")
+    async def server_info(request: Request) -> dict[str, int]:
+        assert request.client is not None
+        return {"port": request.client.port}  # one client port per TCP connection
+
+    return app
+
+
+def test_idle_connections_are_dropped_before_uvicorn_closes_them() -> None:
+    with EmbeddedServer.in_thread(client_ports_app()) as server:
+        assert server.config.timeout_keep_alive > IDLE_CONNECTION_S
+
+        async def ports() -> list[int]:
+            async with EngineClient(f"http://127.0.0.1:{server.port}") as client:
+                seen = [(await client.server_info())["port"]]
+                await asyncio.sleep(0.2)
+                seen.append((await client.server_info())["port"])
+                # Idle past the client's limit but not yet the server's: a new connection.
+                await asyncio.sleep(IDLE_CONNECTION_S + 0.3)
+                seen.append((await client.server_info())["port"])
+                return seen
+
+        first, again, after_idle = asyncio.run(ports())
+    assert again == first, "a connection in use is reused"
+    assert after_idle != first, "a connection idle past IDLE_CONNECTION_S is not reused"
