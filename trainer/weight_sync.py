@@ -35,6 +35,7 @@ import asyncio
 import base64
 import io
 import itertools
+import secrets
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -211,7 +212,9 @@ class Broadcast(InMemorySync):
         super().__init__(router, cfg)
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.device = torch.device("cuda" if self.backend == "nccl" else "cpu")
-        self._names = itertools.count()
+        # Group names unique beyond this process: an engine keeps the group of a trainer that
+        # died without destroying it, and refuses a new group under the same name.
+        self._names = (f"agent-rl-weights-{secrets.token_hex(6)}-{i}" for i in itertools.count())
         self._group: Any = None
         self._group_name = ""
         self._members: tuple[str, ...] = ()
@@ -241,7 +244,7 @@ class Broadcast(InMemorySync):
         """A new group of this trainer (rank 0) and `engines`; the engines that failed to join."""
         await self._drop_group()
         world = 1 + sum(e.tp_size for e in engines)
-        name = f"agent-rl-weights-{next(self._names)}"
+        name = next(self._names)
         timeout = timedelta(seconds=self.timeout_s)
         # The store is ours: port 0 picks a free one, and dropping it ends the engines' waits.
         store = dist.TCPStore(self.cfg.weight_sync_host, 0, world, is_master=True,

@@ -153,6 +153,32 @@ def test_push_serves_the_trainers_weights_on_both_engines(
         assert diff <= 1e-5
 
 
+def test_a_new_trainer_joins_engines_that_kept_a_dead_trainers_group(
+    engines: list[str], tiny_moe_model: Path
+) -> None:
+    """A trainer that dies leaves its group on the engines (nobody destroys it); its successor
+    must form a group of its own at its first push, not meet "group name already created"."""
+    cfg = TrainerConfig(weight_sync="distributed", weight_sync_timeout_s=60, micro_batch_size=4)
+    for e in _stepped(tiny_moe_model, cfg):
+        weights = e.hf_state_dict()
+
+        async def go() -> list[Any]:
+            async with Router(_router_config(), engines) as router:
+                client = EngineClient(router.url, token="secret")
+                dead, successor = make_sync(client, cfg), make_sync(client, cfg)
+                assert isinstance(dead, Broadcast) and isinstance(successor, Broadcast)
+                reports = [await dead.push(weights, 8)]  # then never closed, as if killed
+                reports.append(await successor.push(weights, 9))
+                for sync in (successor, dead):
+                    await sync.close()
+                await client.aclose()
+            return reports
+
+        first, second = asyncio.run(go())
+    assert first.ok, first
+    assert second.ok and sorted(second.updated) == sorted(engines), second
+
+
 class _RouterThread(threading.Thread):
     """The router on an event loop of its own (the trainer loop runs its own, as in `train`)."""
 
