@@ -15,7 +15,10 @@ engine. `pause_s` is the part during which the engine serves nothing: for disk t
 pause-load-continue (the export is written while the engine still serves); in memory from
 `/begin_weight_update` (which pauses) until `/end_weight_update` returns. Each value is the
 median of ROUNDS rounds. The first push of each in-memory mode, before the rounds, also forms
-its process group (once per fleet membership in a run): reported apart as `first_push_s`. All runs share this machine's cores with whatever else runs on it:
+its process group (once per fleet membership in a run): reported apart as `first_push_s`. A
+run publishes every version the same way, so in each round a mode's timed push follows an
+untimed one of the same mode (right after a disk load, the engine took a 105M broadcast in
+~1.0 s instead of ~0.55). All runs share this machine's cores with whatever else runs on it:
 the load average is printed beside the numbers.
 
 Run: `python bench/weight_sync.py` (about 3-4 minutes; needs `agent-rl engine install`).
@@ -110,6 +113,11 @@ def measure_size(name: str, work: Path, venv: Path) -> dict[str, Any]:
                                                    work / "exports" / name)
                 for _ in range(ROUNDS):
                     for mode in MODES:
+                        # A run pushes every version the same way: the timed push follows one
+                        # of its own mode (after a disk load, a broadcast took ~1.0 s instead
+                        # of ~0.55 on the 105M model: the engine's memory as the load left it).
+                        version += 1
+                        await publish(mode, e, client, syncs, version, work / "exports" / name)
                         version += 1
                         took, paused = await publish(mode, e, client, syncs, version,
                                                      work / "exports" / name)

@@ -139,8 +139,13 @@ class InMemorySync(abc.ABC):
         self.router = router
         self.cfg = cfg
         self.timeout_s = cfg.weight_sync_timeout_s
-        self.limit_bytes = int(cfg.weight_sync_bucket_mb * 1024 * 1024)
+        bucket_mb = cfg.weight_sync_bucket_mb or self.default_bucket_mb()
+        self.limit_bytes = int(bucket_mb * 1024 * 1024)
         self._clients: dict[str, EngineClient] = {}
+
+    def default_bucket_mb(self) -> float:
+        """The bucket size when `weight_sync_bucket_mb` is unset (see its docstring)."""
+        return 256.0
 
     async def engines(self) -> list[Engine]:
         """The router's workers in rotation that answer now, each with its TP size."""
@@ -209,9 +214,9 @@ class Broadcast(InMemorySync):
     """`weight_sync = "distributed"`: one process group with the engines, broadcast buckets."""
 
     def __init__(self, router: EngineClient, cfg: TrainerConfig) -> None:
-        super().__init__(router, cfg)
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.device = torch.device("cuda" if self.backend == "nccl" else "cpu")
+        super().__init__(router, cfg)
         # Group names unique beyond this process: an engine keeps the group of a trainer that
         # died without destroying it, and refuses a new group under the same name.
         self._names = (f"agent-rl-weights-{secrets.token_hex(6)}-{i}" for i in itertools.count())
@@ -220,6 +225,11 @@ class Broadcast(InMemorySync):
         self._members: tuple[str, ...] = ()
         self._store: Any = None
         self._buffer = Buffer(self.device, shared=False)
+
+    def default_bucket_mb(self) -> float:
+        # gloo on loopback: a 105M model's push took 0.52 s in 64 MB buckets, 0.68 s in 256 MB
+        # ones and 0.88 s in 8 MB ones (per-bucket calls add up); NCCL keeps the larger buckets.
+        return 64.0 if self.backend == "gloo" else 256.0
 
     async def _send(
         self, weights: dict[str, torch.Tensor], version: str, engines: list[Engine],

@@ -121,6 +121,16 @@ def test_buckets_keep_the_order_and_the_size_limit() -> None:
     assert parts == [["a", "b"], ["c"], ["d"]]  # a tensor over the limit travels alone
 
 
+def test_bucket_size_by_mode_unless_set() -> None:
+    client = EngineClient("http://127.0.0.1:9")  # never called
+    size = lambda mode, **kw: make_sync(  # noqa: E731
+        client, TrainerConfig(weight_sync=mode, **kw)).limit_bytes  # type: ignore[union-attr]
+    assert size("distributed") == 64 << 20  # gloo on CPU: bench/weight_sync.py's fastest
+    assert size("tensor") == 256 << 20
+    for mode in ("distributed", "tensor"):
+        assert size(mode, weight_sync_bucket_mb=8) == 8 << 20
+
+
 @pytest.mark.parametrize("mode", ["distributed", "tensor"])
 def test_push_serves_the_trainers_weights_on_both_engines(
     mode: str, engines: list[str], tiny_moe_model: Path
