@@ -28,9 +28,9 @@ store's policy versions. The served speedup needs SGLang on a GPU and is not mea
   each (its two learners timed back to back, the order flipping every round), after the runs
   (no engine or serve beside it).
 
-Run: `python bench/mtp.py` (needs `agent-rl engine install`). On 2 CPU cores shared with other
-runs it took 8.5 minutes at load 5-30 and 9.4 at load 23-38 (SFT 3.5 of them): over the
-5-minute budget there; an idle machine was not available to measure.
+Run: `python bench/mtp.py` (needs `agent-rl engine install`). On 2 quiet CPU cores (load
+0.9-2.0) it takes 4.5 minutes (SFT 1.3 of them); shared with other runs it took 8.5 minutes at
+load 5-30 and 9.4 at load 23-38.
 Last line: RESULT {"acceptance_online_last", "acceptance_frozen_last", "mtp_step_overhead",
 "reward_delta", "acceptance_last_mean", "acceptance_online", "acceptance_frozen", ...};
 targets: online >= frozen + 0.1 at the last version, overhead <= 0.15.
