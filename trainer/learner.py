@@ -339,9 +339,15 @@ class Learner:
         pk, mb = micro.packed, micro.batch
         alphas, masks, out = [], [], {}
         for depth, draft in enumerate(drafts, start=1):
-            alpha = mtp.acceptance(logits, draft, depth)
-            alpha = pk.unpack(alpha) if pk is not None else alpha
-            mask = mtp.shifted_mask(mb.loss_mask[:, 1:], depth).to(alpha.dtype)
+            mask = mtp.shifted_mask(mb.loss_mask[:, 1:], depth).float()
+            # Only where the draft's target is a policy token (elsewhere the mask zeroes it).
+            rows, cols = mask.nonzero(as_tuple=True)
+            alpha = torch.zeros_like(mask)
+            if pk is None:
+                alpha[rows, cols] = mtp.acceptance_at(logits, draft, depth, rows, cols)
+            else:  # the packed row's positions of those anchors
+                alpha[rows, cols] = mtp.acceptance_at(
+                    logits, draft, depth, torch.zeros_like(rows), pk.index[rows, cols])
             out[f"mtp_acceptance_{depth}"] = float((alpha * mask).sum()) / max(
                 float(counts[depth - 1]), 1.0
             )

@@ -218,6 +218,9 @@ def test_acceptance_is_the_overlap_of_policy_and_draft_and_chains_into_a_length(
                     p, q = policy[b, t + j].softmax(-1), draft[b, t].softmax(-1)
                     expected = float(torch.minimum(p, q).sum())
                 assert float(alpha[b, t]) == pytest.approx(expected, abs=1e-6), (j, b, t)
+        rows, anchors = torch.tensor([0, 1, 1]), torch.tensor([0, 2, 5 - j])
+        assert torch.allclose(mtp.acceptance_at(policy, draft, j, rows, anchors),
+                              alpha[rows, anchors], atol=1e-7)
     same = mtp.acceptance(policy, policy[:, 1:], 1)  # the draft at t is the policy at t+1
     assert same[:, :5].sub(1).abs().max() < 1e-6 and not same[:, 5].any()
     masks = [torch.ones(2, 6), torch.ones(2, 6)]
