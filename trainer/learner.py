@@ -342,12 +342,10 @@ class Learner:
             mask = mtp.shifted_mask(mb.loss_mask[:, 1:], depth).float()
             # Only where the draft's target is a policy token (elsewhere the mask zeroes it).
             rows, cols = mask.nonzero(as_tuple=True)
+            # The logits' positions of those anchors: the same, or the packed row's.
+            at = (rows, cols) if pk is None else (torch.zeros_like(rows), pk.index[rows, cols])
             alpha = torch.zeros_like(mask)
-            if pk is None:
-                alpha[rows, cols] = mtp.acceptance_at(logits, draft, depth, rows, cols)
-            else:  # the packed row's positions of those anchors
-                alpha[rows, cols] = mtp.acceptance_at(
-                    logits, draft, depth, torch.zeros_like(rows), pk.index[rows, cols])
+            alpha[rows, cols] = mtp.acceptance_at(logits, draft, depth, *at)
             out[f"mtp_acceptance_{depth}"] = float((alpha * mask).sum()) / max(
                 float(counts[depth - 1]), 1.0
             )

@@ -135,17 +135,14 @@ class PushReport:
 class InMemorySync(abc.ABC):
     """The common sequence of `distributed` and `tensor` pushes; see the module docstring."""
 
-    def __init__(self, router: EngineClient, cfg: TrainerConfig) -> None:
+    def __init__(self, router: EngineClient, cfg: TrainerConfig,
+                 default_bucket_mb: float = 256.0) -> None:  # fmt: skip
+        """`default_bucket_mb`: the bucket size when `weight_sync_bucket_mb` is unset."""
         self.router = router
         self.cfg = cfg
         self.timeout_s = cfg.weight_sync_timeout_s
-        bucket_mb = cfg.weight_sync_bucket_mb or self.default_bucket_mb()
-        self.limit_bytes = int(bucket_mb * 1024 * 1024)
+        self.limit_bytes = int((cfg.weight_sync_bucket_mb or default_bucket_mb) * 1024 * 1024)
         self._clients: dict[str, EngineClient] = {}
-
-    def default_bucket_mb(self) -> float:
-        """The bucket size when `weight_sync_bucket_mb` is unset (see its docstring)."""
-        return 256.0
 
     async def engines(self) -> list[Engine]:
         """The router's workers in rotation that answer now, each with its TP size."""
@@ -216,20 +213,18 @@ class Broadcast(InMemorySync):
     def __init__(self, router: EngineClient, cfg: TrainerConfig) -> None:
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.device = torch.device("cuda" if self.backend == "nccl" else "cpu")
-        super().__init__(router, cfg)
+        # gloo on loopback: a 105M model's push took 0.52 s in 64 MB buckets, 0.68 s in 256 MB
+        # ones and 0.88 s in 8 MB ones (per-bucket calls add up); NCCL keeps the larger buckets.
+        super().__init__(router, cfg, default_bucket_mb=64.0 if self.backend == "gloo" else 256.0)
         # Group names unique beyond this process: an engine keeps the group of a trainer that
         # died without destroying it, and refuses a new group under the same name.
-        self._names = (f"agent-rl-weights-{secrets.token_hex(6)}-{i}" for i in itertools.count())
+        self._prefix = f"agent-rl-weights-{secrets.token_hex(6)}"
+        self._names = itertools.count()
         self._group: Any = None
         self._group_name = ""
         self._members: tuple[str, ...] = ()
         self._store: Any = None
         self._buffer = Buffer(self.device, shared=False)
-
-    def default_bucket_mb(self) -> float:
-        # gloo on loopback: a 105M model's push took 0.52 s in 64 MB buckets, 0.68 s in 256 MB
-        # ones and 0.88 s in 8 MB ones (per-bucket calls add up); NCCL keeps the larger buckets.
-        return 64.0 if self.backend == "gloo" else 256.0
 
     async def _send(
         self, weights: dict[str, torch.Tensor], version: str, engines: list[Engine],
@@ -254,7 +249,7 @@ class Broadcast(InMemorySync):
         """A new group of this trainer (rank 0) and `engines`; the engines that failed to join."""
         await self._drop_group()
         world = 1 + sum(e.tp_size for e in engines)
-        name = next(self._names)
+        name = f"{self._prefix}-{next(self._names)}"
         timeout = timedelta(seconds=self.timeout_s)
         # The store is ours: port 0 picks a free one, and dropping it ends the engines' waits.
         store = dist.TCPStore(self.cfg.weight_sync_host, 0, world, is_master=True,
