@@ -265,8 +265,7 @@ class Learner:
                 )
             loss = out.loss
             if drafts:
-                draft_loss, draft_metrics = self._mtp_loss(micro, drafts, mtp_counts)
-                draft_metrics.update(self._mtp_acceptance(micro, logits, drafts, mtp_counts))
+                draft_loss, draft_metrics = self._mtp_terms(micro, logits, drafts, mtp_counts)
                 if self.cfg.mtp_train:
                     loss = loss + self.cfg.mtp_loss_coef * draft_loss
                 for key, value in draft_metrics.items():
@@ -306,54 +305,43 @@ class Learner:
             differing = self.replay.differing_on_any_stage(seen)
         return {"routing_mismatch_tokens": float(differing), "routing_tokens": float(tokens)}
 
-    def _mtp_loss(
-        self, micro: MicroBatch, drafts: list[torch.Tensor], counts: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The drafts' cross-entropy on the policy's tokens (loss mask 1) of this micro-batch:
-        each depth's token sum over its global token count (`counts`), averaged over depths;
-        and each depth's share of its global mean nll (`mtp_nll_{j}`), to be summed."""
-        pk, mb = micro.packed, micro.batch
-        tokens = mb.tokens if pk is None else pk.tokens
-        total = torch.zeros(())
-        metrics: dict[str, float] = {}
-        for depth, logits in enumerate(drafts, start=1):
-            scores = mtp.mtp_scores(logits, tokens, depth)
-            if pk is not None:
-                scores = pk.unpack(scores)
-            target = mtp.shifted_mask(mb.loss_mask[:, 1:], depth).to(scores.dtype)
-            nll = -(scores * target).sum() / max(float(counts[depth - 1]), 1.0)
-            metrics[f"mtp_nll_{depth}"] = float(nll.detach())
-            total = total + nll
-        metrics["mtp_loss"] = float(total.detach()) / len(drafts)
-        return total / len(drafts), metrics
-
-    @torch.no_grad()
-    def _mtp_acceptance(
+    def _mtp_terms(
         self, micro: MicroBatch, logits: torch.Tensor, drafts: list[torch.Tensor],
         counts: torch.Tensor,
-    ) -> dict[str, float]:
-        """This micro-batch's share of the drafts' expected acceptance per depth
-        (`mtp_acceptance_{j}`, over the policy tokens each depth targets) and of the expected
-        accepted length of all k drafts (`mtp_accept_length`, over the anchors whose next
-        token but one is a policy token), at the weights the step starts from."""
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The drafts' loss and metrics on this micro-batch, each depth scored at its anchors
+        (the positions whose target is a policy token) alone:
+        - the loss: each depth's cross-entropy on its targets over its global token count
+          (`counts`), averaged over depths; each depth's share of its global mean nll
+          (`mtp_nll_{j}`) and of the average (`mtp_loss`), to be summed over micro-batches;
+        - at the weights the step starts from, each depth's share of its expected acceptance
+          (`mtp_acceptance_{j}`) and of the expected accepted length of all k drafts
+          (`mtp_accept_length`, over the anchors whose next token but one is a policy token).
+        `drafts` are the depths' hidden states; `logits` the policy's."""
         pk, mb = micro.packed, micro.batch
-        alphas, masks, out = [], [], {}
-        for depth, draft in enumerate(drafts, start=1):
-            mask = mtp.shifted_mask(mb.loss_mask[:, 1:], depth).float()
-            # Only where the draft's target is a policy token (elsewhere the mask zeroes it).
-            rows, cols = mask.nonzero(as_tuple=True)
-            # The logits' positions of those anchors: the same, or the packed row's.
+        mask = mb.loss_mask[:, 1:]
+        total = torch.zeros(())
+        alphas, masks, metrics = [], [], {}
+        for depth, hidden in enumerate(drafts, start=1):
+            rows, cols = mtp.anchors(mask, depth)
+            # The logits' positions of the anchors: the same, or the packed row's.
             at = (rows, cols) if pk is None else (torch.zeros_like(rows), pk.index[rows, cols])
+            draft = self.module.draft_logits(hidden, *at)
+            scores = mtp.draft_scores(draft, mb.tokens[rows, cols + 1 + depth])
+            nll = -scores.sum() / max(float(counts[depth - 1]), 1.0)
+            metrics[f"mtp_nll_{depth}"] = float(nll.detach())
+            total = total + nll
             alpha = torch.zeros_like(mask)
-            alpha[rows, cols] = mtp.acceptance_at(logits, draft, depth, *at)
-            out[f"mtp_acceptance_{depth}"] = float((alpha * mask).sum()) / max(
+            alpha[rows, cols] = mtp.acceptance_at(logits, draft.detach(), depth, *at)
+            metrics[f"mtp_acceptance_{depth}"] = float(alpha.sum()) / max(
                 float(counts[depth - 1]), 1.0
             )
             alphas.append(alpha)
-            masks.append(mask)
+            masks.append(mtp.shifted_mask(mask, depth))
+        metrics["mtp_loss"] = float(total.detach()) / len(drafts)
         length = mtp.accepted_length(alphas, masks)
-        out["mtp_accept_length"] = float((length * masks[0]).sum()) / max(float(counts[0]), 1.0)
-        return out
+        metrics["mtp_accept_length"] = float((length * masks[0]).sum()) / max(float(counts[0]), 1.0)
+        return total / len(drafts), metrics
 
     def _micro_batches(self, batch: Batch) -> list[MicroBatch]:
         """`micro_batch_size` padded rows each, or with `max_tokens_per_micro_batch` one packed

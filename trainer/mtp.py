@@ -1,31 +1,37 @@
 """Multi-token prediction (MTP) draft losses in the learner's layout (`trainer.mtp_layers`).
 
-The draft of depth j (trainer.mtp_model) predicts, at position t, token t+1+j. `mtp_scores`
-turns its logits into logprobs laid out as the policy's are ([B, T-1], position t, 0 where the
-token lies past the row) and `shifted_mask` moves the loss mask to those targets, so the learner
-takes the MTP loss on exactly the policy's own sampled tokens (loss mask 1), packed or padded.
+The draft of depth j (trainer.mtp_model) predicts, at position t, token t+1+j. The learner scores
+it at its anchors only: `anchors` are the positions whose depth-j target is a policy token (loss
+mask 1, `shifted_mask`), the draft's head runs there alone (`MTPGPTModel.draft_logits`), and
+`draft_scores` gives the targets' logprobs, so the MTP loss covers exactly the policy's own
+sampled tokens, packed or padded.
 
-`acceptance` and `accepted_length` measure the draft without a speculative engine: per anchor,
+`acceptance_at` and `accepted_length` measure the draft without a speculative engine: per anchor,
 the chance speculative sampling accepts each depth's draft token (sum over the vocabulary of
 min(p_policy, q_draft), teacher-forced on the stored tokens) and the expected number of the k
-drafts accepted.
+drafts accepted. `acceptance` is the same over every position, the reference it is tested against.
 """
 
 from __future__ import annotations
 
 import torch
 
-from trainer.logprobs import token_logprobs
+
+def anchors(mask: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, positions) in the [B, T-1] layout where the depth-`depth` draft's target is a
+    policy token: the anchors it is trained and measured on."""
+    rows, cols = shifted_mask(mask, depth).nonzero(as_tuple=True)
+    return rows, cols
 
 
-def mtp_scores(logits: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
-    """Logprobs [b, s-1] of the depth-`depth` (1-based) draft: position t scores token
-    t+1+depth; the last `depth` positions, whose token lies past the row, are 0."""
-    b, s = tokens.shape
-    if s - depth < 2:
-        return torch.zeros(b, s - 1)
-    scored = token_logprobs(logits[:, : s - depth], tokens[:, depth:])
-    return torch.cat([scored, torch.zeros(b, depth, dtype=scored.dtype)], dim=1)
+def draft_scores(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Logprobs [N] of `targets` [N] under a draft's logits at its anchors [N, V/tp]
+    (vocab-parallel), differentiable."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    # A copy: megatron's softmax works in place, and the acceptance reads these logits after.
+    x = logits.to(torch.float32, copy=True).unsqueeze(1)
+    return -vocab_parallel_cross_entropy(x, targets.unsqueeze(1)).squeeze(1)
 
 
 def shifted_mask(mask: torch.Tensor, depth: int) -> torch.Tensor:
@@ -55,11 +61,11 @@ def acceptance(policy: torch.Tensor, draft: torch.Tensor, depth: int) -> torch.T
 @torch.no_grad()
 def acceptance_at(policy: torch.Tensor, draft: torch.Tensor, depth: int, rows: torch.Tensor,
                   anchors: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """`acceptance` at the anchors (rows[k], anchors[k]) of the logits' layout only, [N]: the
-    step scores the drafts on the policy's tokens alone, and the two softmaxes over the
-    vocabulary at every position cost as much as a fifth of a small model's step."""
+    """`acceptance` at the anchors (rows[k], anchors[k]) of the policy's logits [b, s, V/tp]
+    only, [N], with `draft` the draft's logits at those anchors [N, V/tp]: the step scores the
+    drafts on the policy's tokens alone."""
     p = _softmax(policy[rows, anchors + depth])
-    q = _softmax(draft[rows, anchors])
+    q = _softmax(draft)
     return _tp_sum(torch.minimum(p, q).sum(-1))
 
 

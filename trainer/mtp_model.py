@@ -8,7 +8,10 @@ hidden state and the sampled token in, `fc(cat(norm(embed), norm(hidden)))`, one
 a norm, the target's head), so the same weights serve as its speculative draft.
 
 GPTModel's own MTP path needs labels and returns a loss; the learner computes its losses from
-logits, so `MTPGPTModel` returns `(logits, [mtp logits of each depth])` instead. With
+logits, so `MTPGPTModel` returns `(logits, [hidden states of each depth])` instead, and
+`draft_logits` runs the head on a depth's hidden states at the positions the learner scores
+(those whose target is a policy token): over every position the draft's head cost about as much
+as its decoder layer, for the third or so of positions a step trains it on. With
 `detach=True` the MTP modules see the trunk's hidden states, embeddings and output weight
 detached: the MTP loss trains the draft only, and the policy's gradients are those of a model
 without MTP. The draft's MoE routers route freely (the engine records no draft routing).
@@ -25,7 +28,9 @@ from megatron.core.models.gpt import GPTModel
 
 
 class MTPGPTModel(GPTModel):
-    """GPTModel whose forward returns `(logits [b, s, V/tp], [k x logits [b, s, V/tp]])`."""
+    """GPTModel whose forward returns `(logits [b, s, V/tp], [k x hidden states [s, b, h]])`
+    (the drafts' hidden states in megatron's layout: this rank's chunk of the sequence under
+    sequence parallelism), and whose `draft_logits` turns those into logits where asked."""
 
     mtp_detach: bool = True
     run_drafts: bool = True
@@ -82,10 +87,31 @@ class MTPGPTModel(GPTModel):
         )
         depths = torch.chunk(stacked, 1 + self.config.mtp_num_layers, dim=0)[1:]
         logits, _ = self.output_layer(hidden_states, weight=weight)
-        head = weight if weight is not None else self.output_layer.weight
-        head = head.detach() if detach else head
-        drafts = [self.output_layer(h, weight=head)[0].transpose(0, 1).contiguous() for h in depths]
-        return logits.transpose(0, 1).contiguous(), drafts
+        return logits.transpose(0, 1).contiguous(), list(depths)
+
+    def draft_logits(
+        self, hidden: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """A draft's logits [N, V/tp] at (rows[k], positions[k]) of the [b, s] layout, from
+        its hidden states as the forward returned them, through the output layer's weight
+        (detached with `mtp_detach`), as the output layer would give them there."""
+        from megatron.core.tensor_parallel import (
+            copy_to_tensor_model_parallel_region,
+            gather_from_sequence_parallel_region,
+        )
+
+        # What the (column-parallel) output layer does with its input: under sequence
+        # parallelism gather the sequence (grads reduce-scattered back), else pass it on with
+        # grads all-reduced over the TP group, each rank holding a slice of the vocabulary.
+        if self.config.sequence_parallel:
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
+        else:
+            hidden = copy_to_tensor_model_parallel_region(hidden)
+        tied = self.share_embeddings_and_output_weights
+        head = self.shared_embedding_or_output_weight() if tied else self.output_layer.weight
+        head = head.detach() if self.mtp_detach else head
+        # A half-precision model's outputs reach the learner in fp32 (megatron's Float16Module).
+        return torch.nn.functional.linear(hidden[positions, rows].to(head.dtype), head)
 
 
 def build(config: Any, spec: Any, detach: bool, **kwargs: Any) -> MTPGPTModel:

@@ -219,7 +219,7 @@ def test_acceptance_is_the_overlap_of_policy_and_draft_and_chains_into_a_length(
                     expected = float(torch.minimum(p, q).sum())
                 assert float(alpha[b, t]) == pytest.approx(expected, abs=1e-6), (j, b, t)
         rows, anchors = torch.tensor([0, 1, 1]), torch.tensor([0, 2, 5 - j])
-        assert torch.allclose(mtp.acceptance_at(policy, draft, j, rows, anchors),
+        assert torch.allclose(mtp.acceptance_at(policy, draft[rows, anchors], j, rows, anchors),
                               alpha[rows, anchors], atol=1e-7)
     same = mtp.acceptance(policy, policy[:, 1:], 1)  # the draft at t is the policy at t+1
     assert same[:, :5].sub(1).abs().max() < 1e-6 and not same[:, 5].any()
@@ -230,6 +230,31 @@ def test_acceptance_is_the_overlap_of_policy_and_draft_and_chains_into_a_length(
     assert torch.allclose(length, expected)
     assert torch.equal(mtp.accepted_length([torch.ones(1, 3)] * 3, [torch.ones(1, 3)] * 3),
                        torch.full((1, 3), 3.0))  # fmt: skip
+
+
+def test_the_drafts_head_at_the_anchors_is_the_output_layer_there(tiny_moe_model: Path) -> None:
+    """The step runs a draft's head only where its target is a policy token: those logits are
+    the output layer's over the whole sequence, picked at the anchors, and the loss there is
+    the full sequence's loss under the shifted mask."""
+    from trainer import mtp
+
+    batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
+    with learner(tiny_moe_model, TrainerConfig(mtp_layers=2)) as e, torch.no_grad():
+        model = e.module
+        positions = torch.arange(batch.length).unsqueeze(0).expand(batch.size, -1)
+        _, drafts = model(batch.tokens, positions, None)
+        mask = batch.loss_mask[:, 1:]
+        for depth, hidden in enumerate(drafts, start=1):
+            full = model.output_layer(hidden, weight=model.shared_embedding_or_output_weight()
+                                      if model.share_embeddings_and_output_weights else None)[0]
+            full = full.transpose(0, 1)  # [b, s, V]
+            rows, cols = mtp.anchors(mask, depth)
+            assert 0 < len(rows) < mask.numel()
+            at = model.draft_logits(hidden, rows, cols)
+            assert torch.allclose(at, full[rows, cols], atol=1e-5)
+            targets = batch.tokens[rows, cols + 1 + depth]
+            expected = full[rows, cols].float().log_softmax(-1).gather(1, targets[:, None])[:, 0]
+            assert torch.allclose(mtp.draft_scores(at, targets), expected, atol=1e-5)
 
 
 def test_a_step_reports_the_drafts_acceptance(tiny_moe_model: Path) -> None:
