@@ -323,7 +323,8 @@ class Learner:
         total = torch.zeros(())
         alphas, masks, metrics = [], [], {}
         for depth, hidden in enumerate(drafts, start=1):
-            rows, cols = mtp.anchors(mask, depth)
+            targets = mtp.shifted_mask(mask, depth)
+            rows, cols = targets.nonzero(as_tuple=True)
             # The logits' positions of the anchors: the same, or the packed row's.
             at = (rows, cols) if pk is None else (torch.zeros_like(rows), pk.index[rows, cols])
             draft = self.module.draft_logits(hidden, *at)
@@ -337,7 +338,7 @@ class Learner:
                 float(counts[depth - 1]), 1.0
             )
             alphas.append(alpha)
-            masks.append(mtp.shifted_mask(mask, depth))
+            masks.append(targets)
         metrics["mtp_loss"] = float(total.detach()) / len(drafts)
         length = mtp.accepted_length(alphas, masks)
         metrics["mtp_accept_length"] = float((length * masks[0]).sum()) / max(float(counts[0]), 1.0)

@@ -1,10 +1,10 @@
 """Multi-token prediction (MTP) draft losses in the learner's layout (`trainer.mtp_layers`).
 
-The draft of depth j (trainer.mtp_model) predicts, at position t, token t+1+j. The learner scores
-it at its anchors only: `anchors` are the positions whose depth-j target is a policy token (loss
-mask 1, `shifted_mask`), the draft's head runs there alone (`MTPGPTModel.draft_logits`), and
-`draft_scores` gives the targets' logprobs, so the MTP loss covers exactly the policy's own
-sampled tokens, packed or padded.
+The draft of depth j (trainer.mtp_model) predicts, at position t, token t+1+j. The learner
+scores it at its anchors only, the positions whose depth-j target is a policy token (the loss
+mask moved to the targets by `shifted_mask`): the draft's head runs there alone
+(`MTPGPTModel.draft_logits`) and `draft_scores` gives the targets' logprobs, so the MTP loss
+covers exactly the policy's own sampled tokens, packed or padded.
 
 `acceptance_at` and `accepted_length` measure the draft without a speculative engine: per anchor,
 the chance speculative sampling accepts each depth's draft token (sum over the vocabulary of
@@ -15,13 +15,6 @@ drafts accepted. `acceptance` is the same over every position, the reference it 
 from __future__ import annotations
 
 import torch
-
-
-def anchors(mask: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, positions) in the [B, T-1] layout where the depth-`depth` draft's target is a
-    policy token: the anchors it is trained and measured on."""
-    rows, cols = shifted_mask(mask, depth).nonzero(as_tuple=True)
-    return rows, cols
 
 
 def draft_scores(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

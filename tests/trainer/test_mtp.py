@@ -248,7 +248,7 @@ def test_the_drafts_head_at_the_anchors_is_the_output_layer_there(tiny_moe_model
             full = model.output_layer(hidden, weight=model.shared_embedding_or_output_weight()
                                       if model.share_embeddings_and_output_weights else None)[0]
             full = full.transpose(0, 1)  # [b, s, V]
-            rows, cols = mtp.anchors(mask, depth)
+            rows, cols = mtp.shifted_mask(mask, depth).nonzero(as_tuple=True)
             assert 0 < len(rows) < mask.numel()
             at = model.draft_logits(hidden, rows, cols)
             assert torch.allclose(at, full[rows, cols], atol=1e-5)
