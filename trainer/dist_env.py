@@ -8,6 +8,7 @@ can rebuild with other parallel sizes.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 
@@ -63,10 +64,20 @@ def init(par: Parallel, seed: int = 0) -> None:
 def teardown() -> None:
     """Destroy megatron's groups and the process group (tests; clean shutdown)."""
     from megatron.core import parallel_state as ps
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
     RouterReplay.clear_global_router_replay_instances()
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
+    # What destroy_model_parallel leaves holding a group (megatron-core 0.16: the intra-partial
+    # data-parallel groups; the rotary embedding's cached forward keeps its module, and so its
+    # context-parallel group): a group lives, with its gloo threads, while anything holds it.
+    for name, value in list(vars(ps).items()):
+        if isinstance(value, dist.ProcessGroup):
+            setattr(ps, name, None)
+    getattr(RotaryEmbedding.forward, "cache_clear", lambda: None)()
     if dist.is_initialized():
         dist.destroy_process_group()
+    # A group's threads stop when its last reference goes; models hold theirs in cycles.
+    gc.collect()

@@ -27,6 +27,7 @@ SGLang and transformers load.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -440,6 +441,26 @@ class Learner:
         dist.barrier()
         return out
 
+    def release(self) -> None:
+        """Let the model, its optimizer and the process groups they hold be freed once this
+        learner is dropped. Megatron's DDP keeps its gradient hooks' autograd nodes in
+        `grad_accs`, and a module may keep a tensor of its last forward (the MoE token
+        dispatcher's `probs`) whose graph reaches those nodes; the nodes hold the hooks, whose
+        closures hold the DDP: cycles through C++ objects that Python's gc cannot see. Kept,
+        they pin every model built in the process and its process groups, each gloo group with
+        its own threads (a test session had 1,700 of them polling)."""
+        for module in self.model.modules():
+            # The module's own attributes and those of the plain objects it keeps (the
+            # dispatcher is not a Module).
+            helpers = [v for v in vars(module).values()
+                       if hasattr(v, "__dict__")
+                       and not isinstance(v, (torch.nn.Module, type, types.ModuleType))]
+            for holder in (module, *helpers):
+                for name, value in list(vars(holder).items()):
+                    if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                        setattr(holder, name, None)
+        self.model.grad_accs.clear()
+
 
 def _logits(output: Any) -> torch.Tensor:
     """The policy's logits of a last-stage output (without the MTP drafts' beside them)."""
@@ -463,4 +484,5 @@ def learner(model_dir: str | Path, cfg: TrainerConfig, lr: float | None = None) 
     try:
         yield made
     finally:
+        made.release()
         dist_env.teardown()
