@@ -33,7 +33,8 @@ short in wall time. Cells run engine, router, runner in turn for each (L, c), so
 hits the three alike. Prints the matrix, c32/c1 at 256 tokens (target >= 8), and runner/engine
 per length (target >= 0.9). `--out FILE` writes the matrix for `agent-rl audit --decode-table`.
 Last line: RESULT {"tok_s": {path: {L: {c: tok/s}}}, "batch_gain_32": ..., "runner_ratio_4k":
-..., "runner_ratio": {L: ...}, "load_average": ..., "wall_s": ...}
+..., "runner_ratio": {L: ...}, "running": {"L/c/path": mean running requests}, "load_average":
+..., "wall_s": ...}
 """
 
 from __future__ import annotations
@@ -161,27 +162,42 @@ def _first_token(meta: dict[str, Any], t0: float, t1: float) -> float | None:
     return min(max(first, t0), t1)
 
 
-async def window(engine_url: str, window_s: float, settle_s: float, c: int) -> tuple[float, float]:
+RUNNING: dict[str, list[float]] = {}
+"""Requests running on the engine, sampled through each cell's window: "L/c/path" -> samples.
+A path that keeps fewer than c requests running (a driver's gap between two requests) reads
+lower for that reason alone; the matrix's second table shows it."""
+GAUGE_S = 0.25
+
+
+async def window(engine_url: str, window_s: float, settle_s: float, c: int,
+                 gauge: list[float] | None = None) -> tuple[float, float]:
     """The measured window: it opens once `c` requests run on the engine (at most OPEN_WAIT_S
-    of waiting) plus `settle_s`, and lasts `window_s`; then every request is aborted, so each
-    call in flight returns with the tokens it got (counted up to the abort)."""
+    of waiting) plus `settle_s`, and lasts `window_s`, with the engine's running requests
+    sampled into `gauge` every GAUGE_S; then every request is aborted, so each call in flight
+    returns with the tokens it got (counted up to the abort)."""
     async with EngineClient(engine_url) as engine:
+
+        async def running() -> int:
+            return sum(x.get("num_running_reqs", 0) for x in await engine.loads())
+
         deadline = time.monotonic() + OPEN_WAIT_S
         while time.monotonic() < deadline:
-            loads = await engine.loads()
-            if sum(x.get("num_running_reqs", 0) for x in loads) >= c:
+            if await running() >= c:
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(settle_s)
         w0 = time.monotonic()
-        await asyncio.sleep(window_s)
+        while (left := w0 + window_s - time.monotonic()) > 0:
+            await asyncio.sleep(min(GAUGE_S, left))
+            if gauge is not None and time.monotonic() < w0 + window_s:
+                gauge.append(await running())
         w1 = time.monotonic()
         await engine.abort(abort_all=True)
     return w0, w1
 
 
 async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: float,
-                      settle_s: float, rng: random.Random) -> float:
+                      settle_s: float, rng: random.Random, gauge: list[float]) -> float:
     stop = asyncio.Event()
     first = start_lengths(length, c)
 
@@ -197,7 +213,7 @@ async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: 
     async with EngineClient(url) as client:
         tasks = [asyncio.create_task(worker(k, client)) for k in range(c)]
         try:
-            w0, w1 = await window(engine_url, window_s, settle_s, c)
+            w0, w1 = await window(engine_url, window_s, settle_s, c, gauge)
             stop.set()
             await asyncio.wait(tasks, timeout=30)  # the aborted calls return their tokens
         finally:
@@ -209,7 +225,7 @@ async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: 
 
 
 def runner(router: str, engine_url: str, model: Path, tmp: Path, length: int, c: int,
-           window_s: float, settle_s: float) -> float:
+           window_s: float, settle_s: float, gauge: list[float]) -> float:
     from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig
 
     cfg = Config(
@@ -226,7 +242,7 @@ def runner(router: str, engine_url: str, model: Path, tmp: Path, length: int, c:
     serve = ServeThread(cfg, max_episodes=None)
     serve.start()
     try:
-        w0, w1 = asyncio.run(window(engine_url, window_s, settle_s, c))
+        w0, w1 = asyncio.run(window(engine_url, window_s, settle_s, c, gauge))
         time.sleep(1.0)  # the runner's aborted calls return (their episodes fail: engine error)
     finally:
         serve.stop()
@@ -298,13 +314,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 for c in concurrency:
                     row = {}
                     for path in PATHS:
+                        gauge = RUNNING.setdefault(f"{length}/{c}/{path}", [])
                         if path == "runner":
                             v = runner(router, engine.url, model, tmp, length, c, window,
-                                       args.settle_s)
+                                       args.settle_s, gauge)
                         else:
                             url = engine.url if path == "engine" else router
                             v = asyncio.run(closed_loop(url, engine.url, length, c, window,
-                                                        args.settle_s, rng))
+                                                        args.settle_s, rng, gauge))
                         tok_s[path].setdefault(str(length), {})[str(c)] = round(v, 1)
                         row[path] = v
                     loads.append(os.getloadavg()[0])
@@ -326,6 +343,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         for L in lengths:
             print(f"  {path:7} L={L:5}  " + " ".join(
                 f"{tok_s[path][str(L)][str(c)]:7.1f}" for c in concurrency))
+    running = {k: round(sum(v) / len(v), 1) for k, v in RUNNING.items() if v}
+    print("\nrequests running on the engine in the window (mean), length x concurrency "
+          + " ".join(f"c{c:<6}" for c in concurrency))
+    for path in PATHS:
+        for L in lengths:
+            print(f"  {path:7} L={L:5}  " + " ".join(
+                f"{running.get(f'{L}/{c}/{path}', 0.0):7.1f}" for c in concurrency))
     if gain is not None:
         print(f"batching gain c32/c1 at 256 tokens: {gain:.2f}x (target >= 8)")
     print("runner / engine at c32: " + ", ".join(f"{L}: {r:.2f}" for L, r in ratio.items())
@@ -334,7 +358,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         Path(args.out).write_text(json.dumps({"tok_s": tok_s}, indent=1))
         print(f"wrote {args.out} (agent-rl audit --decode-table {args.out})")
     return {"tok_s": tok_s, "batch_gain_32": gain, "runner_ratio_4k": ratio.get("4096"),
-            "runner_ratio": ratio, "load_average": round(max(loads), 2) if loads else None,
+            "runner_ratio": ratio, "running": running,
+            "load_average": round(max(loads), 2) if loads else None,
             "cores": os.cpu_count(), "wall_s": round(time.monotonic() - t_start, 1)}
 
 
