@@ -33,7 +33,7 @@ short in wall time. Cells run engine, router, runner in turn for each (L, c), so
 hits the three alike. Prints the matrix, c32/c1 at 256 tokens (target >= 8), and runner/engine
 per length (target >= 0.9). `--out FILE` writes the matrix for `agent-rl audit --decode-table`.
 Last line: RESULT {"tok_s": {path: {L: {c: tok/s}}}, "batch_gain_32": ..., "runner_ratio_4k":
-..., "runner_ratio": {L: ...}, "running": {"L/c/path": mean running requests}, "load_average":
+..., "runner_ratio": {L: ...}, "running": {path: {L: {c: requests}}}, "load_average":
 ..., "wall_s": ...}
 """
 
@@ -162,15 +162,13 @@ def _first_token(meta: dict[str, Any], t0: float, t1: float) -> float | None:
     return min(max(first, t0), t1)
 
 
-RUNNING: dict[str, list[float]] = {}
-"""Requests running on the engine, sampled through each cell's window: "L/c/path" -> samples.
-A path that keeps fewer than c requests running (a driver's gap between two requests) reads
-lower for that reason alone; the matrix's second table shows it."""
 GAUGE_S = 0.25
+"""How often a window samples the requests running on the engine: a path that keeps fewer than
+c running (a driver's gap between two requests) reads lower for that reason alone."""
 
 
 async def window(engine_url: str, window_s: float, settle_s: float, c: int,
-                 gauge: list[float] | None = None) -> tuple[float, float]:
+                 gauge: list[int]) -> tuple[float, float]:
     """The measured window: it opens once `c` requests run on the engine (at most OPEN_WAIT_S
     of waiting) plus `settle_s`, and lasts `window_s`, with the engine's running requests
     sampled into `gauge` every GAUGE_S; then every request is aborted, so each call in flight
@@ -189,7 +187,7 @@ async def window(engine_url: str, window_s: float, settle_s: float, c: int,
         w0 = time.monotonic()
         while (left := w0 + window_s - time.monotonic()) > 0:
             await asyncio.sleep(min(GAUGE_S, left))
-            if gauge is not None and time.monotonic() < w0 + window_s:
+            if time.monotonic() < w0 + window_s:
                 gauge.append(await running())
         w1 = time.monotonic()
         await engine.abort(abort_all=True)
@@ -197,7 +195,7 @@ async def window(engine_url: str, window_s: float, settle_s: float, c: int,
 
 
 async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: float,
-                      settle_s: float, rng: random.Random, gauge: list[float]) -> float:
+                      settle_s: float, rng: random.Random, gauge: list[int]) -> float:
     stop = asyncio.Event()
     first = start_lengths(length, c)
 
@@ -225,7 +223,7 @@ async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: 
 
 
 def runner(router: str, engine_url: str, model: Path, tmp: Path, length: int, c: int,
-           window_s: float, settle_s: float, gauge: list[float]) -> float:
+           window_s: float, settle_s: float, gauge: list[int]) -> float:
     from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig
 
     cfg = Config(
@@ -292,6 +290,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     lengths = [int(x) for x in args.lengths.split(",")]
     concurrency = [int(x) for x in args.concurrency.split(",")]
     tok_s: dict[str, dict[str, dict[str, float]]] = {p: {} for p in PATHS}
+    running: dict[str, dict[str, dict[str, float]]] = {p: {} for p in PATHS}
     loads = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -314,7 +313,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 for c in concurrency:
                     row = {}
                     for path in PATHS:
-                        gauge = RUNNING.setdefault(f"{length}/{c}/{path}", [])
+                        gauge: list[int] = []
                         if path == "runner":
                             v = runner(router, engine.url, model, tmp, length, c, window,
                                        args.settle_s, gauge)
@@ -323,6 +322,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                             v = asyncio.run(closed_loop(url, engine.url, length, c, window,
                                                         args.settle_s, rng, gauge))
                         tok_s[path].setdefault(str(length), {})[str(c)] = round(v, 1)
+                        running[path].setdefault(str(length), {})[str(c)] = round(
+                            sum(gauge) / max(len(gauge), 1), 1)
                         row[path] = v
                     loads.append(os.getloadavg()[0])
                     print(f"L={length:5} c={c:3}: " + "  ".join(
@@ -338,18 +339,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     gain = None
     if 256 in lengths and 1 in concurrency and 32 in concurrency:
         gain = round(tok_s["engine"]["256"]["32"] / max(tok_s["engine"]["256"]["1"], 1e-9), 2)
-    print("\ntok/s by path, length x concurrency " + " ".join(f"c{c:<6}" for c in concurrency))
-    for path in PATHS:
-        for L in lengths:
-            print(f"  {path:7} L={L:5}  " + " ".join(
-                f"{tok_s[path][str(L)][str(c)]:7.1f}" for c in concurrency))
-    running = {k: round(sum(v) / len(v), 1) for k, v in RUNNING.items() if v}
-    print("\nrequests running on the engine in the window (mean), length x concurrency "
-          + " ".join(f"c{c:<6}" for c in concurrency))
-    for path in PATHS:
-        for L in lengths:
-            print(f"  {path:7} L={L:5}  " + " ".join(
-                f"{running.get(f'{L}/{c}/{path}', 0.0):7.1f}" for c in concurrency))
+    tables = (("tok/s", tok_s), ("requests running on the engine (window mean)", running))
+    for title, matrix in tables:
+        print(f"\n{title} by path, length x concurrency "
+              + " ".join(f"c{c:<6}" for c in concurrency))
+        for path in PATHS:
+            for L in lengths:
+                print(f"  {path:7} L={L:5}  " + " ".join(
+                    f"{matrix[path][str(L)][str(c)]:7.1f}" for c in concurrency))
     if gain is not None:
         print(f"batching gain c32/c1 at 256 tokens: {gain:.2f}x (target >= 8)")
     print("runner / engine at c32: " + ", ".join(f"{L}: {r:.2f}" for L, r in ratio.items())
