@@ -11,6 +11,14 @@ weights as version 0 before each) and the trainer loop (trainer/loop.py) for VER
 - online: `mtp_train = true`, the draft trains on every RL batch;
 - frozen: `mtp_train = false`, the draft stays the SFT one. Its loss is not added, and the
   policy then trains exactly as without MTP (tests/trainer/test_mtp.py), detached or not.
+- frozen, paired: the online run's own batches replayed, in order, through a learner from the
+  same SFT weights with `mtp_train = false`. A detached draft leaves the policy's update
+  bit-exact given the same batch, so this replay walks the online run's exact policy
+  trajectory (checked: the entropy each step reports agrees, `paired_entropy_max_diff`) and
+  scores the SFT draft on exactly the (policy, batch) pairs the online draft was scored on:
+  the control without the second run's rollout noise (other episodes, another policy
+  trajectory), which moves the two runs' acceptance apart by more than the draft's training
+  does: 0.015 over the last five versions at the recipe's lr, 0.09 in one run at lr 3e-4.
 Acceptance is what the learner reports with each version (`mtp_acceptance_1`: per policy token,
 the sum over the vocabulary of min(p_policy, q_draft), at the weights the step starts from, on
 the step's batch; with one draft it is also the expected accepted length), read from the
@@ -32,7 +40,8 @@ Run: `python bench/mtp.py` (needs `agent-rl engine install`). On 2 quiet CPU cor
 0.9-2.0) it takes 4.5 minutes (SFT 1.3 of them); shared with other runs it took 8.5 minutes at
 load 5-30 and 9.4 at load 23-38.
 Last line: RESULT {"acceptance_online_last", "acceptance_frozen_last", "mtp_step_overhead",
-"reward_delta", "acceptance_last_mean", "acceptance_online", "acceptance_frozen", ...};
+"reward_delta", "acceptance_last_mean", "acceptance_online", "acceptance_frozen",
+"acceptance_frozen_paired_last", "acceptance_gap_paired_last", "paired_entropy_max_diff", ...};
 targets: online >= frozen + 0.1 at the last version, overhead <= 0.15.
 """
 
@@ -138,6 +147,16 @@ def versions(cfg: Config) -> list[dict[str, Any]]:
     return asyncio.run(go())
 
 
+def paired_frozen(cfg: Config, batches: list[Any]) -> list[dict[str, float]]:
+    """The online run's batches replayed in order with the draft frozen at the SFT one: each
+    step's metrics (see the module docstring)."""
+    from trainer.learner import learner
+
+    frozen = cfg.trainer.model_copy(update={"mtp_train": False})
+    with learner(frozen.model, frozen) as e:
+        return [e.rl_step(batch) for batch in batches]
+
+
 def step_times(model: Path, batches: list[Any]) -> list[dict[int, float]]:
     """Per round, seconds per loop step's learner work (trainer logprobs of the first
     micro-batch, then `rl_step`) without (0) and with (1) the draft over TIMED_BATCHES batches;
@@ -173,6 +192,7 @@ def main() -> None:
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {}
     batches: list[Any] = []
+    configs: dict[str, Config] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = init_model(work / "model", MODEL_PRESET, seed=0)
@@ -182,12 +202,13 @@ def main() -> None:
         try:
             sft_model = sft(work, model)
             engine.wait_until_healthy()
-            router = RouterThread([engine.url], RouterConfig(port=0, admin_token=secrets.token_urlsafe(24)))
+            token = secrets.token_urlsafe(24)
+            router = RouterThread([engine.url], RouterConfig(port=0, admin_token=token))
             router.start()
             router.ready.wait(60)
             try:
                 for arm in ARMS:
-                    cfg = config(work, sft_model, router, arm)
+                    cfg = configs[arm] = config(work, sft_model, router, arm)
                     asyncio.run(upgrade(cfg.store))
                     reset_engine(router, sft_model)
                     t0 = time.monotonic()
@@ -200,12 +221,16 @@ def main() -> None:
         finally:
             engine.stop()
         load_runs = os.getloadavg()[0]
+        paired = paired_frozen(configs["online"], batches)
         step = step_times(sft_model, batches)
     acc = {arm: [round(v["mtp_acceptance_1"], 4) for v in runs[arm]] for arm in ARMS}
     reward = {arm: [v["reward_mean"] for v in runs[arm]] for arm in ARMS}
     # The runs are compared at the versions both reached (a run may stop at RUN_CAP_S).
     n = min(len(reward["online"]), len(reward["frozen"]))
     diffs = [a - b for a, b in zip(reward["online"][:n], reward["frozen"][:n])]
+    # The online run's versions are its steps: the replay's step i is version i + 1.
+    m = min(len(paired), len(runs["online"]))
+    acc_paired = [round(x["mtp_acceptance_1"], 4) for x in paired[:m]]
     result = {
         "acceptance_online_last": acc["online"][n - 1],
         "acceptance_frozen_last": acc["frozen"][n - 1],
@@ -214,6 +239,13 @@ def main() -> None:
         # One version's acceptance is one batch's: the mean of the last LAST versions is steadier.
         "acceptance_last_mean": {arm: round(statistics.fmean(acc[arm][n - LAST:n]), 4)
                                  for arm in ARMS},  # fmt: skip
+        "acceptance_frozen_paired_last": acc_paired[m - 1],
+        "acceptance_gap_paired_last": round(acc["online"][m - 1] - acc_paired[m - 1], 4),
+        "acceptance_gap_paired_last_mean": round(statistics.fmean(
+            a - b for a, b in zip(acc["online"][m - LAST:m], acc_paired[m - LAST:m])), 4),
+        "paired_entropy_max_diff": max(abs(x["entropy"] - v["entropy"])
+                                       for x, v in zip(paired[:m], runs["online"][:m])),
+        "acceptance_frozen_paired": acc_paired,
         "mtp_step_overhead": round(statistics.median(r[1] / r[0] for r in step) - 1, 3),
         "reward_delta": round(statistics.fmean(diffs), 4),
         "reward_delta_stderr": round(statistics.stdev(diffs) / n**0.5, 4) if n > 1 else None,
