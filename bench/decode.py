@@ -17,15 +17,17 @@ slices of [0, L), the same on the three paths (`start_lengths`); later ones P un
 SGLang's prefix cache prefills each position once: otherwise 64 prompts of ~2k tokens took this
 CPU longer to prefill than the whole bench may run, and prefill is not what the bench measures.
 The window opens once c requests run on the engine (or after 8 s), plus `--settle-s`. The meter
-is the same for the three drivers: every /generate call of this process (the drivers' and serve's
-runner's) is timed and its returned tokens counted, the first at the time the engine produced
-it and the rest spread evenly over the call's decode, from there to its end (the engine runs
-with `--enable-metrics` for its first-token timestamps); at the window's end every request is
-aborted, so calls in flight return what they got. (Spreading a call's tokens over its whole
-time instead, prefill and queueing included, undercounted the 4k cells, where a call's prefill
-often ran before the window opened: runner/engine read 0.42 and 0.93 in two runs.)
-(SGLang's own decode counter, `decode_moments`, skips decode steps longer than 2 s and steps
-after a prefill, which on a loaded CPU at 4k x 32 is most of them: it read 0.)
+is the engine's own: SGLang's decode-token counter (`sglang:realtime_tokens_total{mode="decode"}`
+on its /metrics, with `--enable-metrics`), which the scheduler advances by the tokens of every
+decode step, read as the window opens and as it closes: exact to one step and blind to which
+client sent the requests, so the three drivers are measured alike. At the window's end every
+request is aborted. (The meter before it timed each /generate call in this process and spread
+a call's tokens evenly from its first token to its return; requests that start one after
+another, as serve's episodes do, decode slower while the later ones prefill, so that spread
+moved tokens out of the window: the runner read 0.90 of the counter at 1k x 32 and 0.94 at 256
+x 32, the engine's driver, whose c requests start at once, 1.00.) On this machine the 4k x 64
+cells read 0: no decode step runs in their window (64 requests at up to 4k positions are still
+being prefilled; the old meter read 0-54 tok/s there).
 
 On this 2-core CPU machine the whole matrix must fit in 5 minutes, so a cell is a window of
 `--window-s` seconds (default 2.5; 4k cells x1.5) after its settle: steady in the sense above,
@@ -54,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.engine.client import EngineClient  # noqa: E402
-from bench._serving import ServeThread, on_generate  # noqa: E402
+from bench._serving import ServeThread  # noqa: E402
 
 LENGTHS = (256, 1024, 4096)
 CONCURRENCY = (1, 8, 32, 64)
@@ -121,45 +123,11 @@ def register_env() -> None:
     register(ENV_ID, DecodeBench)
 
 
-class Recorder:
-    """Every /generate call made in this process (the drivers' and serve's runner's alike):
-    when it was sent, when it returned, how many tokens came back (an aborted call returns its
-    partial output) and when its first token came (the engine's own timestamps, with
-    `--enable-metrics`). The meter of all three drivers, so they are measured the same way."""
-
-    calls: list[tuple[float, float, int, float | None]] = []
-
-    @classmethod
-    def install(cls) -> None:
-        on_generate(lambda t0, t1, g: cls.calls.append(
-            (t0, t1, len(g.output_ids), _first_token(g.meta_info, t0, t1))))
-
-    @classmethod
-    def tok_s(cls, w0: float, w1: float) -> float:
-        """Tokens per second generated inside [w0, w1]. A call's first token counts at the time
-        the engine produced it, the rest spread evenly from there to the call's end (its
-        decode); a call without the engine's timestamps spreads them over its whole time. A
-        long call's prefill and queueing, often before the window opened, then take none of
-        its decoded tokens."""
-        total = 0.0
-        for a, b, n, first in cls.calls:
-            if first is not None and n > 0:
-                total += w0 <= first <= w1
-                a, n = first, n - 1
-            overlap = min(b, w1) - max(a, w0)
-            if overlap > 0 and b > a:
-                total += n * overlap / (b - a)
-        return total / (w1 - w0)
-
-
-def _first_token(meta: dict[str, Any], t0: float, t1: float) -> float | None:
-    """When the engine produced the call's first token, on this process's monotonic clock
-    (SGLang's `request_received_ts` + `first_token_latency` are wall-clock seconds)."""
-    received, latency = meta.get("request_received_ts"), meta.get("first_token_latency")
-    if received is None or latency is None:
-        return None
-    first = float(received) + float(latency) - (time.time() - time.monotonic())
-    return min(max(first, t0), t1)
+def decoded_tokens(metrics: str) -> float:
+    """The engine's decode-token counter in the text of its /metrics (summed over its label
+    sets: one per scheduler)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("sglang:realtime_tokens_total{") and 'mode="decode"' in line)
 
 
 GAUGE_S = 0.25
@@ -168,15 +136,23 @@ c running (a driver's gap between two requests) reads lower for that reason alon
 
 
 async def window(engine_url: str, window_s: float, settle_s: float, c: int,
-                 gauge: list[int]) -> tuple[float, float]:
-    """The measured window: it opens once `c` requests run on the engine (at most OPEN_WAIT_S
-    of waiting) plus `settle_s`, and lasts `window_s`, with the engine's running requests
-    sampled into `gauge` every GAUGE_S; then every request is aborted, so each call in flight
-    returns with the tokens it got (counted up to the abort)."""
+                 gauge: list[int]) -> float:
+    """The measured window's decode tokens per second on the engine: it opens once `c`
+    requests run there (at most OPEN_WAIT_S of waiting) plus `settle_s`, and lasts `window_s`,
+    with the engine's running requests sampled into `gauge` every GAUGE_S; then every request
+    is aborted."""
     async with EngineClient(engine_url) as engine:
 
         async def running() -> int:
             return sum(x.get("num_running_reqs", 0) for x in await engine.loads())
+
+        async def counter() -> tuple[float, float]:
+            """(the decode counter, when it was read: the middle of the request)."""
+            t0 = time.monotonic()
+            async with engine.session.get(engine_url + "/metrics") as resp:
+                resp.raise_for_status()
+                text = await resp.text()
+            return decoded_tokens(text), (t0 + time.monotonic()) / 2
 
         deadline = time.monotonic() + OPEN_WAIT_S
         while time.monotonic() < deadline:
@@ -184,14 +160,14 @@ async def window(engine_url: str, window_s: float, settle_s: float, c: int,
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(settle_s)
-        w0 = time.monotonic()
+        d0, w0 = await counter()
         while (left := w0 + window_s - time.monotonic()) > 0:
             await asyncio.sleep(min(GAUGE_S, left))
             if time.monotonic() < w0 + window_s:
                 gauge.append(await running())
-        w1 = time.monotonic()
+        d1, w1 = await counter()
         await engine.abort(abort_all=True)
-    return w0, w1
+    return (d1 - d0) / (w1 - w0)
 
 
 async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: float,
@@ -207,19 +183,18 @@ async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: 
                                            "temperature": 1.0}, return_logprob=True)
             p = rng.randrange(8, length)
 
-    Recorder.calls = []
     async with EngineClient(url) as client:
         tasks = [asyncio.create_task(worker(k, client)) for k in range(c)]
         try:
-            w0, w1 = await window(engine_url, window_s, settle_s, c, gauge)
+            tok_s = await window(engine_url, window_s, settle_s, c, gauge)
             stop.set()
-            await asyncio.wait(tasks, timeout=30)  # the aborted calls return their tokens
+            await asyncio.wait(tasks, timeout=30)  # the aborted calls return
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await _abort(engine_url)
-    return Recorder.tok_s(w0, w1)
+    return tok_s
 
 
 def runner(router: str, engine_url: str, model: Path, tmp: Path, length: int, c: int,
@@ -236,18 +211,17 @@ def runner(router: str, engine_url: str, model: Path, tmp: Path, length: int, c:
                               max_queued_groups=0, filter_zero_variance=False,
                               engine_sample_s=0),
     )  # fmt: skip
-    Recorder.calls = []
     serve = ServeThread(cfg, max_episodes=None)
     serve.start()
     try:
-        w0, w1 = asyncio.run(window(engine_url, window_s, settle_s, c, gauge))
+        tok_s = asyncio.run(window(engine_url, window_s, settle_s, c, gauge))
         time.sleep(1.0)  # the runner's aborted calls return (their episodes fail: engine error)
     finally:
         serve.stop()
         asyncio.run(_abort(engine_url))
         if serve.error is not None and not isinstance(serve.error, asyncio.CancelledError):
             print(f"serve: {serve.error!r}", file=sys.stderr)
-    return Recorder.tok_s(w0, w1)
+    return tok_s
 
 
 async def _abort(url: str) -> None:
@@ -274,19 +248,18 @@ def start_router(engine_url: str, log: Path) -> tuple[subprocess.Popen[bytes], s
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
+    import logging
+
     import anyio
 
     from agent_rl.config import EngineConfig
     from agent_rl.engine.launcher import EngineServer
     from agent_rl.models import init_model
 
-    import logging
-
     # The runner's episodes in flight at each window's end fail as aborted, by design.
     logging.getLogger("agent_rl").setLevel(logging.ERROR)
     t_start = time.monotonic()
     register_env()
-    Recorder.install()
     lengths = [int(x) for x in args.lengths.split(",")]
     concurrency = [int(x) for x in args.concurrency.split(",")]
     tok_s: dict[str, dict[str, dict[str, float]]] = {p: {} for p in PATHS}
@@ -300,7 +273,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             model=model, port=0, log_dir=tmp / "logs",
             max_total_tokens=max(concurrency) * (max(lengths) + 64),
             max_running_requests=max(concurrency),
-            extra_args=["--enable-metrics"],  # first-token timestamps for the meter
+            extra_args=["--enable-metrics"],  # the decode counter, the meter
             ))
         anyio.run(engine.astart)
         router_proc, router = start_router(engine.url, tmp / "router.log")
