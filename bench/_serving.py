@@ -112,3 +112,13 @@ def on_generate(record: Callable[[float, float, Generation], None]) -> None:
         return gen
 
     EngineClient.generate = generate  # type: ignore[method-assign]
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples named `name` (with these label values) in a Prometheus /metrics
+    text: one per label set, e.g. per worker or per scheduler."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())

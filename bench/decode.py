@@ -56,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.engine.client import EngineClient  # noqa: E402
-from bench._serving import ServeThread  # noqa: E402
+from bench._serving import ServeThread, metric_sum  # noqa: E402
 
 LENGTHS = (256, 1024, 4096)
 CONCURRENCY = (1, 8, 32, 64)
@@ -123,13 +123,6 @@ def register_env() -> None:
     register(ENV_ID, DecodeBench)
 
 
-def decoded_tokens(metrics: str) -> float:
-    """The engine's decode-token counter in the text of its /metrics (summed over its label
-    sets: one per scheduler)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("sglang:realtime_tokens_total{") and 'mode="decode"' in line)
-
-
 GAUGE_S = 0.25
 """How often a window samples the requests running on the engine: a path that keeps fewer than
 c running (a driver's gap between two requests) reads lower for that reason alone."""
@@ -152,7 +145,8 @@ async def window(engine_url: str, window_s: float, settle_s: float, c: int,
             async with engine.session.get(engine_url + "/metrics") as resp:
                 resp.raise_for_status()
                 text = await resp.text()
-            return decoded_tokens(text), (t0 + time.monotonic()) / 2
+            decoded = metric_sum(text, "sglang:realtime_tokens_total", mode="decode")
+            return decoded, (t0 + time.monotonic()) / 2
 
         deadline = time.monotonic() + OPEN_WAIT_S
         while time.monotonic() < deadline:

@@ -33,6 +33,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._serving import metric_sum  # noqa: E402
+
 
 def serve_role(args: argparse.Namespace) -> None:
     from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig
@@ -138,9 +140,7 @@ class InFlight:
                 text = urllib.request.urlopen(self.url, timeout=2).read().decode()
             except OSError:
                 continue
-            n = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                    if line.startswith("agent_rl_router_in_flight{"))
-            self.samples.append((time.time(), n))
+            self.samples.append((time.time(), metric_sum(text, "agent_rl_router_in_flight")))
 
     def mean(self, spans: list[tuple[float, float]]) -> float:
         inside = [n for t, n in self.samples if any(a <= t < b for a, b in spans)]
