@@ -8,7 +8,10 @@ with `trainer.mtp_layers = 1` (SFT_STEPS steps on the calculator's demonstration
 trained with the policy on the SFT data), then two RL runs from that export, one after the
 other, each with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT
 weights as version 0 before each) and the trainer loop (trainer/loop.py) for VERSIONS versions:
-- online: `mtp_train = true`, the draft trains on every RL batch;
+- online: `mtp_train = true`, the draft trains on every RL batch, to `--objective`
+  (`trainer.mtp_objective`, default tv: the total variation from the policy's distribution,
+  one minus the expected acceptance; nll is slime's loss, the cross-entropy of the sampled
+  tokens);
 - frozen: `mtp_train = false`, the draft stays the SFT one. Its loss is not added, and the
   policy then trains exactly as without MTP (tests/trainer/test_mtp.py), detached or not.
 - frozen, paired: the online run's own batches replayed, in order, through a learner from the
@@ -19,6 +22,9 @@ weights as version 0 before each) and the trainer loop (trainer/loop.py) for VER
   the control without the second run's rollout noise (other episodes, another policy
   trajectory), which moves the two runs' acceptance apart by more than the draft's training
   does: 0.015 over the last five versions at the recipe's lr, 0.09 in one run at lr 3e-4.
+- `--compare nll,kl`: the online run's batches replayed with the draft trained to each of these
+  objectives instead, on the same policy trajectory (`objective_lead_last_mean`: the online
+  draft's acceptance minus each one's, over the last LAST versions).
 Acceptance is what the learner reports with each version (`mtp_acceptance_1`: per policy token,
 the sum over the vocabulary of min(p_policy, q_draft), at the weights the step starts from, on
 the step's batch; with one draft it is also the expected accepted length), read from the
@@ -41,7 +47,8 @@ Run: `python bench/mtp.py` (needs `agent-rl engine install`). On 2 quiet CPU cor
 load 5-30 and 9.4 at load 23-38.
 Last line: RESULT {"acceptance_online_last", "acceptance_frozen_last", "mtp_step_overhead",
 "reward_delta", "acceptance_last_mean", "acceptance_online", "acceptance_frozen",
-"acceptance_frozen_paired_last", "acceptance_gap_paired_last", "paired_entropy_max_diff", ...};
+"acceptance_frozen_paired_last", "acceptance_gap_paired_last", "paired_entropy_max_diff",
+"objective", "objective_lead_last_mean", ...};
 targets: online >= frozen + 0.1 at the last version, overhead <= 0.15.
 """
 
@@ -71,10 +78,12 @@ RUN_CAP_S = 100.0
 LAST = 5
 ROUNDS, TIMED_BATCHES = 3, 3
 ARMS = ("online", "frozen")
+OBJECTIVES = ("nll", "kl", "tv")
 
 
-def config(work: Path, sft: Path, router: RouterThread, arm: str) -> Config:
-    return quickstart_run(work, sft, router, f"mtp-{arm}", mtp_layers=1, mtp_train=arm == "online")
+def config(work: Path, sft: Path, router: RouterThread, arm: str, objective: str) -> Config:
+    return quickstart_run(work, sft, router, f"mtp-{arm}", mtp_layers=1,
+                          mtp_train=arm == "online", mtp_objective=objective)
 
 
 def sft(work: Path, model: Path) -> Path:
@@ -147,17 +156,18 @@ def versions(cfg: Config) -> list[dict[str, Any]]:
     return asyncio.run(go())
 
 
-def paired_frozen(cfg: Config, batches: list[Any]) -> list[dict[str, float]]:
-    """The online run's batches replayed in order with the draft frozen at the SFT one: each
-    step's metrics (see the module docstring)."""
+def paired(cfg: Config, batches: list[Any], **update: Any) -> list[dict[str, float]]:
+    """The online run's batches replayed in order with the trainer settings `update`d (the
+    draft frozen at the SFT one, or trained to another objective): each step's metrics (see
+    the module docstring)."""
     from trainer.learner import learner
 
-    frozen = cfg.trainer.model_copy(update={"mtp_train": False})
-    with learner(frozen.model, frozen) as e:
+    replay = cfg.trainer.model_copy(update=update)
+    with learner(replay.model, replay) as e:
         return [e.rl_step(batch) for batch in batches]
 
 
-def step_times(model: Path, batches: list[Any]) -> list[dict[int, float]]:
+def step_times(model: Path, batches: list[Any], objective: str) -> list[dict[int, float]]:
     """Per round, seconds per loop step's learner work (trainer logprobs of the first
     micro-batch, then `rl_step`) without (0) and with (1) the draft over TIMED_BATCHES batches;
     the order flips every round (0 1, 1 0, ...) so a load that drifts favours neither."""
@@ -167,7 +177,8 @@ def step_times(model: Path, batches: list[Any]) -> list[dict[int, float]]:
     for r in range(ROUNDS):
         times: dict[int, float] = {}
         for layers in (0, 1) if r % 2 == 0 else (1, 0):
-            cfg = TrainerConfig(lr=1e-4, micro_batch_size=32, mtp_layers=layers)
+            cfg = TrainerConfig(lr=1e-4, micro_batch_size=32, mtp_layers=layers,
+                                mtp_objective=objective)  # type: ignore[arg-type]
             with learner(model, cfg) as e:
                 e.rl_step(batches[0])  # optimizer state, first allocations: not timed
                 t0 = time.perf_counter()
@@ -180,6 +191,8 @@ def step_times(model: Path, batches: list[Any]) -> list[dict[int, float]]:
 
 
 def main() -> None:
+    import argparse
+
     import torch
 
     from agent_rl.config import load_config
@@ -188,6 +201,15 @@ def main() -> None:
     from agent_rl.quickstart.recipe import MODEL_PRESET
     from agent_rl.store.migrate import upgrade
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--objective", default="tv", choices=OBJECTIVES,
+                        help="trainer.mtp_objective of the online run (default: tv)")
+    parser.add_argument("--compare", default="", help="other objectives, comma-separated, "
+                        "each replayed on the online run's batches (about 40 s each)")
+    args = parser.parse_args()
+    compare = [o for o in args.compare.split(",") if o]
+    if unknown := set(compare) - set(OBJECTIVES):
+        parser.error(f"unknown objective(s) {sorted(unknown)}; use {', '.join(OBJECTIVES)}")
     torch.set_num_threads(1)
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -208,7 +230,7 @@ def main() -> None:
             router.ready.wait(60)
             try:
                 for arm in ARMS:
-                    cfg = configs[arm] = config(work, sft_model, router, arm)
+                    cfg = configs[arm] = config(work, sft_model, router, arm, args.objective)
                     asyncio.run(upgrade(cfg.store))
                     reset_engine(router, sft_model)
                     t0 = time.monotonic()
@@ -221,16 +243,18 @@ def main() -> None:
         finally:
             engine.stop()
         load_runs = os.getloadavg()[0]
-        paired = paired_frozen(configs["online"], batches)
-        step = step_times(sft_model, batches)
+        frozen_pair = paired(configs["online"], batches, mtp_train=False)
+        others = {o: paired(configs["online"], batches, mtp_objective=o) for o in compare}
+        step = step_times(sft_model, batches, args.objective)
     acc = {arm: [round(v["mtp_acceptance_1"], 4) for v in runs[arm]] for arm in ARMS}
     reward = {arm: [v["reward_mean"] for v in runs[arm]] for arm in ARMS}
     # The runs are compared at the versions both reached (a run may stop at RUN_CAP_S).
     n = min(len(reward["online"]), len(reward["frozen"]))
     diffs = [a - b for a, b in zip(reward["online"][:n], reward["frozen"][:n])]
     # The online run's versions are its steps: the replay's step i is version i + 1.
-    m = min(len(paired), len(runs["online"]))
-    acc_paired = [round(x["mtp_acceptance_1"], 4) for x in paired[:m]]
+    m = min(len(frozen_pair), len(runs["online"]))
+    acc_paired = [round(x["mtp_acceptance_1"], 4) for x in frozen_pair[:m]]
+    acc_others = {o: [round(x["mtp_acceptance_1"], 4) for x in v[:m]] for o, v in others.items()}
     result = {
         "acceptance_online_last": acc["online"][n - 1],
         "acceptance_frozen_last": acc["frozen"][n - 1],
@@ -244,8 +268,15 @@ def main() -> None:
         "acceptance_gap_paired_last_mean": round(statistics.fmean(
             a - b for a, b in zip(acc["online"][m - LAST:m], acc_paired[m - LAST:m])), 4),
         "paired_entropy_max_diff": max(abs(x["entropy"] - v["entropy"])
-                                       for x, v in zip(paired[:m], runs["online"][:m])),
+                                       for x, v in zip(frozen_pair[:m], runs["online"][:m])),
         "acceptance_frozen_paired": acc_paired,
+        "objective": args.objective,
+        # Other objectives on the same policy trajectory: the online draft's lead over each,
+        # over the last LAST versions.
+        "objective_lead_last_mean": {o: round(statistics.fmean(
+            a - b for a, b in zip(acc["online"][m - LAST:m], v[m - LAST:m])), 4)
+            for o, v in acc_others.items()},
+        "acceptance_paired": acc_others,
         "mtp_step_overhead": round(statistics.median(r[1] / r[0] for r in step) - 1, 3),
         "reward_delta": round(statistics.fmean(diffs), 4),
         "reward_delta_stderr": round(statistics.stdev(diffs) / n**0.5, 4) if n > 1 else None,

@@ -266,7 +266,12 @@ class Learner:
                 )
             loss = out.loss
             if drafts:
-                draft_loss, draft_metrics = self._mtp_terms(micro, logits, drafts, mtp_counts)
+                # SFT steps train the draft on the demonstrations' tokens: from a fresh draft
+                # that learns faster than following the policy's distribution (docs/trainer.md).
+                objective = "nll" if sft else self.cfg.mtp_objective
+                draft_loss, draft_metrics = self._mtp_terms(
+                    micro, logits, drafts, mtp_counts, objective
+                )
                 if self.cfg.mtp_train:
                     loss = loss + self.cfg.mtp_loss_coef * draft_loss
                 for key, value in draft_metrics.items():
@@ -308,13 +313,14 @@ class Learner:
 
     def _mtp_terms(
         self, micro: MicroBatch, logits: torch.Tensor, drafts: list[torch.Tensor],
-        counts: torch.Tensor,
+        counts: torch.Tensor, objective: str,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The drafts' loss and metrics on this micro-batch, each depth scored at its anchors
         (the positions whose target is a policy token) alone:
-        - the loss: each depth's cross-entropy on its targets over its global token count
-          (`counts`), averaged over depths; each depth's share of its global mean nll
-          (`mtp_nll_{j}`) and of the average (`mtp_loss`), to be summed over micro-batches;
+        - the loss: each depth's `objective` (`mtp.draft_loss`) summed over its anchors, over its
+          global token count (`counts`), averaged over depths; each depth's share of its global
+          mean nll (`mtp_nll_{j}`, whatever the objective) and of the average loss (`mtp_loss`),
+          to be summed over micro-batches;
         - at the weights the step starts from, each depth's share of its expected acceptance
           (`mtp_acceptance_{j}`) and of the expected accepted length of all k drafts
           (`mtp_accept_length`, over the anchors whose next token but one is a policy token).
@@ -329,10 +335,16 @@ class Learner:
             # The logits' positions of the anchors: the same, or the packed row's.
             at = (rows, cols) if pk is None else (torch.zeros_like(rows), pk.index[rows, cols])
             draft = self.module.draft_logits(hidden, *at)
-            scores = mtp.draft_scores(draft, mb.tokens[rows, cols + 1 + depth])
-            nll = -scores.sum() / max(float(counts[depth - 1]), 1.0)
+            policy = logits[at[0], at[1] + depth]  # the policy's logits of the same tokens
+            sampled = mb.tokens[rows, cols + 1 + depth]
+            denominator = max(float(counts[depth - 1]), 1.0)
+            scores = mtp.draft_scores(draft, sampled)
+            nll = -scores.sum() / denominator
             metrics[f"mtp_nll_{depth}"] = float(nll.detach())
-            total = total + nll
+            if objective == "nll":
+                total = total + nll
+            else:
+                total = total + mtp.draft_loss(draft, policy, sampled, objective).sum() / denominator
             alpha = torch.zeros_like(mask)
             alpha[rows, cols] = mtp.acceptance_at(logits, draft.detach(), depth, *at)
             metrics[f"mtp_acceptance_{depth}"] = float(alpha.sum()) / max(

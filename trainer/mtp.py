@@ -27,6 +27,29 @@ def draft_scores(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -vocab_parallel_cross_entropy(x, targets.unsqueeze(1)).squeeze(1)
 
 
+def draft_loss(
+    draft: torch.Tensor, policy: torch.Tensor, targets: torch.Tensor, objective: str
+) -> torch.Tensor:
+    """Per anchor [N], differentiable in the draft's logits at the anchors [N, V/tp]: the
+    `objective` (`trainer.mtp_objective`) against the sampled `targets` [N] (nll) or against the
+    policy's distribution of the same tokens, its logits [N, V/tp] (kl, tv; not differentiated:
+    the draft follows the policy). Vocab-parallel logits are gathered whole for kl and tv,
+    whose every term needs the full softmax; the loss is then the same on every TP rank, as
+    megatron's cross-entropy is, and each rank's gradient is its vocabulary shard's."""
+    if objective == "nll":
+        return -draft_scores(draft, targets)
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region as gather
+
+    log_q = torch.log_softmax(gather(draft.float()), dim=-1)
+    with torch.no_grad():
+        log_p = torch.log_softmax(gather(policy.float()), dim=-1)
+    if objective == "kl":
+        return (log_p.exp() * (log_p - log_q)).sum(-1)
+    if objective == "tv":
+        return 1.0 - torch.minimum(log_p.exp(), log_q.exp()).sum(-1)
+    raise ValueError(f"unknown MTP objective {objective!r}")
+
+
 def shifted_mask(mask: torch.Tensor, depth: int) -> torch.Tensor:
     """The loss mask [B, T-1] of the policy's tokens (position t: token t+1) moved to the
     depth-`depth` draft's targets (position t: token t+1+depth), 0 past the row."""

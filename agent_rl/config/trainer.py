@@ -199,8 +199,16 @@ class TrainerConfig(Section):
     exported as SGLang's Qwen3-MoE MTP draft (`mtp.*` weights; it serves the first); 0: none."""
 
     mtp_loss_coef: float = Field(default=1.0, ge=0)
-    """Weight of the MTP loss (cross-entropy of each depth's draft on the policy's own sampled
-    tokens, averaged over depths) added to each step's loss."""
+    """Weight of the MTP loss (each depth's `mtp_objective` over the policy's own sampled tokens,
+    averaged over depths) added to each step's loss."""
+
+    mtp_objective: Literal["nll", "kl", "tv"] = "nll"
+    """The MTP loss of RL steps, per policy token each depth's draft predicts: `nll`, the
+    cross-entropy of the sampled token (slime's MTP loss); `kl`, the forward KL divergence from
+    the policy's whole distribution there (the nll's expectation over samples, without their
+    noise); `tv`, the total variation distance to it, which is one minus the expected acceptance
+    under speculative sampling, the quantity measured (DistillSpec's choice; bench/mtp.py).
+    SFT steps train the draft with `nll` on the demonstrations' tokens."""
 
     mtp_detach: bool = True
     """Train the MTP modules on detached trunk hidden states, embeddings and output weight, so

@@ -7,7 +7,7 @@ exports HF weights into OUT_DIR/NAME, checkpoints, takes an SFT step, and takes 
 the loaded checkpoint; rank 0 writes the step metrics to OUT_DIR/NAME/metrics.json and the
 starting logprobs to OUT_DIR/NAME/logprobs.pt. Several runs share one launch (imports dominate
 the cost). Usage: _parallel_worker.py MODEL_DIR OUT_DIR RUN..., a RUN being the sizes (tp2, pp2,
-ep2pp2, ...), `+mtpK` for K MTP modules (tp2+mtp1), `@DIR` to train the model in DIR instead
+ep2pp2, ...), `+mtpK` for K MTP modules (tp2+mtp1; `+mtpKtv` with `mtp_objective` tv), `@DIR` to train the model in DIR instead
 (tp2pp2@/models/tied); NAME is the RUN without its `@DIR`.
 """
 
@@ -45,7 +45,8 @@ def batch_for(arch: ModelArch, seed: int) -> Batch:
 
 
 def train(
-    model_dir: Path, out_dir: Path, tp: int = 1, ep: int = 1, mtp_layers: int = 0, pp: int = 1
+    model_dir: Path, out_dir: Path, tp: int = 1, ep: int = 1, mtp_layers: int = 0, pp: int = 1,
+    mtp_objective: str = "nll",
 ) -> list[dict[str, float]]:
     import torch
     from megatron.core import parallel_state as ps
@@ -55,7 +56,8 @@ def train(
     from trainer.learner import Learner
 
     arch = ModelArch.from_hf_dir(model_dir)
-    cfg = TrainerConfig(tp=tp, pp=pp, ep=ep, lr=1e-3, micro_batch_size=2, mtp_layers=mtp_layers)
+    cfg = TrainerConfig(tp=tp, pp=pp, ep=ep, lr=1e-3, micro_batch_size=2, mtp_layers=mtp_layers,
+                        mtp_objective=mtp_objective)  # type: ignore[arg-type]
     # The process group stays up between runs (re-creating it under torchrun hangs); each
     # Learner re-initialises megatron's parallel groups for its sizes.
     e = Learner(model_dir, cfg)
@@ -90,17 +92,20 @@ def main() -> None:
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument(
-        "runs", nargs="+", help="sizes such as tp2, pp2 or ep2pp2; +mtpK: K MTP modules; @DIR"
+        "runs", nargs="+",
+        help="sizes such as tp2, pp2 or ep2pp2; +mtpK: K MTP modules (+mtpKtv: objective tv); @DIR",
     )
     args = parser.parse_args()
     for run in args.runs:
         name, _, model_dir = run.partition("@")
         split, _, mtp = name.partition("+mtp")
+        layers, objective = re.fullmatch(r"(\d*)([a-z]*)", mtp).groups()  # type: ignore[union-attr]
         sizes = {axis: int(n) for axis, n in re.findall(r"(tp|pp|ep)(\d+)", split)}
         train(
             Path(model_dir) if model_dir else args.model_dir,
             args.out_dir / name,
-            mtp_layers=int(mtp or 0),
+            mtp_layers=int(layers or 0),
+            mtp_objective=objective or "nll",
             **sizes,
         )
     dist_env.teardown()

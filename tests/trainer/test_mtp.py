@@ -232,6 +232,61 @@ def test_acceptance_is_the_overlap_of_policy_and_draft_and_chains_into_a_length(
                        torch.full((1, 3), 3.0))  # fmt: skip
 
 
+def test_the_draft_objectives_are_the_samples_nll_the_kl_and_one_minus_the_acceptance(
+    solo: None,
+) -> None:
+    """`trainer.mtp_objective` per anchor, against direct computations: nll of the sampled
+    token, forward KL from the policy's distribution, and total variation, which is one minus
+    the acceptance the step reports; only the draft gets a gradient."""
+    from trainer import mtp
+
+    g = torch.Generator().manual_seed(0)
+    policy = torch.randn(5, 11, generator=g, requires_grad=True)
+    draft = torch.randn(5, 11, generator=g, requires_grad=True)
+    targets = torch.tensor([0, 3, 10, 4, 4])
+    p, log_q = policy.detach().softmax(-1), draft.detach().log_softmax(-1)
+    expected = {
+        "nll": -log_q.gather(1, targets[:, None])[:, 0],
+        "kl": (p * (p.log() - log_q)).sum(-1),
+        "tv": 0.5 * (p - log_q.exp()).abs().sum(-1),
+    }
+    rows, anchors = torch.arange(5), torch.zeros(5, dtype=torch.long)
+    accepted = mtp.acceptance_at(policy.detach()[:, None], draft.detach(), 0, rows, anchors)
+    assert torch.allclose(expected["tv"], 1 - accepted, atol=1e-6)
+    for objective, value in expected.items():
+        loss = mtp.draft_loss(draft, policy, targets, objective)
+        assert torch.allclose(loss, value, atol=1e-6), objective
+        loss.sum().backward()
+        assert policy.grad is None and draft.grad is not None and draft.grad.abs().sum() > 0
+        draft.grad = None
+    for objective in ("kl", "tv"):  # a draft equal to the policy is at the minimum, 0
+        same = mtp.draft_loss(policy.detach(), policy, targets, objective)
+        assert same.abs().max() < 1e-6, objective
+    with pytest.raises(ValueError, match="unknown MTP objective"):
+        mtp.draft_loss(draft, policy, targets, "l2")
+
+
+@pytest.mark.parametrize("objective", ["kl", "tv"])
+def test_a_draft_distilled_from_the_policy_learns_and_leaves_the_policy_bit_exact(
+    tiny_moe_model: Path, objective: str
+) -> None:
+    plain, _ = _run(tiny_moe_model, 3)
+    drafted, metrics = _run(tiny_moe_model, 3, mtp_layers=1, mtp_objective=objective)
+    for name, value in plain["after"].items():
+        assert torch.equal(value, drafted["after"][name]), name
+    losses = [m["mtp_loss"] for m in metrics]
+    assert losses[-1] < losses[0], losses
+    if objective == "tv":  # the loss is one minus the acceptance, at the step's start
+        assert all(m["mtp_loss"] == pytest.approx(1 - m["mtp_acceptance_1"], abs=1e-5)
+                   for m in metrics)  # fmt: skip
+    # SFT steps train the draft on the demonstrations' tokens, whatever the RL objective.
+    batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
+    cfg = TrainerConfig(micro_batch_size=2, mtp_layers=1, mtp_objective=objective)
+    with learner(tiny_moe_model, cfg) as e:
+        sft = e.sft_step(batch)
+    assert sft["mtp_loss"] == pytest.approx(sft["mtp_nll_1"], rel=1e-6)
+
+
 def test_the_drafts_head_at_the_anchors_is_the_output_layer_there(tiny_moe_model: Path) -> None:
     """The step runs a draft's head only where its target is a policy token: those logits are
     the output layer's over the whole sequence, picked at the anchors, and the loss there is
@@ -271,8 +326,9 @@ def test_tp2_and_ep2_train_the_draft_as_one_process_does(
 ) -> None:
     """torchrun, two gloo CPU ranks: the draft loads its `mtp.*` shards, and the vocab-parallel
     MTP loss and acceptance, the sharded `eh_proj` and the draft's experts train and export as
-    in one process. (They start from an export with a draft: megatron initialises expert and
-    TP-split weights differently per layout.)"""
+    in one process, with the draft's loss its sampled tokens' nll or (tp2+mtp1tv) its total
+    variation from the policy, computed on the gathered vocabulary. (They start from an export
+    with a draft: megatron initialises expert and TP-split weights differently per layout.)"""
     from tests.trainer._parallel_worker import train
     from tests.trainer.test_parallel import _compare, _launch, _metrics
     from trainer import dist_env
@@ -280,16 +336,22 @@ def test_tp2_and_ep2_train_the_draft_as_one_process_does(
     with learner(tiny_moe_model, TrainerConfig(mtp_layers=1)) as e:
         start = e.export_hf(tmp_path / "start")
     try:
-        base = train(start, tmp_path / "one", mtp_layers=1)
+        train(start, tmp_path / "one", mtp_layers=1)
+        train(start, tmp_path / "one_tv", mtp_layers=1, mtp_objective="tv")
     finally:
         dist_env.teardown()
-    _launch(start, tmp_path, "ep2+mtp1", "tp2+mtp1")
-    for run in ("ep2+mtp1", "tp2+mtp1"):
+    _launch(start, tmp_path, "ep2+mtp1", "tp2+mtp1", "tp2+mtp1tv")
+    for run, one in (("ep2+mtp1", "one"), ("tp2+mtp1", "one"), ("tp2+mtp1tv", "one_tv")):
         other = _metrics(tmp_path / run)
-        _compare(base, other, tmp_path / "one", tmp_path / run)
+        base = _metrics(tmp_path / one)
+        _compare(base, other, tmp_path / one, tmp_path / run)
         for a, b in zip(base, other):
             for key in ("mtp_loss", "mtp_acceptance_1", "mtp_accept_length"):
                 assert abs(a[key] - b[key]) < 1e-4, (run, key, a[key], b[key])
+    # The objective reached the ranks: tv's loss is one minus the acceptance, nll's is not.
+    for step in _metrics(tmp_path / "tp2+mtp1tv")[:2]:
+        assert step["mtp_loss"] == pytest.approx(1 - step["mtp_acceptance_1"], abs=1e-5)
+    assert _metrics(tmp_path / "tp2+mtp1")[0]["mtp_loss"] > 1.5
 
 
 def test_bf16_packed_rl_and_sft_steps_train_the_draft(tiny_moe_model: Path, tmp_path: Path) -> None:
