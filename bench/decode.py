@@ -66,8 +66,13 @@ ENV_ID = "decode-bench"
 BASE = [random.Random(0).randrange(10, VOCAB) for _ in range(max(LENGTHS))]
 """Every prompt is a prefix of this one sequence (see the module docstring)."""
 OPEN_WAIT_S = 8.0
-"""Longest wait for c requests to run before a window opens anyway (on a loaded 2-core machine
-64 long requests may never all run at once: the cell then measures what does)."""
+"""Longest wait for c requests to run before a window opens anyway, at lengths up to 1k (on a
+loaded 2-core machine 64 long requests may never all run at once: the cell then measures what
+does); at 4k twice as long: 32 requests took 6-8 s to be prefilled and running there, and a
+window opened on fewer spent its time prefilling the rest (one read 0 tok/s)."""
+IDLE_WAIT_S = 15.0
+"""Longest wait, after a cell's requests are aborted, for the engine to hold none: a cell whose
+window met the previous cell's requests still leaving read 0 tok/s."""
 
 
 def start_lengths(length: int, c: int) -> list[int]:
@@ -128,16 +133,22 @@ GAUGE_S = 0.25
 c running (a driver's gap between two requests) reads lower for that reason alone."""
 
 
-async def window(engine_url: str, window_s: float, settle_s: float, c: int,
-                 gauge: list[int]) -> float:
+async def window(engine_url: str, window_s: float, settle_s: float, c: int, length: int,
+                 path: str, gauge: list[int]) -> float:
     """The measured window's decode tokens per second on the engine: it opens once `c`
-    requests run there (at most OPEN_WAIT_S of waiting) plus `settle_s`, and lasts `window_s`,
-    with the engine's running requests sampled into `gauge` every GAUGE_S; then every request
-    is aborted."""
+    requests run there and none waits (at most OPEN_WAIT_S of waiting, twice that at 4k) plus
+    `settle_s`, and lasts `window_s`, with the engine's running requests sampled into `gauge`
+    every GAUGE_S; then every request is aborted."""
     async with EngineClient(engine_url) as engine:
 
+        async def state() -> tuple[int, int]:
+            """(requests running, requests waiting) on the engine."""
+            loads = await engine.loads()
+            return (sum(x.get("num_running_reqs", 0) for x in loads),
+                    sum(x.get("num_waiting_reqs", 0) for x in loads))
+
         async def running() -> int:
-            return sum(x.get("num_running_reqs", 0) for x in await engine.loads())
+            return (await state())[0]
 
         async def counter() -> tuple[float, float]:
             """(the decode counter, when it was read: the middle of the request)."""
@@ -148,11 +159,13 @@ async def window(engine_url: str, window_s: float, settle_s: float, c: int,
             decoded = metric_sum(text, "sglang:realtime_tokens_total", mode="decode")
             return decoded, (t0 + time.monotonic()) / 2
 
-        deadline = time.monotonic() + OPEN_WAIT_S
-        while time.monotonic() < deadline:
-            if await running() >= c:
-                break
+        # Open once c requests decode and none waits to be prefilled (or after the wait).
+        t0, wait_s = time.monotonic(), OPEN_WAIT_S * (2 if length >= 4096 else 1)
+        while (now := await state()) != (c, 0) and time.monotonic() < t0 + wait_s:
             await asyncio.sleep(0.1)
+        if now != (c, 0):
+            print(f"    {path} window opens after {wait_s:.0f} s with {now[0]} of {c} running, "
+                  f"{now[1]} waiting", flush=True)
         await asyncio.sleep(settle_s)
         d0, w0 = await counter()
         while (left := w0 + window_s - time.monotonic()) > 0:
@@ -180,7 +193,8 @@ async def closed_loop(url: str, engine_url: str, length: int, c: int, window_s: 
     async with EngineClient(url) as client:
         tasks = [asyncio.create_task(worker(k, client)) for k in range(c)]
         try:
-            tok_s = await window(engine_url, window_s, settle_s, c, gauge)
+            tok_s = await window(engine_url, window_s, settle_s, c, length, "engine"
+                                 if url == engine_url else "router", gauge)
             stop.set()
             await asyncio.wait(tasks, timeout=30)  # the aborted calls return
         finally:
@@ -208,7 +222,7 @@ def runner(router: str, engine_url: str, model: Path, tmp: Path, length: int, c:
     serve = ServeThread(cfg, max_episodes=None)
     serve.start()
     try:
-        tok_s = asyncio.run(window(engine_url, window_s, settle_s, c, gauge))
+        tok_s = asyncio.run(window(engine_url, window_s, settle_s, c, length, "runner", gauge))
         time.sleep(1.0)  # the runner's aborted calls return (their episodes fail: engine error)
     finally:
         serve.stop()
@@ -219,8 +233,17 @@ def runner(router: str, engine_url: str, model: Path, tmp: Path, length: int, c:
 
 
 async def _abort(url: str) -> None:
+    """Abort every request on the engine and wait until it holds none (IDLE_WAIT_S at most)."""
     async with EngineClient(url) as engine:
         await engine.abort(abort_all=True)
+        deadline = time.monotonic() + IDLE_WAIT_S
+        while time.monotonic() < deadline:
+            loads = await engine.loads()
+            if not any(x.get("num_running_reqs") or x.get("num_waiting_reqs") for x in loads):
+                return
+            await asyncio.sleep(0.1)
+        print(f"    the engine still holds requests {IDLE_WAIT_S:.0f} s after the abort",
+              flush=True)
 
 
 def start_router(engine_url: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -259,6 +282,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     tok_s: dict[str, dict[str, dict[str, float]]] = {p: {} for p in PATHS}
     running: dict[str, dict[str, dict[str, float]]] = {p: {} for p in PATHS}
     loads = []
+    rounds: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         model = args.model or init_model(tmp / "model", "tiny-dense", seed=0,
@@ -278,20 +302,28 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             for length in lengths:
                 window = args.window_s * (1.5 if length >= 4096 else 1.0)
                 for c in concurrency:
-                    row = {}
+                    reads: dict[str, list[float]] = {p: [] for p in PATHS}
+                    gauges: dict[str, list[int]] = {p: [] for p in PATHS}
+                    for r in range(args.repeats):
+                        # Rounds alternate the order (engine router runner, then back), so a
+                        # drift of the machine's speed over the cell weighs on no path alone.
+                        for path in PATHS if r % 2 == 0 else PATHS[::-1]:
+                            if path == "runner":
+                                v = runner(router, engine.url, model, tmp, length, c, window,
+                                           args.settle_s, gauges[path])
+                            else:
+                                url = engine.url if path == "engine" else router
+                                v = asyncio.run(closed_loop(url, engine.url, length, c, window,
+                                                            args.settle_s, rng, gauges[path]))
+                            reads[path].append(v)
+                    row = {p: sum(v) / len(v) for p, v in reads.items()}
                     for path in PATHS:
-                        gauge: list[int] = []
-                        if path == "runner":
-                            v = runner(router, engine.url, model, tmp, length, c, window,
-                                       args.settle_s, gauge)
-                        else:
-                            url = engine.url if path == "engine" else router
-                            v = asyncio.run(closed_loop(url, engine.url, length, c, window,
-                                                        args.settle_s, rng, gauge))
-                        tok_s[path].setdefault(str(length), {})[str(c)] = round(v, 1)
+                        tok_s[path].setdefault(str(length), {})[str(c)] = round(row[path], 1)
                         running[path].setdefault(str(length), {})[str(c)] = round(
-                            sum(gauge) / max(len(gauge), 1), 1)
-                        row[path] = v
+                            sum(gauges[path]) / max(len(gauges[path]), 1), 1)
+                        if args.repeats > 1:
+                            rounds.setdefault(f"{length}x{c}", {})[path] = [
+                                round(v, 1) for v in reads[path]]
                     loads.append(os.getloadavg()[0])
                     print(f"L={length:5} c={c:3}: " + "  ".join(
                         f"{p} {row[p]:7.1f}" for p in PATHS) + f" tok/s  (load {loads[-1]:.2f}, "
@@ -322,7 +354,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         Path(args.out).write_text(json.dumps({"tok_s": tok_s}, indent=1))
         print(f"wrote {args.out} (agent-rl audit --decode-table {args.out})")
     return {"tok_s": tok_s, "batch_gain_32": gain, "runner_ratio_4k": ratio.get("4096"),
-            "runner_ratio": ratio, "running": running,
+            "runner_ratio": ratio, "running": running, "repeats": args.repeats,
+            **({"rounds": rounds} if rounds else {}),
             "load_average": round(max(loads), 2) if loads else None,
             "cores": os.cpu_count(), "wall_s": round(time.monotonic() - t_start, 1)}
 
@@ -340,6 +373,8 @@ if __name__ == "__main__":
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     parser.add_argument("--window-s", type=float, default=2.5, help="measured seconds per cell")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="windows per path and cell, in alternating order; reads the mean")
     parser.add_argument("--settle-s", type=float, default=0.5,
                         help="seconds after c requests run before the window opens")
     parser.add_argument("--out", help="write the matrix here (for agent-rl audit)")
