@@ -16,7 +16,11 @@ slices of [0, L), the same on the three paths (`start_lengths`); later ones P un
 [8, L). The prompts are prefixes of one random sequence (the runner's: of one text), so
 SGLang's prefix cache prefills each position once: otherwise 64 prompts of ~2k tokens took this
 CPU longer to prefill than the whole bench may run, and prefill is not what the bench measures.
-The window opens once c requests run on the engine (or after 8 s), plus `--settle-s`. The meter
+The window opens once c requests decode on the engine and none waits to be prefilled (or after
+8 s, 16 s at 4k), plus `--settle-s`; a cell ends by aborting its requests and waiting until the
+engine holds none. (Before, a window opened once c requests ran, after 8 s at most: at 4k x 32
+the paths took 6-8 s to get there, and windows that opened on fewer, or met the previous cell's
+aborted requests still leaving, spent their time prefilling: some read 0 tok/s.) The meter
 is the engine's own: SGLang's decode-token counter (`sglang:realtime_tokens_total{mode="decode"}`
 on its /metrics, with `--enable-metrics`), which the scheduler advances by the tokens of every
 decode step, read as the window opens and as it closes: exact to one step and blind to which
@@ -25,14 +29,15 @@ request is aborted. (The meter before it timed each /generate call in this proce
 a call's tokens evenly from its first token to its return; requests that start one after
 another, as serve's episodes do, decode slower while the later ones prefill, so that spread
 moved tokens out of the window: the runner read 0.90 of the counter at 1k x 32 and 0.94 at 256
-x 32, the engine's driver, whose c requests start at once, 1.00.) On this machine the 4k x 64
-cells read 0: no decode step runs in their window (64 requests at up to 4k positions are still
-being prefilled; the old meter read 0-54 tok/s there).
+x 32, the engine's driver, whose c requests start at once, 1.00.) At 4k x 64 the first path
+may still be ramping when its 16 s are up (30 of 64 running, 30 waiting, in one run): the line
+the bench prints says so.
 
 On this 2-core CPU machine the whole matrix must fit in 5 minutes, so a cell is a window of
 `--window-s` seconds (default 2.5; 4k cells x1.5) after its settle: steady in the sense above,
 short in wall time. Cells run engine, router, runner in turn for each (L, c), so machine load
-hits the three alike. Prints the matrix, c32/c1 at 256 tokens (target >= 8), and runner/engine
+hits the three alike; `--repeats R` runs each path R times per cell, the order reversed every
+other round, and reads the mean (the rounds are in the RESULT). Prints the matrix, c32/c1 at 256 tokens (target >= 8), and runner/engine
 per length (target >= 0.9). `--out FILE` writes the matrix for `agent-rl audit --decode-table`.
 Last line: RESULT {"tok_s": {path: {L: {c: tok/s}}}, "batch_gain_32": ..., "runner_ratio_4k":
 ..., "runner_ratio": {L: ...}, "running": {path: {L: {c: requests}}}, "load_average":
