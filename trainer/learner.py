@@ -344,7 +344,8 @@ class Learner:
             if objective == "nll":
                 total = total + nll
             else:
-                total = total + mtp.draft_loss(draft, policy, sampled, objective).sum() / denominator
+                loss = mtp.draft_loss(draft, policy, sampled, objective)
+                total = total + loss.sum() / denominator
             alpha = torch.zeros_like(mask)
             alpha[rows, cols] = mtp.acceptance_at(logits, draft.detach(), depth, *at)
             metrics[f"mtp_acceptance_{depth}"] = float(alpha.sum()) / max(
