@@ -38,7 +38,8 @@ On this 2-core CPU machine the whole matrix must fit in 5 minutes, so a cell is 
 short in wall time. Cells run engine, router, runner in turn for each (L, c), so machine load
 hits the three alike; `--repeats R` runs each path R times per cell, the order reversed every
 other round, and reads the mean (the rounds are in the RESULT). Prints the matrix, c32/c1 at
-256 tokens (target >= 8), and runner/engine per length (target >= 0.9). `--out FILE` writes the matrix for `agent-rl audit --decode-table`.
+256 tokens (target >= 8), and runner/engine per length (target >= 0.9). `--out FILE` writes
+the matrix for `agent-rl audit --decode-table`.
 Last line: RESULT {"tok_s": {path: {L: {c: tok/s}}}, "batch_gain_32": ..., "runner_ratio_4k":
 ..., "runner_ratio": {L: ...}, "running": {path: {L: {c: requests}}}, "load_average":
 ..., "wall_s": ...}
