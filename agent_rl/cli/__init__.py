@@ -55,10 +55,14 @@ class LazyGroup(TyperGroup):
         if isinstance(obj, typer.Typer):
             command: click.Command = typer.main.get_group(obj)
         else:
-            single = typer.Typer()
+            single = typer.Typer(add_completion=False)  # as the root: no completion options
             single.command(cmd_name)(obj)
             command = typer.main.get_command(single)
         command.name = cmd_name
+        if command.help and not command.short_help:
+            # The root's list shows the help's first paragraph, and in Typer's rich mode with
+            # the docstring's line breaks: give it the paragraph as one line to wrap.
+            command.short_help = " ".join(command.help.split("\n\n")[0].split())
         return command
 
 
