@@ -1,16 +1,15 @@
 """State and helpers shared by the CLI command modules.
 
 `console` and `err_console` (rich consoles for stdout and stderr) are made on first use: the
-commands that print plain text (`agent-rl episodes list`) should not wait for rich to load. The
-config is imported on first use too, after `main()` has turned the collector off for a
-command's imports (agent_rl/heap.py).
+commands that print plain text (`agent-rl episodes list`) should not wait for rich to load.
+Into a file or a pipe they print a line as one line. The config is imported on first use too,
+after `main()` has turned the collector off for a command's imports (agent_rl/heap.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -29,6 +28,9 @@ def __getattr__(name: str) -> Any:
         from rich.console import Console
 
         made = globals()[name] = Console(stderr=name == "err_console")
+        # Into a file or a pipe rich would break every line at 80 columns: a log line stays one
+        # line there (tables still lay out at that width).
+        made.soft_wrap = not made.is_terminal
         return made
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -17,8 +17,9 @@ class Progress:
         self.console, self.stage = console, stage
         self.started = time.monotonic()
         self.live = Live(console=console, refresh_per_second=4, transient=True) if console.is_terminal else None
-        self._last_plain = 0.0
+        self._last_plain = float("-inf")  # the first update prints, whatever the clock reads
         self._text = ""
+        self._printed = ""  # the last plain line's text: the closing line does not repeat it
 
     def __enter__(self) -> Progress:
         if self.live is not None:
@@ -29,7 +30,7 @@ class Progress:
                  tb: TracebackType | None) -> None:  # fmt: skip
         if self.live is not None:
             self.live.__exit__(exc_type, exc, tb)
-        if self._text:
+        if self._text and self._text != self._printed:
             self.console.print(self._line(), highlight=False)
 
     def _line(self) -> str:
@@ -41,4 +42,5 @@ class Progress:
             self.live.update(Spinner("dots", text=self._line()))
         elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
             self._last_plain = time.monotonic()
+            self._printed = text
             self.console.print(self._line(), highlight=False)

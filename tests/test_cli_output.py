@@ -1,13 +1,16 @@
-"""`agent-rl --help` and each command's help read as the root promises: every command listed
-with its one-line summary, and no shell-completion options on some commands but not others."""
+"""What the CLI prints reads as meant: `agent-rl --help` lists every command with its one-line
+summary, no command offers shell-completion options the others lack, and into a file or a pipe
+the consoles do not break lines at 80 columns."""
 
 from __future__ import annotations
+
+import io
 
 import click
 import typer
 from typer.testing import CliRunner
 
-from agent_rl.cli import COMMANDS, app
+from agent_rl.cli import COMMANDS, app, common
 
 
 def commands() -> dict[str, click.Command]:
@@ -35,3 +38,12 @@ def test_no_command_offers_completion_install() -> None:
         options = {opt for p in command.params for opt in getattr(p, "opts", [])}
         assert "--install-completion" not in options, name
         assert "--show-completion" not in options, name
+
+
+def test_console_into_a_file_keeps_lines_whole(monkeypatch) -> None:
+    monkeypatch.delitem(common.__dict__, "console", raising=False)  # made afresh on first use
+    console = common.console
+    console.file = out = io.StringIO()  # not a terminal (pytest captures stdout anyway)
+    line = "[RL  153s] v80/80 | " + "episodes: 5120 trained, 2592 filtered, 0 failed | " * 4
+    console.print(line, highlight=False)
+    assert out.getvalue() == line + "\n"
