@@ -14,6 +14,8 @@ resumes where the first stopped.
 
 from __future__ import annotations
 
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -62,9 +64,20 @@ async def run_quickstart(
     if serve_after:
         await _serve_viewer(qs, console)
     else:
-        console.print(f"browse the episodes: cd {qs.workdir} && agent-rl api  "
+        console.print(f"browse the episodes: cd {qs.workdir} && {command_name()} api  "
                       f"(viewer at http://{qs.cfg.api.host}:{qs.cfg.api.port}/)")
     return summary
+
+
+def command_name() -> str:
+    """How to type `agent-rl` in the user's shell: the bare name when PATH finds this install's
+    script (an activated venv, a global install), else that script's path, as a quickstart run
+    with `.venv/bin/agent-rl` would need it."""
+    script = Path(sys.executable).parent / "agent-rl"
+    found = shutil.which("agent-rl")
+    if not script.exists() or (found is not None and Path(found).resolve() == script.resolve()):
+        return "agent-rl"
+    return str(script)
 
 
 async def _serve_viewer(qs: Any, console: Console) -> None:

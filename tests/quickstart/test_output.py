@@ -1,5 +1,5 @@
-"""The quickstart's status line in a log (no terminal): a plain line every PLAIN_EVERY_S, and
-the stage's closing line only when it says something the last plain line did not."""
+"""What the quickstart prints into a log (no terminal): the status line, a plain line every
+PLAIN_EVERY_S and a closing line only when it says something new; and its closing hint."""
 
 from __future__ import annotations
 
@@ -31,3 +31,19 @@ def test_closing_line_shows_what_was_not_printed(monkeypatch) -> None:
         p.update("step 1/400")
         p.update("step 400/400")
     assert lines(out) == ["step 1/400", "step 400/400"]
+
+
+def test_the_closing_hint_names_a_command_the_shell_finds(monkeypatch) -> None:
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from agent_rl.quickstart import command_name
+
+    script = Path(sys.executable).parent / "agent-rl"  # the test environment's install
+    assert script.exists()
+    monkeypatch.setenv("PATH", str(script.parent))
+    assert command_name() == "agent-rl"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert shutil.which("agent-rl") is None
+    assert command_name() == str(script)
