@@ -76,8 +76,10 @@ def render(a: ComputeAudit) -> str:
         lines.append(
             f"  {e.engine}: decode busy {e.decode_busy:.0%} of {e.samples} samples, "
             f"{_n(e.mean_running)} requests running while busy, KV cache "
-            f"{_pct(e.mean_token_usage).strip()} mean / {_pct(e.max_token_usage).strip()} max, "
-            f"SGLang {_n(e.mean_gen_tokens_per_s)} tok/s"
+            f"{_pct(e.mean_token_usage).strip()} mean / {_pct(e.max_token_usage).strip()} max"
+            # SGLang's own figure, when its stats logging computes one
+            + ("" if e.mean_gen_tokens_per_s is None
+               else f", SGLang {_n(e.mean_gen_tokens_per_s)} tok/s")
         )
     if not tp.engines:
         lines.append("  no engine samples (serve records them every rollout.engine_sample_s)")

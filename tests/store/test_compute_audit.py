@@ -160,6 +160,8 @@ def test_cli_prints_the_audit_read_from_the_store(tmp_path: Path) -> None:
     assert rows["waiting"] == ["50.0%", "15.0%", "65.0%"]
     assert rows["total"] == ["70.0%", "30.0%", "100.0%"]
     assert "decode busy 70% of 11 samples" in out
+    engine_line = next(line for line in out.splitlines() if "decode busy" in line)
+    assert "SGLang" not in engine_line  # the engine reported no throughput of its own: no "-"
     assert "generation 51.4% · tools 9.3% · queued 21.4% · other 17.9%" in out
     assert "the slowest 10% of episodes produced 58.8% of the generated tokens" in out
     assert "filtered 3 (zero_variance 3); failed 4 (EngineError 4)" in out
