@@ -68,8 +68,10 @@ class ServeSummary:
 
     @property
     def completed(self) -> int:
-        """Episodes that ended with a reward (some may be trained or filtered since)."""
-        return self.ledger.completed + self.ledger.trained + self.ledger.filtered
+        """Episodes that ended with a reward (some may be trained or filtered since, or scored
+        in an evaluation run)."""
+        ledger = self.ledger
+        return ledger.completed + ledger.trained + ledger.filtered + ledger.scored
 
     @property
     def failed(self) -> int:

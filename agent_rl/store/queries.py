@@ -443,11 +443,15 @@ def _ledger(conn: Connection, run_id: int | None, owner: str | None = None) -> L
     if owner is not None:
         cond.append(Episode.owner == owner)
     rows = conn.execute(
-        select(Episode.status, func.count(), func.avg(Episode.reward))
-        .where(*cond).group_by(Episode.status)
+        select(Episode.status, Run.kind, func.count(), func.avg(Episode.reward))
+        .join(Run, Run.id == Episode.run_id).where(*cond).group_by(Episode.status, Run.kind)
     ).all()
-    counts = {status: int(n) for status, n, _ in rows}
-    rewarded = [(int(n), float(r)) for status, n, r in rows if r is not None and status != "failed"]
+    counts: dict[str, int] = {}
+    for status, kind, n, _ in rows:
+        # No trainer consumes an evaluation run: its ended episodes are scored, not in flight.
+        key = "scored" if kind == "eval" and status == "completed" else status
+        counts[key] = counts.get(key, 0) + int(n)
+    rewarded = [(int(n), float(r)) for status, _, n, r in rows if r is not None and status != "failed"]
     total = sum(n for n, _ in rewarded)
     mean = sum(n * r for n, r in rewarded) / total if total else None
     if owner is None:

@@ -137,8 +137,10 @@ class EpisodeDetail:
 class Ledger:
     """Where every admitted episode is. `admitted` is counted independently of the rows (from
     the groups as admitted, `size` episodes each), so the ledger balances only if no episode
-    was lost: admitted = trained + filtered + failed + in_flight + waiting, at every moment.
-    `in_flight` counts episodes being generated or generated and awaiting training."""
+    was lost: admitted = trained + filtered + failed + scored + in_flight + waiting, at every
+    moment. `in_flight` counts episodes being generated or generated and awaiting training; an
+    evaluation run's ended episodes (`agent-rl eval`: no trainer consumes them) are `scored`
+    instead."""
 
     admitted: int = 0
     waiting: int = 0
@@ -147,6 +149,8 @@ class Ledger:
     trained: int = 0
     filtered: int = 0
     failed: int = 0
+    scored: int = 0
+    """Ended episodes of evaluation runs (their status is completed, and stays so)."""
     mean_reward: float | None = None
     """Mean reward of the episodes that ended with one (completed, trained or filtered)."""
 
@@ -157,7 +161,8 @@ class Ledger:
     @property
     def accounted(self) -> int:
         """Episodes found in some state."""
-        return self.trained + self.filtered + self.failed + self.in_flight + self.waiting
+        return (self.trained + self.filtered + self.failed + self.scored + self.in_flight
+                + self.waiting)
 
     def balances(self) -> bool:
         return self.admitted == self.accounted
@@ -168,6 +173,7 @@ class Ledger:
             "trained": self.trained,
             "filtered": self.filtered,
             "failed": self.failed,
+            "scored": self.scored,
             "in_flight": self.in_flight,
             "waiting": self.waiting,
             "running": self.running,

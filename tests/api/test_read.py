@@ -114,6 +114,7 @@ def test_group_runs_and_stats(client: TestClient, filled: Filled) -> None:
         "trained": 2,
         "filtered": 0,
         "failed": 1,
+        "scored": 0,
         "in_flight": 4,
         "waiting": 0,
         "running": 1,

@@ -157,3 +157,28 @@ async def test_nul_in_generated_text_is_stored(db_url: str) -> None:
         assert detail.messages[1]["content"] == "a\ufffdb"
         assert detail.tool_calls[0]["output"] == "\ufffd"
         assert await store.episode_tokens(episode) == turn.tokens
+
+
+async def test_an_evaluation_runs_ended_episodes_are_scored_not_in_flight(db_url: str) -> None:
+    """No trainer consumes an evaluation run: its completed episodes are `scored` in the ledger
+    (its own and all runs'), never in flight or awaiting training, and the ledger balances."""
+    async with await migrated_store(db_url) as store:
+        train = await store.ensure_run("t")
+        run = await store.ensure_run("t-eval-v0", kind="eval", evaluates_run_id=train,
+                                     evaluates_version=0)  # fmt: skip
+        task = await store.add_task(run, "calculator", "7", {"question": "2+2"})
+        _, eps = await store.admit_group(run, task, "calculator", 4, seeds=[1, 2, 3, 4])
+        for e in eps[:3]:
+            await store.start_episode(e, "eval-1")
+        await store.finish_episode(eps[0], 1.0)
+        await store.finish_episode(eps[1], 0.0)
+        await store.fail_episode(eps[2], "EngineError", "engine crashed")
+        ledger = await store.ledger(run)
+        assert (ledger.scored, ledger.completed, ledger.failed, ledger.waiting) == (2, 0, 1, 1)
+        assert ledger.in_flight == 0 and ledger.balances() and ledger.mean_reward == 0.5
+        shown = ledger.as_dict()
+        assert (shown["scored"], shown["in_flight"], shown["awaiting_training"]) == (2, 0, 0)
+        await completed_group(store, train, size=2)  # a training run's ended episodes await
+        everything = await store.ledger()
+        assert (everything.scored, everything.completed) == (2, 2) and everything.balances()
+        assert (await store.audit(run)).problems(finished=False) == []

@@ -107,9 +107,8 @@ async def run_page(request: Request, run_id: Id, store: StoreDep) -> HTMLRespons
     evaluated = score = None
     if run["kind"] == "eval":
         # No trainer consumes an evaluation: its ended episodes are scored, not awaiting one.
-        shown = {"admitted": ledger.admitted, "scored": ledger.completed + ledger.trained
-                 + ledger.filtered, "failed": ledger.failed, "running": ledger.running,
-                 "waiting": ledger.waiting}
+        shown = {"admitted": ledger.admitted, "scored": ledger.scored, "failed": ledger.failed,
+                 "running": ledger.running, "waiting": ledger.waiting}
         if run["evaluates_run_id"] is not None:
             evaluated = await store.get_run(run["evaluates_run_id"])
             score = next((e for e in await store.evaluations(evaluated["id"])
