@@ -4,6 +4,11 @@ own in a thread, beside a trainer loop in the main thread (as separate processes
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -77,6 +82,50 @@ class RouterThread(LoopThread):
             self.url, self.token = router.url, router.admin_token
             self.ready.set()
             await asyncio.Event().wait()
+
+
+class RouterProcess:
+    """`agent-rl router` in a process of its own in front of `workers`, with `token` as its
+    admin token: a router that, deployed, runs on another host than the trainer (an evaluation
+    fleet's), so that its work does not share the bench's interpreter with the trainer loop."""
+
+    def __init__(self, workers: list[str], token: str, log: Path) -> None:
+        self.workers, self.token, self.log = workers, token, log
+        self.url = ""
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        cmd = [sys.executable, "-m", "agent_rl.cli", "router", "--port", "0"]
+        for worker in self.workers:
+            cmd += ["--worker", worker]
+        env = dict(os.environ, AGENT_RL_ROUTER__ADMIN_TOKEN=self.token)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"),
+                                     env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = re.search(r"router on (http://\S+):", self.log.read_text())
+            if found:
+                self.url = found.group(1)
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the router did not start: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, **trainer: Any) -> Config:

@@ -7,8 +7,10 @@ training, `serve` writing into a SQLite store, the Megatron trainer loop (traine
 stepping, exporting and syncing weights every step. With `eval_every` on, every EVAL_EVERY
 versions the trainer starts `agent-rl eval` of that version in a process of its own
 (trainer/evals.py, at `trainer.eval_nice`, under SCHED_IDLE by `trainer.eval_cpu_idle`), on an
-evaluation engine of its own behind a second router (`trainer.eval_router_url`, at the same
-priority), as a deployment with an evaluation fleet runs it. Phases run off / on / on / off,
+evaluation engine of its own behind a second router (`trainer.eval_router_url`, `agent-rl
+router` in a process of its own), both at the same priority, as a deployment with an
+evaluation fleet runs it. (Before, that router was a thread of the bench's process, relaying
+the evaluations' traffic on the trainer loop's interpreter.) Phases run off / on / on / off,
 each RUN_S seconds of training after its first step (the first step fills the pipeline and is
 not counted). `step_rate_off_spread` is how far the two off phases differ (relative to their
 mean): the machine's own noise, beside which the drop is read.
@@ -16,7 +18,7 @@ mean): the machine's own noise, beside which the drop is read.
 On this machine every process shares the same 2 CPU cores: an evaluation's engine and its
 rollouts take CPU the training engine and the trainer would otherwise use. So besides the drop
 in step rate, the benchmark reports the CPU seconds the evaluations took (their processes and
-the evaluation engine's) as a share of the machine's, which is how much of the drop is
+the evaluation engine's and router's) as a share of the machine's, which is how much of the drop is
 contention for cores that a GPU deployment's separate evaluation fleet does not have; and
 `trainer_waited_s`, the time the trainer spent starting evaluations (it never waits for one).
 
@@ -41,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.config import Config, RouterConfig, TrainerConfig  # noqa: E402
-from bench._serving import RouterThread, ServeThread, quickstart_run  # noqa: E402
+from bench._serving import RouterProcess, RouterThread, ServeThread, quickstart_run  # noqa: E402
 
 RUN_S = 45.0
 """Training seconds per phase, after its first step."""
@@ -52,7 +54,7 @@ EVAL_EVERY = 2
 EVAL_TASKS, EVAL_SAMPLES = 16, 4
 
 
-def config(work: Path, model: Path, train: RouterThread, evals: RouterThread, phase: int,
+def config(work: Path, model: Path, train: RouterThread, evals: RouterProcess, phase: int,
            eval_on: bool) -> Config:
     # The model is random-init (no SFT: it would cost minutes), so nearly every group has equal
     # rewards; `quickstart_run` trains those too, so steps cost what they cost with signal.
@@ -96,7 +98,7 @@ def renice(pid: int, nice: int, idle: bool) -> None:
         todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
 
 
-def train_for(cfg: Config, model: Path, seconds: float, eval_engine_pid: int) -> dict[str, Any]:
+def train_for(cfg: Config, model: Path, seconds: float, eval_pids: list[int]) -> dict[str, Any]:
     """The trainer loop beside a running serve for `seconds` after its first step."""
     from trainer.learner import learner
     from trainer.loop import TrainLoop
@@ -119,7 +121,7 @@ def train_for(cfg: Config, model: Path, seconds: float, eval_engine_pid: int) ->
             while loop.step_once() is None:  # fills the pipeline: not counted
                 pass
             children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            engine0 = tree_cpu_s(eval_engine_pid)
+            fleet0 = sum(map(tree_cpu_s, eval_pids))
             steps0, t0 = loop.stats.steps, time.monotonic()
             waited[0] = 0.0
             while time.monotonic() - t0 < seconds:
@@ -132,7 +134,7 @@ def train_for(cfg: Config, model: Path, seconds: float, eval_engine_pid: int) ->
             loop.close()  # waits for an evaluation in progress
         children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         eval_cpu = ((children1.ru_utime - children0.ru_utime) + (children1.ru_stime - children0.ru_stime)
-                    + tree_cpu_s(eval_engine_pid) - engine0)  # fmt: skip
+                    + sum(map(tree_cpu_s, eval_pids)) - fleet0)  # fmt: skip
         if server.error is not None:
             raise server.error
     return {"steps": steps, "wall_s": wall, "step_rate": steps / wall, "evals_started": evals_started,
@@ -174,27 +176,31 @@ def main() -> None:
             engine.start()
         token = secrets.token_urlsafe(24)  # one admin token: the config has one
         train = RouterThread([engines[0].url], RouterConfig(port=0, admin_token=token))
-        evals = RouterThread([engines[1].url], RouterConfig(port=0, admin_token=token))
-        for router in (train, evals):
-            router.start()
-            router.ready.wait(60)
-        # The evaluation engine runs at the evaluations' priority (`trainer.eval_nice` and
-        # `eval_cpu_idle`, which an engine an evaluation starts itself inherits), as a host
-        # shared with training would run its evaluation fleet.
+        train.start()
+        train.ready.wait(60)
+        # The evaluation fleet's router in a process of its own, as it is deployed (a thread
+        # here would relay the evaluations' traffic on the trainer loop's interpreter).
+        evals = RouterProcess([engines[1].url], token, work / "eval-router.log")
+        evals.start()
+        # The evaluation engine and its router run at the evaluations' priority
+        # (`trainer.eval_nice` and `eval_cpu_idle`, which an engine an evaluation starts itself
+        # inherits), as a host shared with training would run its evaluation fleet.
         defaults = TrainerConfig()
-        renice(engines[1].pid or 0, defaults.eval_nice, defaults.eval_cpu_idle)
+        fleet = [engines[1].pid or 0, evals.pid]
+        for pid in fleet:
+            renice(pid, defaults.eval_nice, defaults.eval_cpu_idle)
         try:
             for i, phase in enumerate(PHASES):
                 cfg = config(work, model, train, evals, i, phase == "on")
                 asyncio.run(upgrade(cfg.store))
-                r = {"phase": phase, **train_for(cfg, model, RUN_S, engines[1].pid or 0)}
+                r = {"phase": phase, **train_for(cfg, model, RUN_S, fleet)}
                 r["recorded"] = recorded_evaluations(cfg)
                 r["load"] = os.getloadavg()[0]
                 results.append(r)
                 print(f"{cfg.run.name}: {json.dumps(r)}", flush=True)
         finally:
-            for router in (train, evals):
-                router.stop()
+            train.stop()
+            evals.stop()
             for engine in engines:
                 engine.stop()
     off = [r for r in results if r["phase"] == "off"]
