@@ -128,8 +128,10 @@ class RouterProcess:
                 self.proc.wait()
 
 
-def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, **trainer: Any) -> Config:
-    """The quickstart's recipe as one named run of a benchmark: its store a file in `work`,
+def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, *,
+                   store_url: str | None = None, **trainer: Any) -> Config:
+    """The quickstart's recipe as one named run of a benchmark: its store a file in `work`
+    (or `store_url`),
     rollouts and weight syncs through `router`, checkpoints and exports under `work / run`,
     no TensorBoard, and `trainer` on top of the recipe's trainer settings. Every group trains,
     equal rewards or not, so a short run's pace does not depend on how many have signal."""
@@ -137,7 +139,7 @@ def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, **tr
 
     raw = recipe(Options())
     raw["run"] = {"name": run}
-    raw["store"] = {"url": f"sqlite:///{work / 'bench.db'}"}
+    raw["store"] = {"url": store_url or f"sqlite:///{work / 'bench.db'}"}
     raw["engine"] = {"model": str(model), "log_dir": str(work / "logs")}
     raw["router"] = {"admin_token": router.token}
     raw["rollout"]["router_url"] = router.url

@@ -22,13 +22,17 @@ the evaluation engine's and router's) as a share of the machine's, which is how 
 contention for cores that a GPU deployment's separate evaluation fleet does not have; and
 `trainer_waited_s`, the time the trainer spent starting evaluations (it never waits for one).
 
-Run: `python bench/eval_every.py` (about 4-5 minutes; needs `agent-rl engine install`).
+Run: `python bench/eval_every.py [--store postgres]` (about 4-5 minutes; needs `agent-rl engine
+install`). With `--store postgres` the store is a throwaway database on
+AGENT_RL_TEST_POSTGRES_URL instead of the quickstart's SQLite file, whose one writer at a time the
+evaluations' writes share with serve's and the trainer's.
 Last line: RESULT {"step_rate_off", "step_rate_on", "step_rate_drop", "step_rate_off_spread",
 "evaluations", "eval_cpu_share", ...}.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -37,6 +41,7 @@ import secrets
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.config import Config, RouterConfig, TrainerConfig  # noqa: E402
 from bench._serving import RouterProcess, RouterThread, ServeThread, quickstart_run  # noqa: E402
+from tests._databases import fresh_postgres  # noqa: E402
 
 RUN_S = 45.0
 """Training seconds per phase, after its first step."""
@@ -55,13 +61,13 @@ EVAL_TASKS, EVAL_SAMPLES = 16, 4
 
 
 def config(work: Path, model: Path, train: RouterThread, evals: RouterProcess, phase: int,
-           eval_on: bool) -> Config:
+           eval_on: bool, store_url: str | None) -> Config:
     # The model is random-init (no SFT: it would cost minutes), so nearly every group has equal
     # rewards; `quickstart_run` trains those too, so steps cost what they cost with signal.
     return quickstart_run(
         work, model, train, f"phase{phase}-{'on' if eval_on else 'off'}",
         eval_every=EVAL_EVERY if eval_on else 0, eval_tasks=EVAL_TASKS,
-        eval_samples=EVAL_SAMPLES, eval_router_url=evals.url,
+        eval_samples=EVAL_SAMPLES, eval_router_url=evals.url, store_url=store_url,
     )
 
 
@@ -154,7 +160,7 @@ def recorded_evaluations(cfg: Config) -> list[dict[str, Any]]:
     return asyncio.run(go())
 
 
-def main() -> None:
+def main(store: str) -> None:
     import torch
 
     from agent_rl.config import load_config
@@ -167,8 +173,9 @@ def main() -> None:
     started = time.monotonic()
     results: list[dict[str, Any]] = []
     venv = load_config().engine.venv
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         work = Path(tmp)
+        store_url = stack.enter_context(fresh_postgres()) if store == "postgres" else None
         model = init_model(work / "model", MODEL_PRESET, seed=0)
         engines = [EngineServer(model, venv=venv, log_dir=work / "logs", startup_timeout_s=240.0)
                    for _ in range(2)]
@@ -191,7 +198,7 @@ def main() -> None:
             renice(pid, defaults.eval_nice, defaults.eval_cpu_idle)
         try:
             for i, phase in enumerate(PHASES):
-                cfg = config(work, model, train, evals, i, phase == "on")
+                cfg = config(work, model, train, evals, i, phase == "on", store_url)
                 asyncio.run(upgrade(cfg.store))
                 r = {"phase": phase, **train_for(cfg, model, RUN_S, fleet)}
                 r["recorded"] = recorded_evaluations(cfg)
@@ -218,6 +225,7 @@ def main() -> None:
         "eval_episodes_failed": sum(e["failed"] for e in recorded),
         "eval_cpu_share": round(sum(r["eval_cpu_s"] for r in on) / (cores * sum(r["wall_s"] for r in on)), 3),
         "trainer_waited_s": round(sum(r["trainer_waited_s"] for r in on), 3),
+        "store": store,
         "load_avg_1m": round(max(r["load"] for r in results), 2),
         "cores": cores,
     }
@@ -226,4 +234,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the store: a SQLite file (the quickstart's), or a throwaway "
+                             "database on AGENT_RL_TEST_POSTGRES_URL (default the local test "
+                             "server)")
+    main(parser.parse_args().store)
