@@ -86,10 +86,10 @@ class RouterThread(LoopThread):
 
 class RouterProcess:
     """`agent-rl router` in a process of its own in front of `workers`, with `token` as its
-    admin token: a router that, deployed, runs on another host than the trainer (an evaluation
-    fleet's), so that its work does not share the bench's interpreter with the trainer loop."""
+    admin token (None: one it generates): a router whose work does not share the bench's
+    interpreter with what it measures, as a deployed router's does not."""
 
-    def __init__(self, workers: list[str], token: str, log: Path) -> None:
+    def __init__(self, workers: list[str], token: str | None, log: Path) -> None:
         self.workers, self.token, self.log = workers, token, log
         self.url = ""
         self.proc: subprocess.Popen[bytes] | None = None
@@ -103,7 +103,9 @@ class RouterProcess:
         cmd = [sys.executable, "-m", "agent_rl.cli", "router", "--port", "0"]
         for worker in self.workers:
             cmd += ["--worker", worker]
-        env = dict(os.environ, AGENT_RL_ROUTER__ADMIN_TOKEN=self.token)
+        env = dict(os.environ)
+        if self.token is not None:
+            env["AGENT_RL_ROUTER__ADMIN_TOKEN"] = self.token
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"),
                                      env=env, start_new_session=True)
         deadline = time.monotonic() + timeout_s

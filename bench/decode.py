@@ -52,7 +52,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +61,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.engine.client import EngineClient  # noqa: E402
-from bench._serving import ServeThread, metric_sum  # noqa: E402
+from bench._serving import RouterProcess, ServeThread, metric_sum  # noqa: E402
 
 LENGTHS = (256, 1024, 4096)
 CONCURRENCY = (1, 8, 32, 64)
@@ -252,24 +251,6 @@ async def _abort(url: str) -> None:
               flush=True)
 
 
-def start_router(engine_url: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    code = ("import anyio, sys\nfrom agent_rl.config import RouterConfig\nfrom router.app import Router\n"
-            "async def main():\n    async with Router(RouterConfig(port=0), workers=[sys.argv[1]]) as r:\n"
-            "        print(r.url, flush=True)\n        await anyio.sleep_forever()\nanyio.run(main)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, engine_url], stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            cwd=Path(__file__).resolve().parents[1])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        text = log.read_text() if log.exists() else ""
-        if text.startswith("http://"):
-            return proc, text.split()[0]
-        if proc.poll() is not None:
-            raise RuntimeError(text[-2000:])
-        time.sleep(0.1)
-    raise RuntimeError(f"the router did not start: {log}")
-
-
 def main(args: argparse.Namespace) -> dict[str, Any]:
     import logging
 
@@ -300,7 +281,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             extra_args=["--enable-metrics"],  # the decode counter, the meter
             ))
         anyio.run(engine.astart)
-        router_proc, router = start_router(engine.url, tmp / "router.log")
+        router_proc = RouterProcess([engine.url], None, tmp / "router.log")
+        router_proc.start()
+        router = router_proc.url
         print(f"engine at {engine.url}, router at {router}; started in "
               f"{time.monotonic() - t_start:.0f} s", flush=True)
         rng = random.Random(0)
@@ -335,8 +318,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                         f"{p} {row[p]:7.1f}" for p in PATHS) + f" tok/s  (load {loads[-1]:.2f}, "
                         f"{time.monotonic() - t_start:.0f} s)", flush=True)
         finally:
-            router_proc.kill()
-            router_proc.wait()
+            router_proc.stop()
             engine.stop()
     ratio = {str(L): round(tok_s["runner"][str(L)][str(cc)] / tok_s["engine"][str(L)][str(cc)], 3)
              for L in lengths for cc in [32 if 32 in concurrency else concurrency[-1]]

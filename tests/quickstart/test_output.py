@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from agent_rl.quickstart import progress
@@ -15,22 +16,18 @@ def lines(out: io.StringIO) -> list[str]:
     return [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
 
 
-def test_closing_line_does_not_repeat_the_last(monkeypatch) -> None:
-    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 0.0)  # every update is printed
+@pytest.mark.parametrize(("every_s", "printed"), [
+    (0.0, ["v79/80", "v80/80"]),  # every update printed: the closing line does not repeat
+    (3600.0, ["v79/80", "v80/80"]),  # only the first: the closing line shows the last
+])
+def test_closing_line_says_only_what_is_new(monkeypatch, every_s: float,
+                                            printed: list[str]) -> None:
+    monkeypatch.setattr(progress, "PLAIN_EVERY_S", every_s)
     out = io.StringIO()
     with Progress(Console(file=out), "RL") as p:
         p.update("v79/80")
         p.update("v80/80")
-    assert lines(out) == ["v79/80", "v80/80"]
-
-
-def test_closing_line_shows_what_was_not_printed(monkeypatch) -> None:
-    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 3600.0)  # only the first update is printed
-    out = io.StringIO()
-    with Progress(Console(file=out), "SFT") as p:
-        p.update("step 1/400")
-        p.update("step 400/400")
-    assert lines(out) == ["step 1/400", "step 400/400"]
+    assert lines(out) == printed
 
 
 def test_the_closing_hint_names_a_command_the_shell_finds(monkeypatch) -> None:
