@@ -14,14 +14,24 @@ Engines: with a router URL, every engine behind it loads the weights (the quicks
 between its stages); without one, the evaluation starts an engine of its own on them, so a
 running `serve` and `train` carry on undisturbed (`trainer.eval_every`).
 
+`evaluate_each` is the long-lived form `trainer.eval_every` runs (`agent-rl eval --from-stdin`):
+one process, and without a router URL one engine, for every evaluation of a training run, each
+version's weights loaded onto that engine in turn. Starting `agent-rl eval` costs seconds of CPU
+(importing it: transformers' tokenizer classes import torch) and its engine more; paid once per
+evaluation, that was most of what an evaluation took from a host that also trains.
+
 `compare` is a one-sided paired test over tasks (per-task mean reward, Wilcoxon signed-rank).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +180,65 @@ async def evaluate(
         await store.record_timings(train_id, [Span("eval", started, time.time(), run)])
     _tensorboard(cfg, result)
     return result
+
+
+def evaluate_each(
+    cfg: Config,
+    requests: Iterable[str],
+    reply: Callable[[dict[str, Any]], None],
+    *,
+    router_url: str | None = None,
+    token: str | None = None,
+    **options: Any,
+) -> None:
+    """Evaluate each request, one JSON object per line (`{"version": V, "weights": DIR}`),
+    until `requests` ends; `reply` gets each one's result (`{"ok": true, "version": V, ...}`,
+    the `Evaluation` with its mean and stderr) or error (`{"ok": false, "version": V, "error":
+    ...}`). `options` are `evaluate`'s (tasks, samples, of_run, env, split, seed). Without a
+    router URL the first request starts an engine that serves every later one (started again
+    if it died); a request that fails leaves the next ones to run."""
+    import anyio
+
+    from agent_rl.engine.launcher import EngineServer
+
+    log = logging.getLogger("agent_rl.evaluation")
+    engine: EngineServer | None = None
+    try:
+        for line in requests:
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+                version = request["version"]
+                weights = Path(request["weights"])
+                if version is not None and not isinstance(version, int):
+                    raise TypeError(f"version must be an integer or null, not {version!r}")
+            except (ValueError, KeyError, TypeError) as e:
+                reply({"ok": False, "version": None, "error": f"bad request {line.strip()!r}: {e}"})
+                continue
+            log.warning("evaluating v%s (%s)", version, weights)
+            try:
+                url, key = router_url, token
+                if url is None:
+                    if engine is not None and engine.returncode is not None:
+                        log.warning("the evaluation engine exited (%s): starting another",
+                                    engine.last_error())
+                        engine.stop()
+                        engine = None
+                    if engine is None:
+                        engine = EngineServer.from_config(cfg.engine, model=weights, port=0)
+                        engine.start()
+                    url, key = engine.url, None
+                result = anyio.run(partial(evaluate, cfg, version=version, weights=weights,
+                                           router_url=url, token=key, **options))
+            except Exception as e:  # one failed evaluation; the next request still runs
+                log.exception("evaluation of v%s failed", version)
+                reply({"ok": False, "version": version, "error": f"{type(e).__name__}: {e}"})
+                continue
+            reply(dict(result.as_dict(), ok=True, mean=result.mean, stderr=result.stderr))
+    finally:
+        if engine is not None:
+            engine.stop()
 
 
 def _eval_config(cfg: Config, run: str, env: str | None, split: str, seed: int, tasks: int,

@@ -78,6 +78,18 @@ def cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / tick
 
 
+def own_cpu_s() -> float:
+    """User + system CPU seconds of this process (the trainer loop, serve, the training router)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_idle_s() -> float:
+    """Seconds all CPUs spent idle since boot (/proc/stat: idle + iowait)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return (int(fields[3]) + int(fields[4])) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process and every live descendant (an engine runs a few)."""
     total, todo = 0.0, [pid]
@@ -104,7 +116,8 @@ def renice(pid: int, nice: int, idle: bool) -> None:
         todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
 
 
-def train_for(cfg: Config, model: Path, seconds: float, eval_pids: list[int]) -> dict[str, Any]:
+def train_for(cfg: Config, model: Path, seconds: float, eval_pids: list[int],
+              train_pids: list[int]) -> dict[str, Any]:
     """The trainer loop beside a running serve for `seconds` after its first step."""
     from trainer.learner import learner
     from trainer.loop import TrainLoop
@@ -126,25 +139,31 @@ def train_for(cfg: Config, model: Path, seconds: float, eval_pids: list[int]) ->
         try:
             while loop.step_once() is None:  # fills the pipeline: not counted
                 pass
-            children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            # The evaluations' CPU: the evaluator's (one process for the phase, started when the
+            # loop opened, trainer/evals.py) and the evaluation fleet's, over the phase alone.
+            evaluator = loop.evaluations.proc
+            eval_pids = eval_pids + ([evaluator.pid] if evaluator is not None else [])
             fleet0 = sum(map(tree_cpu_s, eval_pids))
+            train0 = sum(map(tree_cpu_s, train_pids)) + own_cpu_s()
+            idle0 = machine_idle_s()
             steps0, t0 = loop.stats.steps, time.monotonic()
             waited[0] = 0.0
             while time.monotonic() - t0 < seconds:
                 loop.step_once()
             wall = time.monotonic() - t0
+            train_cpu = sum(map(tree_cpu_s, train_pids)) + own_cpu_s() - train0
+            idle = machine_idle_s() - idle0
+            eval_cpu = sum(map(tree_cpu_s, eval_pids)) - fleet0
             steps = loop.stats.steps - steps0
             evals_started = list(loop.evaluations.started)
         finally:
             server.stop()
             loop.close()  # waits for an evaluation in progress
-        children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        eval_cpu = ((children1.ru_utime - children0.ru_utime) + (children1.ru_stime - children0.ru_stime)
-                    + sum(map(tree_cpu_s, eval_pids)) - fleet0)  # fmt: skip
         if server.error is not None:
             raise server.error
     return {"steps": steps, "wall_s": wall, "step_rate": steps / wall, "evals_started": evals_started,
-            "trainer_waited_s": waited[0], "eval_cpu_s": eval_cpu}  # fmt: skip
+            "trainer_waited_s": waited[0], "eval_cpu_s": eval_cpu, "train_cpu_s": train_cpu,
+            "idle_s": idle}  # fmt: skip
 
 
 def recorded_evaluations(cfg: Config) -> list[dict[str, Any]]:
@@ -200,7 +219,7 @@ def main(store: str) -> None:
             for i, phase in enumerate(PHASES):
                 cfg = config(work, model, train, evals, i, phase == "on", store_url)
                 asyncio.run(upgrade(cfg.store))
-                r = {"phase": phase, **train_for(cfg, model, RUN_S, fleet)}
+                r = {"phase": phase, **train_for(cfg, model, RUN_S, fleet, [engines[0].pid or 0])}
                 r["recorded"] = recorded_evaluations(cfg)
                 r["load"] = os.getloadavg()[0]
                 results.append(r)
@@ -214,6 +233,9 @@ def main(store: str) -> None:
     on = [r for r in results if r["phase"] == "on"]
     rate = lambda rs: sum(r["steps"] for r in rs) / sum(r["wall_s"] for r in rs)  # noqa: E731
     cores = os.cpu_count() or 1
+    def share(rs: list[dict[str, Any]], key: str) -> float:
+        return round(sum(r[key] for r in rs) / (cores * sum(r["wall_s"] for r in rs)), 3)
+
     recorded = [e for r in on for e in r["recorded"]]
     result = {
         "step_rate_off": round(rate(off), 3),
@@ -224,6 +246,13 @@ def main(store: str) -> None:
         "evaluated_versions": [e["version"] for e in recorded],
         "eval_episodes_failed": sum(e["failed"] for e in recorded),
         "eval_cpu_share": round(sum(r["eval_cpu_s"] for r in on) / (cores * sum(r["wall_s"] for r in on)), 3),
+        # Where the machine's CPU went: the training side's share (this process, the training
+        # engine) and the idle share, off and on: an evaluation that took only idle CPU leaves
+        # the training share as it was.
+        "train_cpu_share_off": share(off, "train_cpu_s"),
+        "train_cpu_share_on": share(on, "train_cpu_s"),
+        "idle_share_off": share(off, "idle_s"),
+        "idle_share_on": share(on, "idle_s"),
         "trainer_waited_s": round(sum(r["trainer_waited_s"] for r in on), 3),
         "store": store,
         "load_avg_1m": round(max(r["load"] for r in results), 2),

@@ -114,7 +114,7 @@ class TrainLoop:
         self._spans: list[Span] = []
         """This step's spans of time, recorded once it is done."""
         self.evaluations = Evaluations(cfg, log)
-        """`trainer.eval_every`: evaluations of published versions, in processes of their own."""
+        """`trainer.eval_every`: evaluations of published versions, in a process of their own."""
         self.stopping = False
         """Set by `request_stop` (a signal handler): the loop ends at its next safe point."""
 
@@ -188,6 +188,7 @@ class TrainLoop:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.tcfg.tensorboard_dir))
+        self.evaluations.open()
 
     def close(self) -> None:
         """Checkpoint if steps were taken since the last one; close the store."""

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import anyio
 import typer
 
 from agent_rl.cli.common import console, state
+
+if TYPE_CHECKING:
+    from agent_rl.config import Config
 
 
 def eval_cmd(
@@ -37,6 +42,12 @@ def eval_cmd(
         help="Load the weights on this router's engines (default: start an engine of its own)."
     )] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The result as one JSON object.")] = False,
+    from_stdin: Annotated[bool, typer.Option(
+        "--from-stdin",
+        help='Evaluate each request read from standard input, one JSON object per line '
+             '({"version": V, "weights": DIR}), writing each result as one JSON line; one process '
+             '(and without --router-url one engine) serves them all. What trainer.eval_every '
+             'runs.')] = False,
 ) -> None:
     """Evaluate the weights of one policy version into a run of its own that no trainer
     consumes, every request sampled with its own seed (a rerun gives the same rewards)."""
@@ -49,10 +60,17 @@ def eval_cmd(
     cfg = state(ctx).config()
     of_run = run or cfg.run.name
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = cfg.router.admin_token.get_secret_value() if cfg.router.admin_token else None
+    if from_stdin:
+        if weights is not None or name is not None:
+            raise typer.BadParameter("--from-stdin takes each request's version and weights "
+                                     "from standard input: drop --weights and --name")
+        _serve_requests(cfg, of_run=of_run, env=env, split=split, tasks=tasks, samples=samples,
+                        seed=seed, router_url=router_url, token=token)
+        return
 
     async def go():  # type: ignore[no-untyped-def]
         v = None if version == "none" else (await resolve_version(cfg, of_run, version))[1]
-        token = cfg.router.admin_token.get_secret_value() if cfg.router.admin_token else None
         return await evaluate(
             cfg, version=v, weights=weights or weights_of(cfg, v),  # type: ignore[arg-type]
             tasks=tasks, samples=samples,
@@ -71,3 +89,21 @@ def eval_cmd(
         f"{result.failed} failed, tool use {result.tool_use:.0%}",
         highlight=False, markup=False, soft_wrap=True,
     )
+
+
+def _serve_requests(cfg: Config, **options: Any) -> None:
+    """`--from-stdin`: replies on standard output, one JSON line each, and nothing else there:
+    what anything in this process prints goes to standard error instead."""
+    from agent_rl.evaluation import evaluate_each
+
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def reply(answer: dict[str, Any]) -> None:
+        replies.write(json.dumps(answer) + "\n")
+
+    try:
+        evaluate_each(cfg, sys.stdin, reply, **options)
+    finally:
+        replies.close()

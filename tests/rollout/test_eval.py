@@ -22,26 +22,47 @@ from agent_rl.store import Store
 AGENT_RL = str(Path(sys.executable).parent / "agent-rl")
 
 
-def _eval(db: Path, url: str, model: Path, *args: str) -> dict[str, Any]:
+def _env(db: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
     env.update(AGENT_RL_STORE__URL=f"sqlite:///{db}", AGENT_RL_RUN__NAME="trained",
                AGENT_RL_ROLLOUT__MAX_NEW_TOKENS="32", AGENT_RL_ROLLOUT__MAX_TURNS="2",
                AGENT_RL_ROLLOUT__ENV="calculator", AGENT_RL_TRAINER__TENSORBOARD_DIR=str(db.parent / "tb"))
+    return env
+
+
+def _eval(db: Path, url: str, model: Path, *args: str) -> dict[str, Any]:
     res = subprocess.run(
         [AGENT_RL, "eval", "--version", "0", "--weights", str(model), "--router-url", url,
          "--tasks", "4", "--samples", "2", "--json", *args],
-        capture_output=True, text=True, env=env, timeout=600, cwd=db.parent,
+        capture_output=True, text=True, env=_env(db), timeout=600, cwd=db.parent,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # three CLI processes, 24 episodes
+def _eval_each(db: Path, url: str, requests: list[str]) -> list[dict[str, Any]]:
+    """`agent-rl eval --from-stdin` (what `trainer.eval_every` runs): one process for all."""
+    res = subprocess.run(
+        [AGENT_RL, "eval", "--from-stdin", "--router-url", url, "--tasks", "4", "--samples", "2"],
+        input="".join(r + "\n" for r in requests), capture_output=True, text=True, env=_env(db),
+        timeout=600, cwd=db.parent,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    # Standard output holds the replies and nothing else, one JSON line per request.
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+@pytest.mark.slow  # two CLI processes, 24 episodes
 def test_eval_reruns_are_reproducible(tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path) -> None:
+    """The first two evaluations run in one `--from-stdin` process, with a malformed request
+    between them (answered with an error; the next one still runs); the third is `agent-rl
+    eval` of its own with another seed."""
     db = tmp_path / "store.db"
-    first = _eval(db, sglang_moe_server.url, tiny_moe_model)
-    again = _eval(db, sglang_moe_server.url, tiny_moe_model)
+    request = json.dumps({"version": 0, "weights": str(tiny_moe_model)})
+    first, bad, again = _eval_each(db, sglang_moe_server.url, [request, "{not json", request])
     other = _eval(db, sglang_moe_server.url, tiny_moe_model, "--seed", "99")
+    assert first["ok"] and again["ok"] and not bad["ok"]
+    assert bad["version"] is None and "bad request '{not json'" in bad["error"]
     assert first["run"] == "trained-eval-v0" and again["run"] == "trained-eval-v0-2"
     assert first["task_rewards"] == again["task_rewards"] and len(first["task_rewards"]) == 4
     assert first["episodes"] == again["episodes"] == 8 and first["failed"] == 0

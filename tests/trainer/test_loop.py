@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from agent_rl.engine.client import EngineClient
 from agent_rl.store import Store
 from tests.trainer._served import served_config, served_db  # noqa: F401 (fixture)
 from trainer.data import load_batch
+from trainer.evals import Evaluations
 from trainer.learner import learner
 from trainer.loop import TrainLoop
 
@@ -180,9 +183,10 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
     store_copy: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path,
     restore_engine: None,
 ) -> None:
-    """`trainer.eval_every = 1`: after v1 the trainer starts `agent-rl eval` of v1 in a process
-    of its own (its own engine, on v1's export, at `eval_nice` and SCHED_IDLE) and goes on
-    training; v2 comes while it runs and is skipped, with a line saying so. The evaluation run
+    """`trainer.eval_every = 1`: after v1 the trainer has its evaluator (`agent-rl eval
+    --from-stdin`, started when it opened) evaluate v1 in a process of its own (its own engine,
+    on v1's export, at `eval_nice` and SCHED_IDLE) and goes on training; v2 comes while it runs
+    and is skipped, with a line saying so. The evaluation run
     records v1 as the version it scored, and every token it sampled says v1."""
     cfg = trainer_config(store_copy, tmp_path, sglang_moe_server.url, tiny_moe_model,
                          eval_every=1, eval_tasks=2, eval_samples=2, eval_env="calculator")
@@ -209,7 +213,7 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
     assert any("evaluating v1 in the background" in ln for ln in lines)
     assert any("evaluation of v2 skipped: v1's is still running" in ln for ln in lines)
     assert any("evaluation of v1 done" in ln for ln in lines), (
-        lines, (tmp_path / "logs" / "eval-v000001.log").read_text()[-3000:])
+        lines, (tmp_path / "logs" / "evals.log").read_text()[-3000:])
     (evaluation,) = _ask(cfg, lambda s, r: s.evaluations(r))
     assert evaluation["version"] == 1 and evaluation["episodes"] == 4 and evaluation["failed"] == 0
 
@@ -229,3 +233,54 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
     eval_span = next(sp for sp in spans if sp.kind == "eval")
     second_step = [sp for sp in spans if sp.kind == "step"][1]
     assert second_step.finished_at < eval_span.finished_at
+
+
+def test_one_evaluator_serves_every_evaluation_and_a_dead_one_is_replaced(
+    store_copy: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path,
+    restore_engine: None,
+) -> None:
+    """The trainer's evaluator is one process for version after version (here on
+    `eval_router_url`'s engine). SIGKILLed during an evaluation, that evaluation is reported
+    failed with how it ended and its weights are removed; the next version due starts a new
+    evaluator, which evaluates it. (Versions are published to `Evaluations` directly, with
+    exports copied by hand: the trainer loop adds nothing to this.)"""
+    cfg = trainer_config(store_copy, tmp_path, sglang_moe_server.url, tiny_moe_model,
+                         eval_every=1, eval_tasks=2, eval_samples=2, eval_env="calculator",
+                         eval_router_url=sglang_moe_server.url)
+    logs = tmp_path / "logs"
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"log_dir": logs})})
+    for version in (1, 2, 3):
+        shutil.copytree(tiny_moe_model, tmp_path / "exports" / f"v{version:06d}")
+    lines: list[str] = []
+    evaluations = Evaluations(cfg, lines.append)
+
+    def finish() -> None:
+        deadline = time.monotonic() + 300
+        while evaluations.version is not None and time.monotonic() < deadline:
+            evaluations.poll()
+            time.sleep(0.2)
+        assert evaluations.version is None, (lines, (tmp_path / "logs" / "evals.log").read_text())
+
+    evaluations.open()
+    try:
+        assert evaluations.proc is not None
+        first = evaluations.proc.pid
+        evaluations.after_publish(1)
+        finish()
+        evaluations.after_publish(2)
+        assert evaluations.proc.pid == first and evaluations.version == 2
+        os.kill(first, signal.SIGKILL)
+        finish()
+        assert evaluations.proc is None
+        evaluations.after_publish(3)
+        assert evaluations.proc is not None and evaluations.proc.pid != first
+        finish()
+    finally:
+        evaluations.close()
+    print("\n".join(lines))
+    assert [(r["version"], r["ok"]) for r in evaluations.results] == [(1, True), (3, True)]
+    assert "evaluation of v2 failed: the evaluator was killed by SIGKILL" in "\n".join(lines)
+    assert list((tmp_path / "exports" / "eval").iterdir()) == []  # every version's weights gone
+    scored = {e["version"]: e for e in _ask(cfg, lambda s, r: s.evaluations(r))}
+    assert scored[1]["episodes"] == scored[3]["episodes"] == 4
+    assert evaluations.proc is None  # closed: the evaluator exited
