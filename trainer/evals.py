@@ -34,6 +34,7 @@ from typing import IO, Any
 from pydantic import SecretStr
 
 from agent_rl.config import Config
+from agent_rl.priority import spare_cpu_only
 
 CLOSE_WAIT_S = 300.0
 """How long a stopping trainer waits for an evaluation in progress before stopping it."""
@@ -202,15 +203,6 @@ def _read_replies(out: IO[bytes], replies: queue.Queue[dict[str, Any] | None]) -
                 replies.put(reply)
     finally:
         replies.put(None)
-
-
-def spare_cpu_only(nice: int, idle: bool) -> None:
-    """Lower this process's CPU priority (before an evaluation execs; what it starts inherits
-    it): `nice` more, and SCHED_IDLE where the platform has it (`trainer.eval_cpu_idle`)."""
-    if nice:
-        os.nice(nice)
-    if idle and hasattr(os, "SCHED_IDLE"):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _plain(value: Any) -> Any:

@@ -167,7 +167,9 @@ class TrainerConfig(Section):
     """Run each `eval_every` evaluation (its process and the engine it starts) under Linux's
     SCHED_IDLE: it gets a core only when rollout and training leave it idle (niceness alone
     still gives it a weighted share of a busy core). On a saturated host an evaluation then
-    waits for spare CPU. Elsewhere than Linux, `eval_nice` alone."""
+    waits for spare CPU. Elsewhere than Linux, `eval_nice` alone. Either way the evaluator's
+    session (Linux schedules each session as a group, agent_rl/priority.py) gets the same
+    lower priority."""
 
     eval_router_url: str | None = None
     """Engines the `eval_every` evaluations load their weights on (a fleet of their own: the

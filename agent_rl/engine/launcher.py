@@ -41,6 +41,7 @@ import httpx
 from agent_rl.engine.install import engine_env, engine_python
 from agent_rl.engine.speculative import speculative_args
 from agent_rl.errors import EngineError
+from agent_rl.priority import pass_priority_on
 
 if TYPE_CHECKING:
     from agent_rl.config import EngineConfig
@@ -271,6 +272,9 @@ class EngineServer:
                 start_new_session=True,  # its own process group: stop() reaches every child
                 preexec_fn=_die_with_parent() if _in_main_thread() else None,
             )
+        # Its session is a scheduling group of its own: niced as this process is (an
+        # evaluation's engine takes only the CPU training leaves; agent_rl/priority.py).
+        pass_priority_on(self._proc.pid)
         return self
 
     def _preflight(self) -> None:

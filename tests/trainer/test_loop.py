@@ -192,7 +192,7 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
                          eval_every=1, eval_tasks=2, eval_samples=2, eval_env="calculator")
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"log_dir": tmp_path / "logs"})})
     lines: list[str] = []
-    niceness: list[tuple[int, int]] = []
+    niceness: list[tuple[int, int, int]] = []
     with learner(tiny_moe_model, cfg.trainer) as e:
         loop = TrainLoop(cfg, e, log=lines.append)
         started = loop.evaluations.after_publish
@@ -201,15 +201,17 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
             started(version)
             if loop.evaluations.proc is not None and loop.evaluations.version == version:
                 pid = loop.evaluations.proc.pid
-                niceness.append((os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid)))
+                group = Path(f"/proc/{pid}/autogroup")  # its session's group (agent_rl/priority.py)
+                niceness.append((os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid),
+                                 int(group.read_text().split()[-1]) if group.exists() else 19))
 
         loop.evaluations.after_publish = noting_its_priority  # type: ignore[method-assign]
         stats = loop.run(max_steps=2)
     print("\n".join(lines))
     assert stats.steps == 2 and loop.evaluations.started == [1]
-    # Spare CPU only: niced and under SCHED_IDLE (trainer.eval_cpu_idle).
+    # Spare CPU only: niced and under SCHED_IDLE (trainer.eval_cpu_idle), its session group too.
     nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + cfg.trainer.eval_nice)
-    assert niceness == [(nice, os.SCHED_IDLE)]
+    assert niceness == [(nice, os.SCHED_IDLE, 19)]
     assert any("evaluating v1 in the background" in ln for ln in lines)
     assert any("evaluation of v2 skipped: v1's is still running" in ln for ln in lines)
     assert any("evaluation of v1 done" in ln for ln in lines), (
