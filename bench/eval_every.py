@@ -5,29 +5,31 @@ Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter model, 
 the `calculator` env, groups of 8, 8 groups a step), one SGLang engine behind a router for
 training, `serve` writing into a SQLite store, the Megatron trainer loop (trainer/loop.py)
 stepping, exporting and syncing weights every step. With `eval_every` on, every EVAL_EVERY
-versions the trainer starts `agent-rl eval` of that version in a process of its own
-(trainer/evals.py, at `trainer.eval_nice`, under SCHED_IDLE by `trainer.eval_cpu_idle`), on an
-evaluation engine of its own behind a second router (`trainer.eval_router_url`, `agent-rl
+versions the trainer has its evaluator (one `agent-rl eval --from-stdin` process for the phase,
+started when the loop opens, trainer/evals.py, at `trainer.eval_nice`, under SCHED_IDLE by
+`trainer.eval_cpu_idle`, its session's scheduling group niced to match) evaluate that version on
+an evaluation engine of its own behind a second router (`trainer.eval_router_url`, `agent-rl
 router` in a process of its own), both at the same priority, as a deployment with an
-evaluation fleet runs it. (Before, that router was a thread of the bench's process, relaying
-the evaluations' traffic on the trainer loop's interpreter.) Phases run off / on / on / off,
-each RUN_S seconds of training after its first step (the first step fills the pipeline and is
-not counted). `step_rate_off_spread` is how far the two off phases differ (relative to their
-mean): the machine's own noise, beside which the drop is read.
+evaluation fleet runs it. Phases run off / on / on / off, each RUN_S seconds of training after
+its first step (the first step fills the pipeline and is not counted).
+`step_rate_off_spread` is how far the two off phases differ (relative to their mean): the
+machine's own noise, beside which the drop is read.
 
-On this machine every process shares the same 2 CPU cores: an evaluation's engine and its
-rollouts take CPU the training engine and the trainer would otherwise use. So besides the drop
-in step rate, the benchmark reports the CPU seconds the evaluations took (their processes and
-the evaluation engine's and router's) as a share of the machine's, which is how much of the drop is
-contention for cores that a GPU deployment's separate evaluation fleet does not have; and
-`trainer_waited_s`, the time the trainer spent starting evaluations (it never waits for one).
+On this machine every process shares the same 2 CPU cores. So besides the drop in step rate,
+the benchmark reports where the machine's CPU went in each kind of phase: the evaluations'
+share (the evaluator's and the evaluation engine's and router's CPU seconds over the phase),
+the training side's (this process: trainer loop, serve, training router; and the training
+engine) and the idle share. Evaluations that take only the CPU training leaves idle show as the
+idle share falling while the training share stays as it was. `trainer_waited_s` is the time the
+trainer spent asking for evaluations (it never waits for one).
 
 Run: `python bench/eval_every.py [--store postgres]` (about 4-5 minutes; needs `agent-rl engine
 install`). With `--store postgres` the store is a throwaway database on
 AGENT_RL_TEST_POSTGRES_URL instead of the quickstart's SQLite file, whose one writer at a time the
 evaluations' writes share with serve's and the trainer's.
 Last line: RESULT {"step_rate_off", "step_rate_on", "step_rate_drop", "step_rate_off_spread",
-"evaluations", "eval_cpu_share", ...}.
+"evaluations", "eval_cpu_share", "train_cpu_share_off", "train_cpu_share_on", "idle_share_off",
+"idle_share_on", ...}.
 """
 
 from __future__ import annotations
