@@ -197,11 +197,54 @@ def _patch_sampler(module: types.ModuleType) -> None:
     _log("sampler.multinomial_with_seed: MurmurHash3 in plain torch on CPU")
 
 
+# --- 5. decode attention: the KV cache read with index_select ------------------------------------
+def _patch_torch_native_backend(module: types.ModuleType) -> None:
+    from torch.nn.functional import scaled_dot_product_attention
+
+    backend = getattr(module, "TorchNativeAttnBackend", None)
+    if backend is None or not hasattr(backend, "_run_sdpa_forward_decode"):
+        _warn("TorchNativeAttnBackend._run_sdpa_forward_decode not found (SGLang version drift?); "
+              "decode attention runs SGLang's own loop")
+        return
+    sglang_s = backend._run_sdpa_forward_decode
+
+    def _run_sdpa_forward_decode(self: Any, query: Any, output: Any, k_cache: Any, v_cache: Any,
+                                 req_to_token: Any, req_pool_indices: Any, seq_lens: Any,
+                                 encoder_lens: Any = None, scaling: Any = None,
+                                 enable_gqa: bool = False, causal: bool = False,
+                                 is_cross_attn: bool = False,
+                                 sliding_window_size: Any = None) -> Any:
+        if (query.shape[0] != seq_lens.shape[0] or encoder_lens is not None or is_cross_attn
+                or causal or (sliding_window_size is not None and sliding_window_size > -1)):
+            return sglang_s(self, query, output, k_cache, v_cache, req_to_token,
+                            req_pool_indices, seq_lens, encoder_lens, scaling=scaling,
+                            enable_gqa=enable_gqa, causal=causal, is_cross_attn=is_cross_attn,
+                            sliding_window_size=sliding_window_size)
+        # One request at a time, as SGLang's loop (so a request's result does not depend on
+        # the batch it decodes in), with the loop's bookkeeping as Python ints and each
+        # request's keys and values gathered by index_select rather than advanced indexing.
+        queries = query.unsqueeze(2)  # [requests, heads, 1, head size]
+        for i, (row, length) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+            slots = req_to_token[row, :length]
+            key = k_cache.index_select(0, slots).transpose(0, 1)  # [kv heads, length, size]
+            value = v_cache.index_select(0, slots).transpose(0, 1)
+            if not (query.dtype == key.dtype == value.dtype):
+                key, value = key.to(query.dtype), value.to(query.dtype)
+            output[i] = scaled_dot_product_attention(
+                queries[i], key, value, scale=scaling, enable_gqa=enable_gqa).squeeze(1)
+        return output
+
+    backend._run_sdpa_forward_decode = _run_sdpa_forward_decode
+    _log("torch_native_backend: decode attention reads the KV cache with index_select")
+
+
 _POST_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
     "sglang.srt.sampling.sampling_batch_info": _patch_sampling_batch_info,
     "sglang.srt.layers.sampler": _patch_sampler,
 }
+if os.environ.get("AGENT_RL_ENGINE_FAST_DECODE", "1") != "0":
+    _POST_IMPORT["sglang.srt.layers.attention.torch_native_backend"] = _patch_torch_native_backend
 _AROUND_IMPORT: dict[str, Callable[[types.ModuleType, Callable[[], None]], None]] = {
     "torchvision._meta_registrations": _around_torchvision_meta_registrations,
 }

@@ -1,0 +1,62 @@
+"""Run in the engine environment (tests/engine/test_decode_attention.py): SGLang's own decode
+attention (`TorchNativeAttnBackend._run_sdpa_forward_decode`, unpatched) against shim 5 of
+agent_rl/engine/sglang_cpu on the same paged KV cache. Prints one JSON line per case."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["AGENT_RL_ENGINE_FAST_DECODE"] = "0"  # import SGLang's own, patch it below
+
+import sitecustomize  # noqa: E402  (agent_rl/engine/sglang_cpu, first on PYTHONPATH)
+import torch  # noqa: E402
+from sglang.srt.layers.attention import torch_native_backend  # noqa: E402
+
+backend = torch_native_backend.TorchNativeAttnBackend
+sglang_s = backend._run_sdpa_forward_decode
+sitecustomize._patch_torch_native_backend(torch_native_backend)
+ours = backend._run_sdpa_forward_decode
+assert ours is not sglang_s, "the shim did not patch the backend"
+# The method reads nothing of `self` but its static helpers: an instance without __init__.
+self = object.__new__(backend)
+
+g = torch.Generator().manual_seed(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+cases = [  # heads, kv heads, sequence lengths, sliding window
+    (2, 2, [1, 7, 300, 64, 1000, 2], None),
+    (4, 2, [33, 1, 1, 700, 4096], None),  # grouped-query attention, a 4k sequence
+    (2, 2, [5], None),  # one request
+    (2, 2, [12, 90, 40], 16),  # a sliding window: SGLang's own path
+]
+
+
+def attend(method, query, pool, seq_lens, **kw):  # type: ignore[no-untyped-def]
+    out = torch.full_like(query, float("nan"))
+    method(self, query.clone(), out, k_cache, v_cache, req_to_token, pool, seq_lens, **kw)
+    return out
+
+
+for heads, kv_heads, lengths, window in cases:
+    head_size, slots = 64, 8192
+    k_cache = torch.randn(slots, kv_heads, head_size, generator=g)
+    v_cache = torch.randn(slots, kv_heads, head_size, generator=g)
+    req_to_token = torch.zeros(16, 4096, dtype=torch.int32)
+    pool = torch.randperm(16, generator=g)[: len(lengths)]
+    free = torch.randperm(slots - 1, generator=g) + 1  # slot 0 is SGLang's padding slot
+    used = 0
+    for row, length in zip(pool.tolist(), lengths):
+        req_to_token[row, :length] = free[used : used + length].int()
+        used += length
+    query = torch.randn(len(lengths), heads, head_size, generator=g)
+    seq_lens = torch.tensor(lengths)
+    kw = dict(scaling=head_size**-0.5, enable_gqa=heads != kv_heads, sliding_window_size=window)
+    theirs, batch = attend(sglang_s, query, pool, seq_lens, **kw), attend(ours, query, pool, seq_lens, **kw)
+    # Each request decoded alone gives, bit for bit, its row of the batch.
+    alone = [attend(ours, query[i : i + 1], pool[i : i + 1], seq_lens[i : i + 1], **kw)
+             for i in range(len(lengths))]
+    print(json.dumps({"heads": heads, "kv_heads": kv_heads, "lengths": lengths, "window": window,
+                      "max_abs_diff": float((theirs - batch).abs().max()),
+                      "finite": bool(torch.isfinite(batch).all()),
+                      "batch_invariant": all(torch.equal(a[0], batch[i]) for i, a in enumerate(alone))}),
+          flush=True)
