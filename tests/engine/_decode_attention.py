@@ -8,7 +8,9 @@ import json
 import os
 import sys
 
-os.environ["AGENT_RL_ENGINE_FAST_DECODE"] = "0"  # import SGLang's own, patch it below
+# sitecustomize ran when this interpreter started: with the shim off, SGLang's own methods are
+# imported below, then patched by hand.
+assert os.environ.get("AGENT_RL_ENGINE_FAST_ATTENTION") == "0", "run with the shim off"
 
 import sitecustomize  # noqa: E402  (agent_rl/engine/sglang_cpu, first on PYTHONPATH)
 import torch  # noqa: E402
@@ -16,6 +18,7 @@ from sglang.srt.layers.attention import torch_native_backend  # noqa: E402
 
 backend = torch_native_backend.TorchNativeAttnBackend
 sglang_s = backend._run_sdpa_forward_decode
+SGLANG_EXTEND = backend._run_sdpa_forward_extend
 sitecustomize._patch_torch_native_backend(torch_native_backend)
 ours = backend._run_sdpa_forward_decode
 assert ours is not sglang_s, "the shim did not patch the backend"
@@ -60,3 +63,38 @@ for heads, kv_heads, lengths, window in cases:
                       "finite": bool(torch.isfinite(batch).all()),
                       "batch_invariant": all(torch.equal(a[0], batch[i]) for i, a in enumerate(alone))}),
           flush=True)
+
+# Prefill (extend): new tokens after a cached prefix, causal, against SGLang's whole-sequence
+# loop; and each request alone against its rows of the batch.
+for heads, kv_heads, prefixes, news in [(2, 2, [0, 5, 300, 0], [7, 1, 40, 1]),
+                                        (4, 2, [2000, 0, 17], [64, 300, 3])]:
+    head_size, slots = 64, 8192
+    k_cache = torch.randn(slots, kv_heads, head_size, generator=g)
+    v_cache = torch.randn(slots, kv_heads, head_size, generator=g)
+    req_to_token = torch.zeros(16, 4096, dtype=torch.int32)
+    pool = torch.randperm(16, generator=g)[: len(news)]
+    free = torch.randperm(slots - 1, generator=g) + 1
+    used = 0
+    lengths = [p + n for p, n in zip(prefixes, news)]
+    for row, length in zip(pool.tolist(), lengths):
+        req_to_token[row, :length] = free[used : used + length].int()
+        used += length
+    query = torch.randn(sum(news), heads, head_size, generator=g)
+    args = (torch.tensor(lengths), torch.tensor(prefixes), torch.tensor(news))
+    kw = dict(scaling=head_size**-0.5, enable_gqa=heads != kv_heads, causal=True)
+
+    def extend(method, query, pool, *args):  # type: ignore[no-untyped-def]
+        out = torch.full_like(query, float("nan"))
+        method(self, query.clone(), out, k_cache, v_cache, req_to_token, pool, *args, **kw)
+        return out
+
+    theirs = extend(SGLANG_EXTEND, query, pool, *args)
+    batch = extend(backend._run_sdpa_forward_extend, query, pool, *args)
+    starts = [sum(news[:i]) for i in range(len(news))]
+    alone = [extend(backend._run_sdpa_forward_extend, query[s : s + n], pool[i : i + 1],
+                    *(a[i : i + 1] for a in args)) for i, (s, n) in enumerate(zip(starts, news))]
+    print(json.dumps({"heads": heads, "kv_heads": kv_heads, "prefixes": prefixes, "new": news,
+                      "max_abs_diff": float((theirs - batch).abs().max()),
+                      "finite": bool(torch.isfinite(batch).all()),
+                      "batch_invariant": all(torch.equal(a, batch[s : s + n]) for a, s, n
+                                             in zip(alone, starts, news))}), flush=True)

@@ -17,12 +17,13 @@ from agent_rl.engine.install import engine_env, engine_python
 
 def test_decode_attention_equals_sglang_s_and_is_batch_invariant(engine_venv: Path) -> None:
     script = Path(__file__).with_name("_decode_attention.py")
-    run = subprocess.run([str(engine_python(engine_venv)), str(script)], env=engine_env("cpu"),
+    env = dict(engine_env("cpu"), AGENT_RL_ENGINE_FAST_ATTENTION="0")  # SGLang's own at start
+    run = subprocess.run([str(engine_python(engine_venv)), str(script)], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     cases = [json.loads(line) for line in run.stdout.splitlines()]
     print("\n".join(map(str, cases)))
-    assert len(cases) == 4
+    assert len(cases) == 6  # 4 decode, 2 prefill
     for case in cases:
         assert case["finite"], case
         assert case["max_abs_diff"] <= 1e-5, case

@@ -27,6 +27,14 @@ The shims (each shown necessary on a CPU-only host, see docs/engine.md):
    row: the request's own, or for an unseeded request one drawn at random once (its sampling
    stays random). Batches without a seeded request sample exactly as before. `agent-rl eval`
    relies on this for reruns that give the same tokens.
+5. attention of the CPU backend (`torch_native`): SGLang's loop over requests indexed the KV
+   cache with a tensor for every request and layer, and a prefill attended a query of the whole
+   sequence, its cached prefix included, keeping only the new rows. Here each request's keys and
+   values are gathered with index_select, with the loop's bookkeeping as Python ints, and a
+   prefill attends its new rows only (causal from their own positions). Still one request at a
+   time, so a request's result does not depend on its batch (bit for bit; seeded sampling relies
+   on it); decode equals SGLang's bit for bit, prefill to float rounding. Sliding windows and
+   encoder attention keep SGLang's own. AGENT_RL_ENGINE_FAST_ATTENTION=0 turns this one off.
 
 AGENT_RL_ENGINE_COMPAT=0 disables everything; AGENT_RL_ENGINE_COMPAT_VERBOSE=1 logs to stderr.
 """
@@ -197,8 +205,9 @@ def _patch_sampler(module: types.ModuleType) -> None:
     _log("sampler.multinomial_with_seed: MurmurHash3 in plain torch on CPU")
 
 
-# --- 5. decode attention: the KV cache read with index_select ------------------------------------
+# --- 5. attention: the KV cache read with index_select, prefill of new rows only ----------------
 def _patch_torch_native_backend(module: types.ModuleType) -> None:
+    import torch
     from torch.nn.functional import scaled_dot_product_attention
 
     backend = getattr(module, "TorchNativeAttnBackend", None)
@@ -234,8 +243,52 @@ def _patch_torch_native_backend(module: types.ModuleType) -> None:
                 queries[i], key, value, scale=scaling, enable_gqa=enable_gqa).squeeze(1)
         return output
 
+    extend_s = getattr(backend, "_run_sdpa_forward_extend", None)
+
+    def _run_sdpa_forward_extend(self: Any, query: Any, output: Any, k_cache: Any, v_cache: Any,
+                                 req_to_token: Any, req_pool_indices: Any, seq_lens: Any,
+                                 extend_prefix_lens: Any, extend_seq_lens: Any,
+                                 encoder_lens: Any = None, scaling: Any = None,
+                                 enable_gqa: bool = False, causal: bool = False,
+                                 is_cross_attn: bool = False,
+                                 sliding_window_size: Any = None) -> Any:
+        if (encoder_lens is not None or is_cross_attn
+                or (sliding_window_size is not None and sliding_window_size > -1)):
+            return extend_s(self, query, output, k_cache, v_cache, req_to_token,
+                            req_pool_indices, seq_lens, extend_prefix_lens, extend_seq_lens,
+                            encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
+                            is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
+        # SGLang's loop attends a query of the whole sequence (its cached prefix included,
+        # uninitialised) and keeps the new rows: a turn appended to a long conversation cost
+        # the conversation's length squared. Here only the new rows attend, each to the keys
+        # up to its own position.
+        start = 0
+        for row, length, prefix, new in zip(req_pool_indices.tolist(), seq_lens.tolist(),
+                                            extend_prefix_lens.tolist(),
+                                            extend_seq_lens.tolist()):
+            slots = req_to_token[row, :length]
+            key = k_cache.index_select(0, slots).transpose(0, 1)  # [kv heads, length, size]
+            value = v_cache.index_select(0, slots).transpose(0, 1)
+            rows = query[start : start + new].transpose(0, 1)  # [heads, new, size]
+            if not (rows.dtype == key.dtype == value.dtype):
+                key, value = key.to(rows.dtype), value.to(rows.dtype)
+            mask, is_causal = None, False
+            if causal and prefix == 0:
+                is_causal = new > 1
+            elif causal and new > 1:
+                positions = torch.arange(prefix, length, device=slots.device)
+                mask = torch.arange(length, device=slots.device)[None, :] <= positions[:, None]
+            output[start : start + new] = scaled_dot_product_attention(
+                rows, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling,
+                enable_gqa=enable_gqa).transpose(0, 1)
+            start += new
+        return output
+
     backend._run_sdpa_forward_decode = _run_sdpa_forward_decode
-    _log("torch_native_backend: decode attention reads the KV cache with index_select")
+    if extend_s is not None:
+        backend._run_sdpa_forward_extend = _run_sdpa_forward_extend
+    _log("torch_native_backend: attention reads the KV cache with index_select; a prefill "
+         "attends its new tokens only")
 
 
 _POST_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
@@ -243,7 +296,7 @@ _POST_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.sampling.sampling_batch_info": _patch_sampling_batch_info,
     "sglang.srt.layers.sampler": _patch_sampler,
 }
-if os.environ.get("AGENT_RL_ENGINE_FAST_DECODE", "1") != "0":
+if os.environ.get("AGENT_RL_ENGINE_FAST_ATTENTION", "1") != "0":
     _POST_IMPORT["sglang.srt.layers.attention.torch_native_backend"] = _patch_torch_native_backend
 _AROUND_IMPORT: dict[str, Callable[[types.ModuleType, Callable[[], None]], None]] = {
     "torchvision._meta_registrations": _around_torchvision_meta_registrations,
