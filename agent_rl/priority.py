@@ -7,9 +7,10 @@ between the groups first, and only within a group by its tasks' niceness and pol
 and the evaluator start sessions of their own (so that one signal stops each with its children),
 so without more a niced or SCHED_IDLE evaluation still competed with training at full weight:
 beside a quickstart-sized run even a SCHED_IDLE busy loop in a session of its own took CPU from
-the trainer. A session's group has a niceness of its own (`/proc/PID/autogroup`); these helpers
-give a new session the niceness of the process that made it (19 under SCHED_IDLE, the least
-there is). Where there are no autogroups the file is absent and nothing more is done.
+the trainer. A session's group has a niceness of its own (`/proc/PID/autogroup`): a process that
+lowers itself in a session of its own lowers its group to match (19 under SCHED_IDLE, the least
+there is), and a session it starts gets its group's niceness. Where there are no autogroups the
+file is absent and nothing more is done.
 """
 
 from __future__ import annotations
@@ -26,20 +27,32 @@ def spare_cpu_only(nice: int, idle: bool) -> None:
     session then; what it starts inherits all of it)."""
     if nice:
         os.nice(nice)
-    if idle and hasattr(os, "SCHED_IDLE"):
+    idle = idle and hasattr(os, "SCHED_IDLE")
+    if idle:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    pass_priority_on(os.getpid())
+    if idle or nice:
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        set_group_nice(os.getpid(), IDLE_GROUP_NICE if idle else own)
 
 
 def pass_priority_on(pid: int) -> None:
     """Give the session group of process `pid` (one this process started in a session of its
-    own) this process's niceness, or IDLE_GROUP_NICE if this process runs under SCHED_IDLE; a
-    process at full priority leaves it as it is."""
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE:
-        nice = IDLE_GROUP_NICE
-    if nice > 0:
+    own) the niceness of this process's own group: a child in a new session then competes for
+    the CPU as its starter does (the evaluator's engine at the evaluator's 19). A starter in a
+    group at full weight (whatever its own niceness: a `nice agent-rl serve` competes inside
+    its shell's group) leaves the child's group as it is."""
+    nice = group_nice(os.getpid())
+    if nice:
         set_group_nice(pid, nice)
+
+
+def group_nice(pid: int) -> int:
+    """The niceness of the session group of process `pid`; 0 where Linux has no autogroups."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split()[-1])  # "/autogroup-N nice K"
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def set_group_nice(pid: int, nice: int) -> None:
