@@ -118,7 +118,8 @@ class Evaluations:
             try:
                 proc.wait(CLOSE_WAIT_S if self.version is not None else 60)
             except subprocess.TimeoutExpired:
-                self.log(f"evaluation of v{self.version} still running: stopping it")
+                self.log(f"evaluation of v{self.version} still running: stopping it"
+                         if self.version is not None else "the evaluator did not stop: stopping it")
                 proc.terminate()
                 try:
                     proc.wait(60)
