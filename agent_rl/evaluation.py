@@ -209,12 +209,16 @@ def evaluate_each(
                 continue
             try:
                 request = json.loads(line)
+                if not isinstance(request, dict):
+                    raise TypeError('not a JSON object {"version": V, "weights": DIR}')
                 version = request["version"]
                 weights = Path(request["weights"])
                 if version is not None and not isinstance(version, int):
                     raise TypeError(f"version must be an integer or null, not {version!r}")
             except (ValueError, KeyError, TypeError) as e:
-                reply({"ok": False, "version": None, "error": f"bad request {line.strip()!r}: {e}"})
+                why = f"it has no {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
+                error = f"bad request {line.strip()!r}: {why}"
+                reply({"ok": False, "version": None, "error": error})
                 continue
             log.warning("evaluating v%s (%s)", version, weights)
             try:

@@ -54,15 +54,17 @@ def _eval_each(db: Path, url: str, requests: list[str]) -> list[dict[str, Any]]:
 
 @pytest.mark.slow  # two CLI processes, 24 episodes
 def test_eval_reruns_are_reproducible(tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path) -> None:
-    """The first two evaluations run in one `--from-stdin` process, with a malformed request
-    between them (answered with an error; the next one still runs); the third is `agent-rl
-    eval` of its own with another seed."""
+    """The first two evaluations run in one `--from-stdin` process, with two malformed requests
+    between them (each answered with an error; the next one still runs); the third is
+    `agent-rl eval` of its own with another seed."""
     db = tmp_path / "store.db"
     request = json.dumps({"version": 0, "weights": str(tiny_moe_model)})
-    first, bad, again = _eval_each(db, sglang_moe_server.url, [request, "{not json", request])
+    first, bad, incomplete, again = _eval_each(
+        db, sglang_moe_server.url, [request, "{not json", '{"version": 0}', request])
     other = _eval(db, sglang_moe_server.url, tiny_moe_model, "--seed", "99")
-    assert first["ok"] and again["ok"] and not bad["ok"]
+    assert first["ok"] and again["ok"] and not bad["ok"] and not incomplete["ok"]
     assert bad["version"] is None and "bad request '{not json'" in bad["error"]
+    assert incomplete["error"].endswith("it has no 'weights'")
     assert first["run"] == "trained-eval-v0" and again["run"] == "trained-eval-v0-2"
     assert first["task_rewards"] == again["task_rewards"] and len(first["task_rewards"]) == 4
     assert first["episodes"] == again["episodes"] == 8 and first["failed"] == 0
