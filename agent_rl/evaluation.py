@@ -208,17 +208,9 @@ def evaluate_each(
             if not line.strip():
                 continue
             try:
-                request = json.loads(line)
-                if not isinstance(request, dict):
-                    raise TypeError('not a JSON object {"version": V, "weights": DIR}')
-                version = request["version"]
-                weights = Path(request["weights"])
-                if version is not None and not isinstance(version, int):
-                    raise TypeError(f"version must be an integer or null, not {version!r}")
-            except (ValueError, KeyError, TypeError) as e:
-                why = f"it has no {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
-                error = f"bad request {line.strip()!r}: {why}"
-                reply({"ok": False, "version": None, "error": error})
+                version, weights = _request(line)
+            except ValueError as e:
+                reply({"ok": False, "version": None, "error": f"bad request {line.strip()!r}: {e}"})
                 continue
             log.warning("evaluating v%s (%s)", version, weights)
             try:
@@ -243,6 +235,20 @@ def evaluate_each(
     finally:
         if engine is not None:
             engine.stop()
+
+
+def _request(line: str) -> tuple[int | None, Path]:
+    """(version, weights) of one `evaluate_each` request; ValueError saying what is wrong."""
+    request = json.loads(line)  # a JSONDecodeError is a ValueError
+    if not isinstance(request, dict):
+        raise ValueError('not a JSON object {"version": V, "weights": DIR}')
+    for key in ("version", "weights"):
+        if key not in request:
+            raise ValueError(f"it has no {key!r}")
+    version = request["version"]
+    if version is not None and not isinstance(version, int):
+        raise ValueError(f"version must be an integer or null, not {version!r}")
+    return version, Path(request["weights"])
 
 
 def _eval_config(cfg: Config, run: str, env: str | None, split: str, seed: int, tasks: int,

@@ -238,7 +238,9 @@ def main(store: str) -> None:
     on = [r for r in results if r["phase"] == "on"]
     rate = lambda rs: sum(r["steps"] for r in rs) / sum(r["wall_s"] for r in rs)  # noqa: E731
     cores = os.cpu_count() or 1
+
     def share(rs: list[dict[str, Any]], key: str) -> float:
+        """The CPU seconds `key` of phases `rs` as a share of the machine's over them."""
         return round(sum(r[key] for r in rs) / (cores * sum(r["wall_s"] for r in rs)), 3)
 
     recorded = [e for r in on for e in r["recorded"]]
@@ -250,7 +252,7 @@ def main(store: str) -> None:
         "evaluations": len(recorded),
         "evaluated_versions": [e["version"] for e in recorded],
         "eval_episodes_failed": sum(e["failed"] for e in recorded),
-        "eval_cpu_share": round(sum(r["eval_cpu_s"] for r in on) / (cores * sum(r["wall_s"] for r in on)), 3),
+        "eval_cpu_share": share(on, "eval_cpu_s"),
         # Where the machine's CPU went: the training side's share (this process, the training
         # engine) and the idle share, off and on: an evaluation that took only idle CPU leaves
         # the training share as it was.

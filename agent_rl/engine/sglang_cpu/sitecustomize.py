@@ -213,59 +213,28 @@ def _patch_torch_native_backend(module: types.ModuleType) -> None:
     backend = getattr(module, "TorchNativeAttnBackend", None)
     if backend is None or not hasattr(backend, "_run_sdpa_forward_decode"):
         _warn("TorchNativeAttnBackend._run_sdpa_forward_decode not found (SGLang version drift?); "
-              "decode attention runs SGLang's own loop")
+              "attention runs SGLang's own loop")
         return
-    sglang_s = backend._run_sdpa_forward_decode
-
-    def _run_sdpa_forward_decode(self: Any, query: Any, output: Any, k_cache: Any, v_cache: Any,
-                                 req_to_token: Any, req_pool_indices: Any, seq_lens: Any,
-                                 encoder_lens: Any = None, scaling: Any = None,
-                                 enable_gqa: bool = False, causal: bool = False,
-                                 is_cross_attn: bool = False,
-                                 sliding_window_size: Any = None) -> Any:
-        if (query.shape[0] != seq_lens.shape[0] or encoder_lens is not None or is_cross_attn
-                or causal or (sliding_window_size is not None and sliding_window_size > -1)):
-            return sglang_s(self, query, output, k_cache, v_cache, req_to_token,
-                            req_pool_indices, seq_lens, encoder_lens, scaling=scaling,
-                            enable_gqa=enable_gqa, causal=causal, is_cross_attn=is_cross_attn,
-                            sliding_window_size=sliding_window_size)
-        # One request at a time, as SGLang's loop (so a request's result does not depend on
-        # the batch it decodes in), with the loop's bookkeeping as Python ints and each
-        # request's keys and values gathered by index_select rather than advanced indexing.
-        queries = query.unsqueeze(2)  # [requests, heads, 1, head size]
-        for i, (row, length) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
-            slots = req_to_token[row, :length]
-            key = k_cache.index_select(0, slots).transpose(0, 1)  # [kv heads, length, size]
-            value = v_cache.index_select(0, slots).transpose(0, 1)
-            if not (query.dtype == key.dtype == value.dtype):
-                key, value = key.to(query.dtype), value.to(query.dtype)
-            output[i] = scaled_dot_product_attention(
-                queries[i], key, value, scale=scaling, enable_gqa=enable_gqa).squeeze(1)
-        return output
-
+    decode_s = backend._run_sdpa_forward_decode
     extend_s = getattr(backend, "_run_sdpa_forward_extend", None)
 
-    def _run_sdpa_forward_extend(self: Any, query: Any, output: Any, k_cache: Any, v_cache: Any,
-                                 req_to_token: Any, req_pool_indices: Any, seq_lens: Any,
-                                 extend_prefix_lens: Any, extend_seq_lens: Any,
-                                 encoder_lens: Any = None, scaling: Any = None,
-                                 enable_gqa: bool = False, causal: bool = False,
-                                 is_cross_attn: bool = False,
-                                 sliding_window_size: Any = None) -> Any:
-        if (encoder_lens is not None or is_cross_attn
-                or (sliding_window_size is not None and sliding_window_size > -1)):
-            return extend_s(self, query, output, k_cache, v_cache, req_to_token,
-                            req_pool_indices, seq_lens, extend_prefix_lens, extend_seq_lens,
-                            encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
-                            is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
-        # SGLang's loop attends a query of the whole sequence (its cached prefix included,
-        # uninitialised) and keeps the new rows: a turn appended to a long conversation cost
-        # the conversation's length squared. Here only the new rows attend, each to the keys
-        # up to its own position.
+    def sglang_s_only(encoder_lens: Any, is_cross_attn: bool, sliding_window_size: Any) -> bool:
+        """Encoder and sliding-window attention: SGLang's own loop."""
+        return (encoder_lens is not None or is_cross_attn
+                or (sliding_window_size is not None and sliding_window_size > -1))
+
+    def attend_each(query: Any, output: Any, k_cache: Any, v_cache: Any, req_to_token: Any,
+                    req_pool_indices: Any, seq_lens: Any, prefix_lens: list[int],
+                    new_lens: list[int], causal: bool, scaling: Any, enable_gqa: bool) -> Any:
+        """Each request's new rows of `query` (a decode step: one) attend its keys, one request
+        at a time as in SGLang's loop (so a request's result does not depend on its batch), the
+        loop's bookkeeping as Python ints and the keys and values gathered by index_select
+        rather than advanced indexing. SGLang's extend attended a query of the whole sequence,
+        its cached prefix included, and kept the new rows: a turn appended to a long
+        conversation cost the conversation's length squared."""
         start = 0
         for row, length, prefix, new in zip(req_pool_indices.tolist(), seq_lens.tolist(),
-                                            extend_prefix_lens.tolist(),
-                                            extend_seq_lens.tolist()):
+                                            prefix_lens, new_lens):
             slots = req_to_token[row, :length]
             key = k_cache.index_select(0, slots).transpose(0, 1)  # [kv heads, length, size]
             value = v_cache.index_select(0, slots).transpose(0, 1)
@@ -275,7 +244,7 @@ def _patch_torch_native_backend(module: types.ModuleType) -> None:
             mask, is_causal = None, False
             if causal and prefix == 0:
                 is_causal = new > 1
-            elif causal and new > 1:
+            elif causal and new > 1:  # each new row sees the keys up to its own position
                 positions = torch.arange(prefix, length, device=slots.device)
                 mask = torch.arange(length, device=slots.device)[None, :] <= positions[:, None]
             output[start : start + new] = scaled_dot_product_attention(
@@ -283,6 +252,38 @@ def _patch_torch_native_backend(module: types.ModuleType) -> None:
                 enable_gqa=enable_gqa).transpose(0, 1)
             start += new
         return output
+
+    def _run_sdpa_forward_decode(self: Any, query: Any, output: Any, k_cache: Any, v_cache: Any,
+                                 req_to_token: Any, req_pool_indices: Any, seq_lens: Any,
+                                 encoder_lens: Any = None, scaling: Any = None,
+                                 enable_gqa: bool = False, causal: bool = False,
+                                 is_cross_attn: bool = False,
+                                 sliding_window_size: Any = None) -> Any:
+        n = seq_lens.shape[0]
+        if query.shape[0] != n or causal or sglang_s_only(encoder_lens, is_cross_attn,
+                                                          sliding_window_size):
+            return decode_s(self, query, output, k_cache, v_cache, req_to_token,
+                            req_pool_indices, seq_lens, encoder_lens, scaling=scaling,
+                            enable_gqa=enable_gqa, causal=causal, is_cross_attn=is_cross_attn,
+                            sliding_window_size=sliding_window_size)
+        return attend_each(query, output, k_cache, v_cache, req_to_token, req_pool_indices,
+                           seq_lens, [0] * n, [1] * n, False, scaling, enable_gqa)
+
+    def _run_sdpa_forward_extend(self: Any, query: Any, output: Any, k_cache: Any, v_cache: Any,
+                                 req_to_token: Any, req_pool_indices: Any, seq_lens: Any,
+                                 extend_prefix_lens: Any, extend_seq_lens: Any,
+                                 encoder_lens: Any = None, scaling: Any = None,
+                                 enable_gqa: bool = False, causal: bool = False,
+                                 is_cross_attn: bool = False,
+                                 sliding_window_size: Any = None) -> Any:
+        if sglang_s_only(encoder_lens, is_cross_attn, sliding_window_size):
+            return extend_s(self, query, output, k_cache, v_cache, req_to_token,
+                            req_pool_indices, seq_lens, extend_prefix_lens, extend_seq_lens,
+                            encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
+                            is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
+        return attend_each(query, output, k_cache, v_cache, req_to_token, req_pool_indices,
+                           seq_lens, extend_prefix_lens.tolist(), extend_seq_lens.tolist(),
+                           causal, scaling, enable_gqa)
 
     backend._run_sdpa_forward_decode = _run_sdpa_forward_decode
     if extend_s is not None:
