@@ -53,7 +53,9 @@ def _engine_pid(workdir: Path) -> int | None:
 def test_fresh_directory_serve_survives_engine_crash(tmp_path: Path, engine_venv: Path) -> None:
     (tmp_path / "agent-rl.toml").write_text(textwrap.dedent("""
         [rollout]
-        max_new_tokens = 48
+        # Long enough turns that the kill lands mid-run: at 48 tokens the engine finished all
+        # 16 episodes between seeing the first 4 end and the kill.
+        max_new_tokens = 256
         max_concurrent_episodes = 4
         group_size = 4
     """))
