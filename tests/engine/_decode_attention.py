@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import types
 
 # sitecustomize ran when this interpreter started: with the shim off, SGLang's own methods are
 # imported below, then patched by hand.
@@ -98,3 +99,27 @@ for heads, kv_heads, prefixes, news in [(2, 2, [0, 5, 300, 0], [7, 1, 40, 1]),
                       "finite": bool(torch.isfinite(batch).all()),
                       "batch_invariant": all(torch.equal(a, batch[s : s + n]) for a, s, n
                                              in zip(alone, starts, news))}), flush=True)
+
+# The next forward pass on the same tensors, rewritten in place (same requests, same lengths,
+# other slots): the slots each layer reuses within a pass are read again once the pass's
+# metadata is initialised.
+self.use_sliding_window_kv_pool = False
+heads, kv_heads, lengths, head_size, slots = 4, 2, [40, 3, 500], 64, 8192
+k_cache = torch.randn(slots, kv_heads, head_size, generator=g)
+v_cache = torch.randn(slots, kv_heads, head_size, generator=g)
+req_to_token = torch.zeros(16, 4096, dtype=torch.int32)
+pool, seq_lens = torch.randperm(16, generator=g)[: len(lengths)], torch.tensor(lengths)
+query = torch.randn(len(lengths), heads, head_size, generator=g)
+kw = dict(scaling=head_size**-0.5, enable_gqa=True)
+diffs = []
+for _ in range(2):
+    free = torch.randperm(slots - 1, generator=g) + 1
+    for row, length in zip(pool.tolist(), lengths):
+        req_to_token[row, :length] = free[:length].int()
+        free = free[length:]
+    backend.init_forward_metadata(self, types.SimpleNamespace(out_cache_loc=None))
+    batch = attend(ours, query, pool, seq_lens, **kw)  # every layer of the pass
+    diffs.append(float((attend(sglang_s, query, pool, seq_lens, **kw) - batch).abs().max()))
+print(json.dumps({"passes": 2, "lengths": lengths, "max_abs_diff": max(diffs),
+                  "finite": bool(torch.isfinite(batch).all()), "batch_invariant": True}),
+      flush=True)

@@ -23,7 +23,7 @@ def test_decode_attention_equals_sglang_s_and_is_batch_invariant(engine_venv: Pa
     assert run.returncode == 0, run.stderr[-3000:]
     cases = [json.loads(line) for line in run.stdout.splitlines()]
     print("\n".join(map(str, cases)))
-    assert len(cases) == 6  # 4 decode, 2 prefill
+    assert len(cases) == 7  # 4 decode, 2 prefill, 2 passes on the same tensors
     for case in cases:
         assert case["finite"], case
         assert case["max_abs_diff"] <= 1e-5, case

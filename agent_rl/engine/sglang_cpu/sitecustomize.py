@@ -29,9 +29,10 @@ The shims (each shown necessary on a CPU-only host, see docs/engine.md):
    relies on this for reruns that give the same tokens.
 5. attention of the CPU backend (`torch_native`): SGLang's loop over requests indexed the KV
    cache with a tensor for every request and layer, and a prefill attended a query of the whole
-   sequence, its cached prefix included, keeping only the new rows. Here each request's keys and
-   values are gathered with index_select, with the loop's bookkeeping as Python ints, and a
-   prefill attends its new rows only (causal from their own positions). Still one request at a
+   sequence, its cached prefix included, keeping only the new rows. Here the requests' slots
+   are read once per forward pass (not once per request and layer), each request's keys and
+   values are gathered with index_select, the outputs written back in one copy, and a prefill
+   attends its new rows only (causal from their own positions). Still one request at a
    time, so a request's result does not depend on its batch (bit for bit; seeded sampling relies
    on it); decode equals SGLang's bit for bit, prefill to float rounding. Sliding windows and
    encoder attention keep SGLang's own. AGENT_RL_ENGINE_FAST_ATTENTION=0 turns this one off.
@@ -223,34 +224,60 @@ def _patch_torch_native_backend(module: types.ModuleType) -> None:
         return (encoder_lens is not None or is_cross_attn
                 or (sliding_window_size is not None and sliding_window_size > -1))
 
-    def attend_each(query: Any, output: Any, k_cache: Any, v_cache: Any, req_to_token: Any,
-                    req_pool_indices: Any, seq_lens: Any, prefix_lens: list[int],
-                    new_lens: list[int], causal: bool, scaling: Any, enable_gqa: bool) -> Any:
+    def request_slots(self: Any, req_to_token: Any, req_pool_indices: Any,
+                      seq_lens: Any) -> tuple[list[int], Any]:
+        """Each request's KV-cache slots, read from req_to_token in one gather, once per forward
+        pass: every layer of a pass attends the same slots (init_forward_metadata forgets
+        them). Kept with the tensors they were read from and the lengths, and read again if
+        any differs, so a pass whose metadata was planned elsewhere still gets its own."""
+        lengths, rows = seq_lens.tolist(), req_pool_indices.tolist()
+        kept = getattr(self, "_agent_rl_slots", None)
+        if (kept is not None and kept[0] is req_to_token and kept[1] is req_pool_indices
+                and kept[2] is seq_lens and kept[3] == lengths and kept[4] == rows):
+            return lengths, kept[5]
+        longest = max(lengths, default=0)
+        table = req_to_token.index_select(0, req_pool_indices)[:, :longest]
+        slots = table[torch.arange(longest, device=table.device)[None, :] < seq_lens[:, None]]
+        per_request = slots.split(lengths)
+        self._agent_rl_slots = (req_to_token, req_pool_indices, seq_lens, lengths, rows,
+                                per_request)
+        return lengths, per_request
+
+    def attend_each(self: Any, query: Any, output: Any, k_cache: Any, v_cache: Any,
+                    req_to_token: Any, req_pool_indices: Any, seq_lens: Any,
+                    prefix_lens: list[int], new_lens: list[int], causal: bool, scaling: Any,
+                    enable_gqa: bool) -> Any:
         """Each request's new rows of `query` (a decode step: one) attend its keys, one request
-        at a time as in SGLang's loop (so a request's result does not depend on its batch), the
-        loop's bookkeeping as Python ints and the keys and values gathered by index_select
-        rather than advanced indexing. SGLang's extend attended a query of the whole sequence,
-        its cached prefix included, and kept the new rows: a turn appended to a long
-        conversation cost the conversation's length squared."""
-        start = 0
-        for row, length, prefix, new in zip(req_pool_indices.tolist(), seq_lens.tolist(),
-                                            prefix_lens, new_lens):
-            slots = req_to_token[row, :length]
-            key = k_cache.index_select(0, slots).transpose(0, 1)  # [kv heads, length, size]
-            value = v_cache.index_select(0, slots).transpose(0, 1)
-            rows = query[start : start + new].transpose(0, 1)  # [heads, new, size]
+        at a time as in SGLang's loop (so a request's result does not depend on its batch), its
+        keys and values gathered by index_select from its slots (`request_slots`), and every
+        request's output written back in one copy. SGLang's loop read the slots and indexed the
+        KV cache with a tensor per request and layer, and its extend attended a query of the
+        whole sequence, its cached prefix included, and kept the new rows: a turn appended to a
+        long conversation cost the conversation's length squared. (Gathering every request's
+        keys at once instead was slower from 1k tokens on: the batch's keys leave the cache
+        before their request attends them.)"""
+        lengths, slots = request_slots(self, req_to_token, req_pool_indices, seq_lens)
+        if not lengths:
+            return output
+        total = sum(new_lens)
+        queries = query[:total].transpose(0, 1).split(new_lens, dim=1)  # [heads, new, size]
+        outputs = []
+        for rows, own_slots, length, prefix, new in zip(queries, slots, lengths, prefix_lens,
+                                                        new_lens):
+            key = k_cache.index_select(0, own_slots).transpose(0, 1)  # [kv heads, len, size]
+            value = v_cache.index_select(0, own_slots).transpose(0, 1)
             if not (rows.dtype == key.dtype == value.dtype):
                 key, value = key.to(rows.dtype), value.to(rows.dtype)
             mask, is_causal = None, False
             if causal and prefix == 0:
                 is_causal = new > 1
             elif causal and new > 1:  # each new row sees the keys up to its own position
-                positions = torch.arange(prefix, length, device=slots.device)
-                mask = torch.arange(length, device=slots.device)[None, :] <= positions[:, None]
-            output[start : start + new] = scaled_dot_product_attention(
+                positions = torch.arange(prefix, length, device=key.device)
+                mask = torch.arange(length, device=key.device)[None, :] <= positions[:, None]
+            outputs.append(scaled_dot_product_attention(
                 rows, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling,
-                enable_gqa=enable_gqa).transpose(0, 1)
-            start += new
+                enable_gqa=enable_gqa))
+        output[:total] = torch.cat(outputs, dim=1).transpose(0, 1)
         return output
 
     def _run_sdpa_forward_decode(self: Any, query: Any, output: Any, k_cache: Any, v_cache: Any,
@@ -266,8 +293,9 @@ def _patch_torch_native_backend(module: types.ModuleType) -> None:
                             req_pool_indices, seq_lens, encoder_lens, scaling=scaling,
                             enable_gqa=enable_gqa, causal=causal, is_cross_attn=is_cross_attn,
                             sliding_window_size=sliding_window_size)
-        return attend_each(query, output, k_cache, v_cache, req_to_token, req_pool_indices,
-                           seq_lens, [0] * n, [1] * n, False, scaling, enable_gqa)
+        return attend_each(self, query, output, k_cache, v_cache, req_to_token,
+                           req_pool_indices, seq_lens, [0] * n, [1] * n, False, scaling,
+                           enable_gqa)
 
     def _run_sdpa_forward_extend(self: Any, query: Any, output: Any, k_cache: Any, v_cache: Any,
                                  req_to_token: Any, req_pool_indices: Any, seq_lens: Any,
@@ -281,10 +309,17 @@ def _patch_torch_native_backend(module: types.ModuleType) -> None:
                             req_pool_indices, seq_lens, extend_prefix_lens, extend_seq_lens,
                             encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
                             is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
-        return attend_each(query, output, k_cache, v_cache, req_to_token, req_pool_indices,
-                           seq_lens, extend_prefix_lens.tolist(), extend_seq_lens.tolist(),
-                           causal, scaling, enable_gqa)
+        return attend_each(self, query, output, k_cache, v_cache, req_to_token,
+                           req_pool_indices, seq_lens, extend_prefix_lens.tolist(),
+                           extend_seq_lens.tolist(), causal, scaling, enable_gqa)
 
+    init_forward_metadata = backend.init_forward_metadata
+
+    def init_forward_metadata_forgetting_slots(self: Any, forward_batch: Any) -> None:
+        self._agent_rl_slots = None
+        init_forward_metadata(self, forward_batch)
+
+    backend.init_forward_metadata = init_forward_metadata_forgetting_slots
     backend._run_sdpa_forward_decode = _run_sdpa_forward_decode
     if extend_s is not None:
         backend._run_sdpa_forward_extend = _run_sdpa_forward_extend
