@@ -118,8 +118,11 @@ def load_full_state_dict(
             param.copy_(tensor)
 
 
-def gather_full_state_dict(model: torch.nn.Module, arch: ModelArch) -> dict[str, torch.Tensor]:
-    """The full (unsharded) state dict, assembled on every rank from the TP/PP/EP shards."""
+def gather_full_state_dict(model: torch.nn.Module, arch: ModelArch, *,
+                           copy: bool = True) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict, assembled on every rank from the TP/PP/EP shards.
+    `copy=False`: a tensor that needs no gathering is the parameter itself (detached), which
+    the next optimizer step changes in place."""
     from megatron.core import parallel_state as ps
 
     offset = layer_offset(model)
@@ -128,7 +131,7 @@ def gather_full_state_dict(model: torch.nn.Module, arch: ModelArch) -> dict[str,
         for name, param in model.named_parameters():
             if _tied_copy(_strip(name), arch):
                 continue  # the first stage's embedding is the same weight
-            tensor = param.detach().clone()
+            tensor = param.detach().clone() if copy else param.detach()
             is_expert = _expert_index(name) is not None
             if getattr(param, "tensor_model_parallel", False):
                 group, _, size = _groups(is_expert)
