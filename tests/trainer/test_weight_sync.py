@@ -251,7 +251,7 @@ def test_engine_killed_mid_broadcast_is_dropped_and_catches_up_after_restart(
 ) -> None:
     cfg = TrainerConfig(weight_sync="distributed", weight_sync_bucket_mb=0.25,
                         weight_sync_timeout_s=20, lr=1e-2, micro_batch_size=4)
-    original = Broadcast._one_bucket
+    original = Broadcast._broadcast_bucket
     sent: list[int] = []
 
     async def killing(self: Broadcast, *args: Any, **kwargs: Any) -> Any:
@@ -261,7 +261,7 @@ def test_engine_killed_mid_broadcast_is_dropped_and_catches_up_after_restart(
         sent.append(1)
         return await original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Broadcast, "_one_bucket", killing)
+    monkeypatch.setattr(Broadcast, "_broadcast_bucket", killing)
     for e in _stepped(tiny_moe_model, cfg):
         ours = _trainer_logprobs(e)
         weights = e.hf_state_dict()
