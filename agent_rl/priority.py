@@ -31,8 +31,8 @@ def spare_cpu_only(nice: int, idle: bool) -> None:
     if idle:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     if idle or nice:
-        own = os.getpriority(os.PRIO_PROCESS, 0)
-        set_group_nice(os.getpid(), IDLE_GROUP_NICE if idle else own)
+        set_group_nice(os.getpid(),
+                       IDLE_GROUP_NICE if idle else os.getpriority(os.PRIO_PROCESS, 0))
 
 
 def pass_priority_on(pid: int) -> None:

@@ -245,18 +245,16 @@ class Broadcast(InMemorySync):
             last = i == len(parts) - 1
             receives, sent = await self._broadcast_bucket(bucket, engines, version if last
                                                           else None, flush and last)
-            failed = await self._answers(loading, engines, None) if loading else {}
+            failed = await self._answers(loading, engines, None)  # {} before the first
             if failed:
                 await asyncio.gather(*receives, return_exceptions=True)  # they end too
                 return failed
             if sent is not None:
                 return await self._answers(receives, engines, sent)
-            if loading:
-                report.buckets += 1
+            report.buckets += bool(loading)
             loading = receives
         failed = await self._answers(loading, engines, None)
-        if not failed:
-            report.buckets += 1
+        report.buckets += not failed
         return failed
 
     async def _form_group(self, engines: list[Engine]) -> dict[str, str]:
