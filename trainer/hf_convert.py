@@ -63,6 +63,12 @@ _MTP_MODULE = (
 )
 
 
+def is_draft(name: str) -> bool:
+    """Whether HF weight `name` belongs to the MTP draft (`mtp.*`), which a speculative engine
+    loads into its draft model and its target skips."""
+    return name.startswith("mtp.")
+
+
 def mtp_prefix(module: int) -> str:
     """HF prefix of MTP module `module`: `mtp.` for the first (the one SGLang's draft reads),
     `mtp.{j}.` for the later ones, which SGLang's loader skips (no such parameters)."""

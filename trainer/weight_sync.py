@@ -18,6 +18,8 @@ call, its workers in rotation; a bare SGLang server is its own one worker), then
 `/begin_weight_update` on the router, which pauses generation by its `update_pause_mode` (the
 path disk updates take), every bucket, and `/end_weight_update`, which resumes and reads back
 every engine's version. The policy version is the weight version, set with the last bucket.
+An MTP draft's tensors travel last, in buckets of their own that SGLang loads into a speculative
+engine's draft model (`selector: "draft"`; `parts`).
 
 Failures stay bounded: every call and every collective has `weight_sync_timeout_s`. An engine
 that fails a bucket (it died, or hung) is dropped: the group is torn down (which also frees the
@@ -48,8 +50,9 @@ import torch
 import torch.distributed as dist
 
 from agent_rl.config import TrainerConfig
-from agent_rl.engine.client import EngineClient
+from agent_rl.engine.client import EngineClient, Selector
 from agent_rl.errors import EngineError
+from trainer import hf_convert
 
 Bucket = list[tuple[str, torch.Tensor]]
 
@@ -70,6 +73,20 @@ def buckets(weights: dict[str, torch.Tensor], limit_bytes: int) -> Iterator[Buck
         yield bucket
 
 
+def parts(weights: dict[str, torch.Tensor], limit_bytes: int) -> Iterator[tuple[Bucket, Selector]]:
+    """The buckets of a push, each with the engine models that load it: the policy's tensors
+    for the target, the MTP draft's (`mtp.*`, `trainer.mtp_layers`) after them, in buckets of
+    their own, for the draft. A speculative engine loads each part into its one model (the
+    target skips `mtp.*` anyway, and a Qwen2 target warns of every name it does not know); an
+    engine serving no draft has nothing to load for the draft's parts."""
+    policy = {n: t for n, t in weights.items() if not hf_convert.is_draft(n)}
+    draft = {n: t for n, t in weights.items() if hf_convert.is_draft(n)}
+    for bucket in buckets(policy, limit_bytes):
+        yield bucket, "target"
+    for bucket in buckets(draft, limit_bytes):
+        yield bucket, "draft"
+
+
 class Buffer:
     """The flat byte buffer buckets are packed into, kept from bucket to bucket and push to
     push (the buckets are sent one at a time, each received before the next is packed): a new
@@ -82,9 +99,9 @@ class Buffer:
         self._flat = torch.empty(0, dtype=torch.uint8, device=device)
 
     def fill(self, bucket: Bucket, *, align: bool) -> tuple[torch.Tensor, list[SimpleNamespace]]:
-        """`bucket` copied into the buffer (not shared: a view of its first bytes), and each tensor's name,
-        shape, dtype and byte range in it (`align`: each starts at a multiple of its dtype's
-        size; otherwise back to back)."""
+        """`bucket` copied into the buffer (not shared: a view of its first bytes), and each
+        tensor's name, shape, dtype and byte range in it (`align`: each starts at a multiple of
+        its dtype's size; otherwise back to back)."""
         spans, offset = [], 0
         for name, t in bucket:
             if align:
@@ -97,7 +114,8 @@ class Buffer:
             flat = torch.empty(offset, dtype=torch.uint8, device=self.device)
             self._flat = flat.share_memory_() if self.shared else flat
         for (_, t), span in zip(bucket, spans):
-            self._flat[span.start_idx : span.end_idx].copy_(t.detach().reshape(-1).view(torch.uint8))
+            dst = self._flat[span.start_idx : span.end_idx]
+            dst.copy_(t.detach().reshape(-1).view(torch.uint8))
         # Shared: the whole buffer (its ranges say where each tensor is); broadcast: exactly the
         # bytes the engines allocate from the names, dtypes and shapes.
         return (self._flat if self.shared else self._flat[:offset]), spans
@@ -239,12 +257,12 @@ class Broadcast(InMemorySync):
         # packed and asked for while the engines still load the one before, so an engine takes
         # the next bucket as soon as it is done (105M parameters on CPU: the trainer's packing
         # and the request's round trip were a quarter of each bucket's time).
-        parts = list(buckets(weights, self.limit_bytes))
+        cut = list(parts(weights, self.limit_bytes))
         loading: list[asyncio.Future[Any]] = []  # the answers of the bucket the engines load
-        for i, bucket in enumerate(parts):
-            last = i == len(parts) - 1
-            receives, sent = await self._broadcast_bucket(bucket, engines, version if last
-                                                          else None, flush and last)
+        for i, (bucket, selector) in enumerate(cut):
+            last = i == len(cut) - 1
+            receives, sent = await self._broadcast_bucket(
+                bucket, selector, engines, version if last else None, flush and last)
             failed = await self._answers(loading, engines, None)  # {} before the first
             if failed:
                 await asyncio.gather(*receives, return_exceptions=True)  # they end too
@@ -291,10 +309,12 @@ class Broadcast(InMemorySync):
         return {}
 
     async def _broadcast_bucket(
-        self, bucket: Bucket, engines: list[Engine], version: str | None, flush: bool
-    ) -> tuple[list[asyncio.Future[Any]], BaseException | None]:
-        """Ask every engine to receive `bucket` and broadcast it: the engines' answers (they
-        come once each has loaded it) and the broadcast's error, None when it went out."""
+        self, bucket: Bucket, selector: Selector, engines: list[Engine], version: str | None,
+        flush: bool,
+    ) -> tuple[list[asyncio.Future[Any]], BaseException | None]:  # fmt: skip
+        """Ask every engine to receive `bucket` (into its `selector`ed models) and broadcast
+        it: the engines' answers (they come once each has loaded it) and the broadcast's
+        error, None when it went out."""
         # Contiguous: the engines compute the same offsets from the names, dtypes and shapes.
         # The buffer is free again: the previous broadcast is done.
         flat, _ = self._buffer.fill(bucket, align=False)
@@ -304,7 +324,7 @@ class Broadcast(InMemorySync):
         receives = [
             asyncio.ensure_future(e.client.update_weights_from_distributed(  # type: ignore[union-attr]
                 **meta, group_name=self._group_name, weight_version=version, flush_cache=flush,
-                timeout_s=self.timeout_s))
+                selector=selector, timeout_s=self.timeout_s))
             for e in engines
         ]
         try:
@@ -402,9 +422,9 @@ class SharedMemory(InMemorySync):
         self, weights: dict[str, torch.Tensor], version: str, engines: list[Engine],
         flush: bool, report: PushReport,
     ) -> dict[str, str]:  # fmt: skip
-        parts = list(buckets(weights, self.limit_bytes))
-        for i, bucket in enumerate(parts):
-            last = i == len(parts) - 1
+        cut = list(parts(weights, self.limit_bytes))
+        for i, (bucket, selector) in enumerate(cut):
+            last = i == len(cut) - 1
             # SGLang's `flattened_bucket` load format: one flat byte tensor in shared memory and
             # each tensor's name, shape, dtype and byte range in it (per-tensor shared memory
             # cost a file and a second copy per tensor).
@@ -417,7 +437,8 @@ class SharedMemory(InMemorySync):
                 e.client.update_weights_from_tensor(  # type: ignore[union-attr]
                     [_pickle(shared) for _ in range(e.tp_size)],
                     weight_version=version if last else None,
-                    flush_cache=flush and last, flattened=True, timeout_s=self.timeout_s)
+                    flush_cache=flush and last, flattened=True, selector=selector,
+                    timeout_s=self.timeout_s)
                 for e in engines
             ), return_exceptions=True)
             failed = {e.url: str(a)[:300] for e, a in zip(engines, answers)

@@ -29,6 +29,9 @@ from agent_rl.engine.generation import GenerateOptions, Generation, TokenIds, js
 from agent_rl.errors import EngineError, EngineUnavailableError
 
 PauseMode = Literal["in_place", "retract", "abort"]
+Selector = Literal["target", "draft", "all"]
+"""Which of a speculative engine's models an in-memory weight update loads: its target, its
+draft, or both (SGLang's `selector`; an engine without a draft has its target only)."""
 
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
@@ -247,12 +250,16 @@ class EngineClient:
     async def update_weights_from_distributed(
         self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
         weight_version: str | None, flush_cache: bool, flattened: bool = True,
-        timeout_s: float | None = None,
+        selector: Selector = "all", timeout_s: float | None = None,
     ) -> Any:  # fmt: skip
         """Receive one broadcast bucket (`flattened`: one flat uint8 tensor of every named
-        tensor's bytes, in order) and load it; `weight_version` is set once it is loaded."""
+        tensor's bytes, in order) and load it into the `selector`ed models (a speculative
+        engine's target, its draft, or both; see `Selector`); `weight_version` is set once it
+        is loaded."""
         body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes,
                                 "group_name": group_name, "flush_cache": flush_cache}
+        if selector != "all":
+            body["selector"] = selector
         if flattened:
             body["load_format"] = "flattened_bucket"
         if weight_version is not None:
@@ -261,13 +268,16 @@ class EngineClient:
 
     async def update_weights_from_tensor(
         self, serialized: list[str], *, weight_version: str | None, flush_cache: bool,
-        flattened: bool = False, timeout_s: float | None = None,
+        flattened: bool = False, selector: Selector = "all", timeout_s: float | None = None,
     ) -> Any:  # fmt: skip
-        """Load named tensors the engine reads from this host's shared memory: `serialized`
-        holds one base64 pickle (multiprocessing's ForkingPickler) per engine TP rank, of a list
-        of (name, tensor) or, `flattened`, of SGLang's flattened bucket ({"flattened_tensor": one
-        flat uint8 tensor, "metadata": each tensor's name, shape, dtype and byte range})."""
+        """Load named tensors the engine reads from this host's shared memory into the
+        `selector`ed models: `serialized` holds one base64 pickle (multiprocessing's
+        ForkingPickler) per engine TP rank, of a list of (name, tensor) or, `flattened`, of
+        SGLang's flattened bucket ({"flattened_tensor": one flat uint8 tensor, "metadata": each
+        tensor's name, shape, dtype and byte range})."""
         body: dict[str, Any] = {"serialized_named_tensors": serialized, "flush_cache": flush_cache}
+        if selector != "all":
+            body["selector"] = selector
         if flattened:
             body["load_format"] = "flattened_bucket"
         if weight_version is not None:

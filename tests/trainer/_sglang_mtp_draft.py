@@ -1,7 +1,15 @@
 """Run by the engine environment's python (not the main venv's): build SGLang's own Qwen3-MoE MTP
 draft (`Qwen3MoeForCausalLMMTP`) for the model directory argv[1], fill its parameters with NaN,
-load argv[1]'s safetensors through the draft's own `load_weights`, and save its parameters as
-they then are to argv[2] (a safetensors file). A parameter the loader did not fill stays NaN.
+load weights into it through the draft's own `load_weights`, and save its parameters as they then
+are under the directory argv[2]. A parameter the loader did not fill stays NaN.
+
+- `disk.safetensors`: loaded from argv[1]'s safetensors (what `update_weights_from_disk` and a
+  launch load);
+- with argv[3], a `torch.save`d {"distributed": [...], "tensor": [...]} of the buckets an
+  in-memory weight sync sends the draft: `distributed.safetensors`, each bucket's bytes received
+  into SGLang's own receive bucket (`FlattenedTensorBucket.empty` from the names, dtypes and
+  shapes) and `tensor.safetensors`, each shared bucket read through SGLang's metadata, both
+  reconstructed and loaded as the draft's model runner does.
 
 One CPU process, a gloo world of one; nothing is served."""
 
@@ -17,7 +25,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig
 
 
-def main(model_dir: str, out: str) -> None:
+def main(model_dir: str, out: str, buckets: str | None) -> None:
     from sglang.srt.distributed.parallel_state import (
         init_distributed_environment,
         initialize_model_parallel,
@@ -25,6 +33,7 @@ def main(model_dir: str, out: str) -> None:
     from sglang.srt.layers.moe import initialize_moe_config
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
 
     args = ServerArgs(model_path=model_dir, device="cpu", attention_backend="torch_native",
                       sampling_backend="pytorch", dtype="float32")  # fmt: skip
@@ -38,20 +47,41 @@ def main(model_dir: str, out: str) -> None:
     initialize_moe_config()
     from sglang.srt.models.qwen3_moe_mtp import Qwen3MoeForCausalLMMTP
 
-    draft = Qwen3MoeForCausalLMMTP(AutoConfig.from_pretrained(model_dir))
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.fill_(float("nan"))
+    def load(name: str, parts: list[list[tuple[str, torch.Tensor]]]) -> None:
+        draft = Qwen3MoeForCausalLMMTP(AutoConfig.from_pretrained(model_dir))
+        with torch.no_grad():
+            for param in draft.parameters():
+                param.fill_(float("nan"))
+        for named in parts:
+            draft.load_weights(named)
+        params = {n: p.detach().contiguous() for n, p in draft.named_parameters()}
+        save_file(params, str(Path(out) / f"{name}.safetensors"))
 
-    def weights():
+    def disk() -> list[tuple[str, torch.Tensor]]:
+        named = []
         for f in sorted(Path(model_dir).glob("*.safetensors")):
             with safe_open(str(f), "pt") as handle:
                 for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
-                    yield key, handle.get_tensor(key)
+                    named.append((key, handle.get_tensor(key)))
+        return named
 
-    draft.load_weights(weights())
-    save_file({n: p.detach().contiguous() for n, p in draft.named_parameters()}, out)
+    load("disk", [disk()])
+    if buckets is None:
+        return
+    sent = torch.load(buckets)
+    received = []
+    for b in sent["distributed"]:
+        bucket = FlattenedTensorBucket.empty(b["names"], b["dtypes"], b["shapes"], "cpu")
+        bucket.get_flattened_tensor().copy_(b["flat"])  # what the broadcast writes there
+        received.append(bucket.reconstruct_tensors())
+    load("distributed", received)
+    shared = []
+    for b in sent["tensor"]:
+        metadata = [FlattenedTensorMetadata(**m) for m in b["metadata"]]
+        bucket = FlattenedTensorBucket(flattened_tensor=b["flat"], metadata=metadata)
+        shared.append(bucket.reconstruct_tensors())
+    load("tensor", shared)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

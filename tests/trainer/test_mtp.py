@@ -157,47 +157,71 @@ def test_checkpoint_resume_and_export_carry_the_draft(tiny_moe_model: Path, tmp_
             assert torch.equal(value, weights[name]), name
 
 
-def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export(
+def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export_and_of_a_sync(
     tiny_moe_model: Path, engine_venv: Path, tmp_path: Path
 ) -> None:
     """SGLang's `Qwen3MoeForCausalLMMTP`, built in the engine environment for this config and
     loaded by its own `load_weights`, gets every parameter from the export's module 0 (the
     embedding and head are the target's, shared at serve time); the later module's `mtp.1.*`
-    weights are skipped, not loaded over module 0."""
+    weights are skipped, not loaded over module 0. The same holds for the buckets an in-memory
+    weight sync sends with `selector: "draft"` (trainer.weight_sync.parts), received and
+    reconstructed by SGLang's own flattened bucket as a `distributed` and a `tensor` update
+    hand them to the draft: every weight sync updates the served draft."""
     from safetensors.torch import load_file
 
     from agent_rl.engine.install import engine_env, engine_python
+    from trainer.weight_sync import Buffer, parts
 
     batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
     with learner(tiny_moe_model, TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2)) as e:
         e.rl_step(batch)
         export = e.export_hf(tmp_path / "export")
+        weights = e.hf_state_dict()
+        # What each sync sends the draft, in small buckets: several, each packed as it goes.
+        drafts = [b for b, selector in parts(weights, 64 << 10) if selector == "draft"]
+        sent: dict[str, list[dict]] = {"distributed": [], "tensor": []}
+        for bucket in drafts:
+            flat, _ = Buffer(torch.device("cpu"), shared=False).fill(bucket, align=False)
+            sent["distributed"].append({
+                "names": [n for n, _ in bucket], "flat": flat.clone(),
+                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket]})  # fmt: skip
+            flat, spans = Buffer(torch.device("cpu"), shared=False).fill(bucket, align=True)
+            sent["tensor"].append({"flat": flat.clone(), "metadata": [vars(s) for s in spans]})
+    assert len(drafts) > 1 and all(hf_convert.is_draft(n) for b in drafts for n, _ in b)
+    torch.save(sent, tmp_path / "buckets.pt")
     ours = hf_convert.read_safetensors(export)
-    loaded = tmp_path / "draft.safetensors"
     script = Path(__file__).with_name("_sglang_mtp_draft.py")
-    command = [str(engine_python(engine_venv)), str(script), str(export), str(loaded)]
+    command = [str(engine_python(engine_venv)), str(script), str(export), str(tmp_path),
+               str(tmp_path / "buckets.pt")]  # fmt: skip
     run = subprocess.run(command, env=engine_env("cpu"), capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    draft = load_file(str(loaded))
+    for source in ("disk", "distributed", "tensor"):
+        _assert_module_0(load_file(str(tmp_path / f"{source}.safetensors")), ours, source)
+    assert not torch.equal(ours["mtp.fc.weight"], ours["mtp.1.fc.weight"])
+
+
+def _assert_module_0(draft: dict[str, torch.Tensor], ours: dict[str, torch.Tensor],
+                     source: str) -> None:  # fmt: skip
+    """Every parameter of SGLang's draft but the shared embedding and head was filled, and
+    where SGLang keeps a weight as one tensor (not fused: qkv_proj, experts.w13/w2) it is the
+    export's module-0 tensor."""
     shared = {"model.embed_tokens.weight", "lm_head.weight"}
     assert shared <= draft.keys()
     unfilled = [n for n, t in draft.items() if n not in shared and torch.isnan(t).any()]
-    assert not unfilled and len(draft) > len(shared) + 5
-    # Where SGLang keeps a weight as one tensor (not fused: qkv_proj, experts.w13/w2), it is
-    # the export's module-0 tensor.
+    assert not unfilled and len(draft) > len(shared) + 5, (source, unfilled)
     direct = {"fc.weight": "mtp.fc.weight", "model.norm.weight": "mtp.norm.weight",
               "pre_fc_norm_embedding.weight": "mtp.pre_fc_norm_embedding.weight",
               "pre_fc_norm_hidden.weight": "mtp.pre_fc_norm_hidden.weight"}  # fmt: skip
     compared = []
     for name, tensor in draft.items():
-        source = direct.get(name, "mtp." + name.removeprefix("model."))
-        if name not in shared and source in ours:
-            assert torch.equal(tensor, ours[source]), name
+        origin = direct.get(name, "mtp." + name.removeprefix("model."))
+        if name not in shared and origin in ours:
+            assert torch.equal(tensor, ours[origin]), (source, name)
             compared.append(name)
     fused = [n for n in draft if "qkv_proj" in n or ".experts.w" in n]
-    assert sorted(compared + fused) == sorted(draft.keys() - shared)
-    assert not torch.equal(ours["mtp.fc.weight"], ours["mtp.1.fc.weight"])
+    assert sorted(compared + fused) == sorted(draft.keys() - shared), source
 
 
 def test_acceptance_is_the_overlap_of_policy_and_draft_and_chains_into_a_length(solo: None) -> None:

@@ -34,7 +34,7 @@ from tests.trainer._served import served_config, served_db  # noqa: F401 (fixtur
 from trainer.batch import Batch
 from trainer.learner import Learner, learner
 from trainer.loop import TrainLoop
-from trainer.weight_sync import Broadcast, buckets, make_sync
+from trainer.weight_sync import Broadcast, buckets, make_sync, parts
 
 SEQUENCES = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42, 300, 17, 18]]
 
@@ -121,6 +121,17 @@ def test_buckets_keep_the_order_and_the_size_limit() -> None:
     assert parts == [["a", "b"], ["c"], ["d"]]  # a tensor over the limit travels alone
 
 
+def test_the_drafts_weights_go_to_the_draft_in_buckets_of_their_own() -> None:
+    weights = {"model.embed_tokens.weight": torch.zeros(10), "mtp.fc.weight": torch.zeros(10),
+               "model.norm.weight": torch.zeros(10), "mtp.norm.weight": torch.zeros(10),
+               "lm_head.weight": torch.zeros(10)}  # fmt: skip
+    cut = [([name for name, _ in bucket], selector) for bucket, selector in parts(weights, 80)]
+    assert cut == [(["model.embed_tokens.weight", "model.norm.weight"], "target"),
+                   (["lm_head.weight"], "target"),
+                   (["mtp.fc.weight", "mtp.norm.weight"], "draft")]  # fmt: skip
+    assert [s for _, s in parts({"a": torch.zeros(1)}, 80)] == ["target"]
+
+
 def test_bucket_size_by_mode_unless_set() -> None:
     client = EngineClient("http://127.0.0.1:9")  # never called
     size = lambda mode, **kw: make_sync(  # noqa: E731
@@ -135,11 +146,15 @@ def test_bucket_size_by_mode_unless_set() -> None:
 def test_push_serves_the_trainers_weights_on_both_engines(
     mode: str, engines: list[str], tiny_moe_model: Path
 ) -> None:
+    """With an MTP draft: its buckets go with `selector: "draft"`, which SGLang takes (and,
+    serving no draft on CPU, loads nowhere; test_mtp.py loads them into SGLang's draft)."""
     cfg = TrainerConfig(weight_sync=mode, weight_sync_bucket_mb=0.5, weight_sync_timeout_s=60,
-                        lr=1e-2, micro_batch_size=4)
+                        lr=1e-2, micro_batch_size=4, mtp_layers=1)
     for e in _stepped(tiny_moe_model, cfg):
         ours = _trainer_logprobs(e)
         weights = e.hf_state_dict()
+        drafts = sum(s == "draft" for _, s in parts(weights, 1 << 19))
+        assert drafts >= 1
 
         async def go() -> Any:
             before = await _engine_logprobs(engines[0])
@@ -154,7 +169,8 @@ def test_push_serves_the_trainers_weights_on_both_engines(
 
         before, report, after = asyncio.run(go())
     assert report.ok and sorted(report.updated) == sorted(engines), report
-    assert report.buckets > 1  # bucketed: 0.5 MB buckets of a ~3 MB model
+    # Bucketed: 0.5 MB buckets of a ~3 MB model, the draft's after the policy's; all loaded.
+    assert report.buckets == len(list(parts(weights, 1 << 19))) > drafts
     assert _max_diff(before[1], ours) > 1e-3  # the step moved the weights
     for url, (version, theirs) in zip(engines, after):
         diff = _max_diff(theirs, ours)
