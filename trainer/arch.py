@@ -44,6 +44,14 @@ class ModelArch:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def eagle_draft(self) -> bool:
+        """Whether the MTP draft (`trainer.mtp_layers`) takes the EAGLE layout SGLang serves for
+        a dense model (`Qwen2ForCausalLMEagle`: no norms around the draft's projection or after
+        its layer, the layer without its input norm or a q/k norm) rather than the MTP one its
+        `Qwen3MoeForCausalLMMTP` serves for Qwen3-MoE (trainer.mtp_model)."""
+        return not self.is_moe
+
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> ModelArch:
         """Read `path/config.json`; raise ConfigError naming the problem if we cannot map it."""

@@ -12,9 +12,18 @@ Layouts on the megatron side (local spec):
 - `linear_fc1` is [gate; up] stacked on dim 0 (SwiGLU), per expert for MoE.
 Conversion is pure reshaping and concatenation, so HF -> mcore -> HF is bit-exact.
 
-MTP draft modules (`trainer.mtp_layers`, megatron `mtp.layers.{j}.*`) map to the `mtp.*` names
-SGLang's Qwen3-MoE MTP draft loads (`mtp_prefix`, `_MTP_MODULE`; their decoder layer as the
-trunk's layers map).
+MTP draft modules (`trainer.mtp_layers`, megatron `mtp.layers.{j}.*`) map to the names SGLang's
+draft for the model loads (`mtp_prefix`; their decoder layer as the trunk's layers map):
+- Qwen3-MoE: `mtp.*` (`_MTP_MODULE`), read by its `Qwen3MoeForCausalLMMTP` from the target's own
+  directory;
+- dense Qwen2/Qwen3 (`ModelArch.eagle_draft`): module 0 as `fc.{weight,bias}` and `layers.0.*`
+  (no norms but the layer's post-attention one; q/k/v biases, zero where the model has none),
+  the names `Qwen2ForCausalLMEagle` reads. `write_hf_dir` writes the draft as a directory of its
+  own, `draft/` (`EAGLE_DRAFT_DIR`), with the draft's config: the `--speculative-draft-model-path`
+  a launch takes. For Qwen2 the export also carries the draft beside the target's weights, which
+  SGLang's Qwen2 target skips, so a disk update (one directory for target and draft) updates
+  both; SGLang's Qwen3 target would load `layers.*` into its own layers and fails on names it
+  does not know, so a Qwen3 export keeps the draft in `draft/` only (`EAGLE_BESIDE_TARGET`).
 """
 
 from __future__ import annotations
@@ -26,21 +35,23 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from agent_rl.engine.speculative import EAGLE_DRAFT_ARCHITECTURE, EAGLE_DRAFT_DIR
 from agent_rl.errors import ConfigError
 from trainer import megatron_cpu
 from trainer.arch import ModelArch
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of the `*.safetensors` files in `path`."""
+    """All tensors of the `*.safetensors` files in `path`, and those of an EAGLE draft in
+    `path/draft/` that are not beside them."""
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise ConfigError(f"{path} has no *.safetensors weights")
     out: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in [*files, *sorted((Path(path) / EAGLE_DRAFT_DIR).glob("*.safetensors"))]:
         with safe_open(str(f), "pt") as handle:
             for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
-                out[key] = handle.get_tensor(key)
+                out.setdefault(key, handle.get_tensor(key))
     return out
 
 
@@ -63,16 +74,23 @@ _MTP_MODULE = (
 )
 
 
+EAGLE_BESIDE_TARGET = ("qwen2",)
+"""Model types whose export also carries the EAGLE draft beside the target's weights (see the
+module docstring)."""
+
+
 def is_draft(name: str) -> bool:
-    """Whether HF weight `name` belongs to the MTP draft (`mtp.*`), which a speculative engine
-    loads into its draft model and its target skips."""
-    return name.startswith("mtp.")
+    """Whether HF weight `name` belongs to the MTP draft (`mtp.*`; a dense model's EAGLE
+    module `fc.*`, `layers.0.*`), which a speculative engine loads into its draft model and its
+    target skips."""
+    return name.startswith(("mtp.", "fc.", "layers."))
 
 
-def mtp_prefix(module: int) -> str:
-    """HF prefix of MTP module `module`: `mtp.` for the first (the one SGLang's draft reads),
-    `mtp.{j}.` for the later ones, which SGLang's loader skips (no such parameters)."""
-    return "mtp." if module == 0 else f"mtp.{module}."
+def mtp_prefix(module: int, eagle: bool = False) -> str:
+    """HF prefix of MTP module `module`: for the first (the one SGLang's draft reads) `mtp.`,
+    or none in the EAGLE layout; `mtp.{j}.` for the later ones, which SGLang's loaders skip (no
+    such parameters)."""
+    return f"mtp.{module}." if module else ("" if eagle else "mtp.")
 
 
 def hf_to_mcore(
@@ -92,15 +110,21 @@ def hf_to_mcore(
         out["output_layer.weight"] = _take(hf, "lm_head.weight")
     for i in range(arch.num_layers):
         _layer_in(hf, out, f"model.layers.{i}.", f"decoder.layers.{i}.", arch)
-    has_mtp = any(k.startswith("mtp.") for k in hf)
+    has_mtp = any(is_draft(k) for k in hf)
+    eagle = arch.eagle_draft
     for j in range(mtp_layers if has_mtp else 0):
-        src, dst = mtp_prefix(j), f"mtp.layers.{j}."
-        for hf_name, mcore_name in _MTP_MODULE:
-            out[dst + mcore_name] = _take(hf, src + hf_name)
-        _layer_in(hf, out, src + "layers.0.", f"{dst}{megatron_cpu.mtp_decoder_layer()}.", arch)
+        src, dst = mtp_prefix(j, eagle), f"mtp.layers.{j}."
+        layer = f"{dst}{megatron_cpu.mtp_decoder_layer()}."
+        if eagle:
+            out[dst + "eh_proj.weight"] = _take(hf, src + "fc.weight")
+            _zero(_take(hf, src + "fc.bias"), src + "fc.bias")
+        else:
+            for hf_name, mcore_name in _MTP_MODULE:
+                out[dst + mcore_name] = _take(hf, src + hf_name)
+        _layer_in(hf, out, src + "layers.0.", layer, arch, eagle=eagle)
     if not mtp_layers:
         # An export with a draft, loaded without one (as SGLang's target model does).
-        hf = {k: v for k, v in hf.items() if not k.startswith("mtp.")}
+        hf = {k: v for k, v in hf.items() if not is_draft(k)}
     if hf:
         raise ConfigError(
             f"unexpected weights {sorted(hf)[:5]}: the weights do not match config.json"
@@ -108,12 +132,23 @@ def hf_to_mcore(
     return out
 
 
+def _zero(t: torch.Tensor, name: str) -> None:
+    """An EAGLE draft's bias the learner's module does not have must be zero."""
+    if t.any():
+        raise ConfigError(f"{name} is not zero: the EAGLE draft agent-rl trains has no such bias")
+
+
 def _layer_in(
-    hf: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str, arch: ModelArch
-) -> None:
+    hf: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str,
+    arch: ModelArch, eagle: bool = False,
+) -> None:  # fmt: skip
+    """One decoder layer, HF -> megatron (`eagle`: an EAGLE draft's, see `_layer_out`)."""
     h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
     attn = src + "self_attn."
     suffixes = ["weight"] + (["bias"] if arch.qkv_bias else [])
+    if eagle and not arch.qkv_bias:
+        for name in ("q", "k", "v"):
+            _zero(_take(hf, f"{attn}{name}_proj.bias"), f"{attn}{name}_proj.bias")
     for kind in suffixes:
         q = _take(hf, f"{attn}q_proj.{kind}").reshape(g, h // g * d, -1)
         k = _take(hf, f"{attn}k_proj.{kind}").reshape(g, d, -1)
@@ -123,10 +158,11 @@ def _layer_in(
             qkv.squeeze(-1) if kind == "bias" else qkv
         )
     out[dst + "self_attention.linear_proj.weight"] = _take(hf, attn + "o_proj.weight")
-    if arch.qk_norm:
+    if arch.qk_norm and not eagle:
         out[dst + "self_attention.q_layernorm.weight"] = _take(hf, attn + "q_norm.weight")
         out[dst + "self_attention.k_layernorm.weight"] = _take(hf, attn + "k_norm.weight")
-    out[dst + "input_layernorm.weight"] = _take(hf, src + "input_layernorm.weight")
+    if not eagle:
+        out[dst + "input_layernorm.weight"] = _take(hf, src + "input_layernorm.weight")
     out[dst + "pre_mlp_layernorm.weight"] = _take(hf, src + "post_attention_layernorm.weight")
     if arch.is_moe:
         out[dst + "mlp.router.weight"] = _take(hf, src + "mlp.gate.weight")
@@ -144,8 +180,8 @@ def _mlp_in(hf: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str,
 
 def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
     """HF state dict (on-disk names) from a full megatron one; the inverse of `hf_to_mcore`.
-    MTP modules, if any, go under `mtp_prefix(j)` (module 0 in the names SGLang's Qwen3-MoE
-    MTP draft reads)."""
+    MTP modules, if any, go under `mtp_prefix(j)` (module 0 in the names SGLang's draft for
+    the model reads; see the module docstring)."""
     out = {
         "model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
         "model.norm.weight": sd["decoder.final_layernorm.weight"],
@@ -155,18 +191,29 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
     for i in range(arch.num_layers):
         _layer_out(sd, out, f"decoder.layers.{i}.", f"model.layers.{i}.", arch)
     j = 0
+    eagle = arch.eagle_draft
     while f"mtp.layers.{j}.eh_proj.weight" in sd:
-        src, dst = f"mtp.layers.{j}.", mtp_prefix(j)
-        for hf_name, mcore_name in _MTP_MODULE:
-            out[dst + hf_name] = sd[src + mcore_name]
-        _layer_out(sd, out, f"{src}{megatron_cpu.mtp_decoder_layer()}.", dst + "layers.0.", arch)
+        src, dst = f"mtp.layers.{j}.", mtp_prefix(j, eagle)
+        layer = f"{src}{megatron_cpu.mtp_decoder_layer()}."
+        if eagle:
+            fc = sd[src + "eh_proj.weight"]
+            out[dst + "fc.weight"] = fc
+            out[dst + "fc.bias"] = fc.new_zeros(fc.shape[0])  # SGLang's fc has one, ours none
+        else:
+            for hf_name, mcore_name in _MTP_MODULE:
+                out[dst + hf_name] = sd[src + mcore_name]
+        _layer_out(sd, out, layer, dst + "layers.0.", arch, eagle=eagle)
         j += 1
     return out
 
 
 def _layer_out(
-    sd: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str, arch: ModelArch
-) -> None:
+    sd: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str,
+    arch: ModelArch, eagle: bool = False,
+) -> None:  # fmt: skip
+    """One decoder layer, megatron -> HF. `eagle`: an EAGLE draft's (trainer.mtp_model's
+    `eagle_block`) as SGLang's Qwen2 EAGLE layer reads it: no input norm or q/k norm, and q/k/v
+    biases, zero where the model has none."""
     h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
     attn = dst + "self_attn."
     for kind in ["weight"] + (["bias"] if arch.qkv_bias else []):
@@ -175,11 +222,16 @@ def _layer_out(
         for name, part, rows in (("q", q, h * d), ("k", k, g * d), ("v", v, g * d)):
             t = part.reshape(rows, -1)
             out[f"{attn}{name}_proj.{kind}"] = t.squeeze(-1) if kind == "bias" else t
+    if eagle and not arch.qkv_bias:
+        weight = sd[f"{src}self_attention.linear_qkv.weight"]
+        for name, rows in (("q", h * d), ("k", g * d), ("v", g * d)):
+            out[f"{attn}{name}_proj.bias"] = weight.new_zeros(rows)
     out[attn + "o_proj.weight"] = sd[src + "self_attention.linear_proj.weight"]
-    if arch.qk_norm:
+    if arch.qk_norm and not eagle:
         out[attn + "q_norm.weight"] = sd[src + "self_attention.q_layernorm.weight"]
         out[attn + "k_norm.weight"] = sd[src + "self_attention.k_layernorm.weight"]
-    out[dst + "input_layernorm.weight"] = sd[src + "input_layernorm.weight"]
+    if not eagle:
+        out[dst + "input_layernorm.weight"] = sd[src + "input_layernorm.weight"]
     out[dst + "post_attention_layernorm.weight"] = sd[src + "pre_mlp_layernorm.weight"]
     if arch.is_moe:
         out[dst + "mlp.gate.weight"] = sd[src + "mlp.router.weight"]
@@ -203,13 +255,21 @@ def write_hf_dir(
     dtype: torch.dtype | None = None,
 ) -> None:
     """Write `model.safetensors` plus the non-weight files (config, tokenizer, generation config)
-    copied from the model directory training started from, so engines load `out_dir` as is."""
+    copied from the model directory training started from, so engines load `out_dir` as is.
+    With an EAGLE draft (a dense model's `fc.weight`), also `out_dir/draft/`: the draft's
+    weights alone, with the config SGLang builds `Qwen2ForCausalLMEagle` from."""
     out_dir, source_dir = Path(out_dir), Path(source_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {
         k: (v.to(dtype) if dtype else v).detach().contiguous().clone() for k, v in hf.items()
     }
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    eagle = "fc.weight" in tensors
+    model_type = json.loads((source_dir / "config.json").read_text()).get("model_type")
+    if eagle and model_type not in EAGLE_BESIDE_TARGET:
+        target = {k: v for k, v in tensors.items() if not is_draft(k)}
+    else:
+        target = tensors
+    save_file(target, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     for f in source_dir.iterdir():
         if (
             f.is_file()
@@ -221,3 +281,25 @@ def write_hf_dir(
         config = json.loads((out_dir / "config.json").read_text())
         config["dtype"] = str(dtype).removeprefix("torch.")
         (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    if eagle:
+        _write_eagle_draft(tensors, out_dir)
+
+
+def _write_eagle_draft(tensors: dict[str, torch.Tensor], out_dir: Path) -> None:
+    """`out_dir/draft/`: the EAGLE draft's modules (module 0 is the one SGLang serves; it
+    skips the later ones, `mtp.{j}.*`) and the target's config as SGLang's
+    `Qwen2ForCausalLMEagle` takes it (one layer; its embedding and head are the target's, shared
+    at serve time), with the tokenizer files beside it."""
+    draft_dir = out_dir / EAGLE_DRAFT_DIR
+    draft_dir.mkdir(exist_ok=True)
+    draft = {k: v for k, v in tensors.items() if is_draft(k)}
+    save_file(draft, str(draft_dir / "model.safetensors"), metadata={"format": "pt"})
+    for f in out_dir.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "config.json":
+            (draft_dir / f.name).write_bytes(f.read_bytes())
+    config = json.loads((out_dir / "config.json").read_text())
+    config.update(architectures=[EAGLE_DRAFT_ARCHITECTURE], model_type="qwen2",
+                  num_hidden_layers=1)  # fmt: skip
+    if isinstance(config.get("layer_types"), list):
+        config["layer_types"] = config["layer_types"][:1]
+    (draft_dir / "config.json").write_text(json.dumps(config, indent=2))

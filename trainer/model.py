@@ -124,4 +124,4 @@ def build_gpt_model(
         return GPTModel(config, spec, **kwargs)
     from trainer import mtp_model
 
-    return mtp_model.build(config, spec, mtp_detach, **kwargs)
+    return mtp_model.build(config, spec, mtp_detach, eagle=arch.eagle_draft, **kwargs)

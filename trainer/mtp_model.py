@@ -114,13 +114,16 @@ class MTPGPTModel(GPTModel):
         return torch.nn.functional.linear(hidden[positions, rows].to(head.dtype), head)
 
 
-def build(config: Any, spec: Any, detach: bool, **kwargs: Any) -> MTPGPTModel:
+def build(config: Any, spec: Any, detach: bool, eagle: bool = False, **kwargs: Any) -> MTPGPTModel:
     """An MTPGPTModel with `config.mtp_num_layers` MTP modules built from the decoder's layer
-    spec; the modules' routers are taken out of routing replay."""
+    spec (`eagle`: in the EAGLE layout, see `eagle_block`); the modules' routers are taken out
+    of routing replay."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
     block = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
+    if eagle:
+        block = eagle_block(block)
     model = MTPGPTModel(config, spec, mtp_block_spec=block, **kwargs)
     model.mtp_detach = detach
     if detach:
@@ -135,3 +138,30 @@ def build(config: Any, spec: Any, detach: bool, **kwargs: Any) -> MTPGPTModel:
             RouterReplay.global_router_replay_instances.remove(replay)
             module.router_replay = None
     return model
+
+
+def eagle_block(block: Any) -> Any:
+    """The MTP block spec `block` in the layout of SGLang's EAGLE draft for dense Qwen2/Qwen3
+    (`Qwen2ForCausalLMEagle`): `fc(cat(embedding, hidden))` with no norm on either input, one
+    decoder layer without its input norm (and without a q/k norm: the draft is a Qwen2 layer),
+    and no norm before the shared head. Every norm it drops becomes megatron's IdentityOp, so
+    the module computes what that draft computes and exports to it weight for weight."""
+    import dataclasses
+
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    from trainer import megatron_cpu
+
+    layer_field = megatron_cpu.mtp_decoder_layer()
+    specs = []
+    for spec in block.layer_specs:
+        layer = getattr(spec.submodules, layer_field)
+        attention = layer.submodules.self_attention
+        attention = dataclasses.replace(attention, submodules=dataclasses.replace(
+            attention.submodules, q_layernorm=IdentityOp, k_layernorm=IdentityOp))
+        layer = dataclasses.replace(layer, submodules=dataclasses.replace(
+            layer.submodules, input_layernorm=IdentityOp, self_attention=attention))
+        submodules = dataclasses.replace(spec.submodules, enorm=IdentityOp, hnorm=IdentityOp,
+                                         layer_norm=IdentityOp, **{layer_field: layer})
+        specs.append(dataclasses.replace(spec, submodules=submodules))
+    return dataclasses.replace(block, layer_specs=specs)

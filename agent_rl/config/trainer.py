@@ -198,7 +198,9 @@ class TrainerConfig(Section):
 
     mtp_layers: int = Field(default=0, ge=0)
     """Multi-token prediction draft modules (megatron-core MTP) trained with the policy and
-    exported as SGLang's Qwen3-MoE MTP draft (`mtp.*` weights; it serves the first); 0: none."""
+    exported as the draft SGLang serves for the model (it serves the first): a Qwen3-MoE's
+    `Qwen3MoeForCausalLMMTP` (`mtp.*` weights), a dense Qwen2/Qwen3's EAGLE draft
+    (`Qwen2ForCausalLMEagle`, the export's `draft/`); 0: none."""
 
     mtp_loss_coef: float = Field(default=1.0, ge=0)
     """Weight of the MTP loss (each depth's `mtp_objective` over the policy's own sampled tokens,

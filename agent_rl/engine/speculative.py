@@ -1,12 +1,18 @@
 """SGLang's speculative decoding with the model's own MTP draft (`engine.speculative_steps`).
 
-A Qwen3-MoE export of a learner with `trainer.mtp_layers` carries its draft as `mtp.*` weights
-(trainer/hf_convert.py). SGLang serves it as `Qwen3MoeForCausalLMMTP` when the same directory
-is passed as `--speculative-draft-model-path` (its model config rewrites the draft's
-architecture), under `--speculative-algorithm EAGLE` (NEXTN is an alias of it), and every
-`update_weights_from_disk` then loads the target and the draft alike, so a weight sync keeps
-the draft the trained one. It drafts a chain (top-1) of `steps` tokens with its one module and
-verifies `steps + 1` tokens per pass.
+An export of a learner with `trainer.mtp_layers` carries its draft (trainer/hf_convert.py):
+- Qwen3-MoE: as `mtp.*` weights. SGLang serves it as `Qwen3MoeForCausalLMMTP` when the same
+  directory is passed as `--speculative-draft-model-path` (its model config rewrites the draft's
+  architecture), and every `update_weights_from_disk` then loads the target and the draft
+  alike.
+- dense Qwen2/Qwen3: as an EAGLE draft in `draft/` (`EAGLE_DRAFT_DIR`: SGLang's
+  `Qwen2ForCausalLMEagle`, config and weights), the draft model path. A Qwen2 export also
+  carries the draft beside the target's weights, so a disk update reaches the draft too; a
+  Qwen3 export cannot (SGLang's Qwen3 target would load them), and its draft follows the policy
+  under the in-memory syncs only.
+Either is served under `--speculative-algorithm EAGLE` (NEXTN is an alias of it): a chain
+(top-1) of `steps` tokens drafted with its one module, `steps + 1` verified per pass. The
+in-memory syncs send the draft its weights with `selector: "draft"` (trainer/weight_sync.py).
 
 Only on a GPU: SGLang 0.5.23 starts no speculative algorithm on the CPU engine (EAGLE needs
 sgl-kernel's CUDA kernels for the KV copy and tree verification and an attention backend other
@@ -25,6 +31,10 @@ from agent_rl.errors import EngineError
 ALGORITHM = "EAGLE"
 DRAFT_ARCHITECTURES = {"Qwen3MoeForCausalLM": "Qwen3MoeForCausalLMMTP"}
 """Target architectures whose `mtp.*` draft SGLang serves from the target's own directory."""
+EAGLE_TARGETS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+"""Target architectures whose draft is an EAGLE one in `EAGLE_DRAFT_DIR`."""
+EAGLE_DRAFT_DIR = "draft"
+EAGLE_DRAFT_ARCHITECTURE = "Qwen2ForCausalLMEagle"
 
 
 def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) -> list[str]:
@@ -39,24 +49,41 @@ def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) ->
         )
     config = json.loads((model / "config.json").read_text())
     architecture = (config.get("architectures") or ["?"])[0]
-    if architecture not in DRAFT_ARCHITECTURES:
+    if architecture in DRAFT_ARCHITECTURES:
+        draft = model
+        if not _has_draft(model):
+            raise EngineError(
+                f"{model} has no mtp.* draft weights: serve an export of a learner with "
+                "trainer.mtp_layers >= 1, or start without --speculative"
+            )
+    elif architecture in EAGLE_TARGETS:
+        draft = model / EAGLE_DRAFT_DIR
+        if _architecture(draft) != EAGLE_DRAFT_ARCHITECTURE:
+            raise EngineError(
+                f"{model} has no EAGLE draft in {EAGLE_DRAFT_DIR}/: serve an export of a "
+                "learner with trainer.mtp_layers >= 1, or start without --speculative"
+            )
+    else:
         raise EngineError(
-            f"{model} is a {architecture}: agent-rl's mtp.* draft is served by SGLang for "
-            f"{', '.join(DRAFT_ARCHITECTURES)} only (a dense model would need an EAGLE-format "
-            "draft, not built yet); start without --speculative"
-        )
-    if not _has_draft(model):
-        raise EngineError(
-            f"{model} has no mtp.* draft weights: serve an export of a learner with "
-            "trainer.mtp_layers >= 1, or start without --speculative"
+            f"{model} is a {architecture}: agent-rl's drafts are served by SGLang for "
+            f"{', '.join([*DRAFT_ARCHITECTURES, *EAGLE_TARGETS])} only; start without "
+            "--speculative"
         )
     return [
         "--speculative-algorithm", ALGORITHM,
-        "--speculative-draft-model-path", str(model),
+        "--speculative-draft-model-path", str(draft),
         "--speculative-num-steps", str(steps),
         "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", str(steps + 1),
     ]  # fmt: skip
+
+
+def _architecture(model: Path) -> str | None:
+    """The first architecture `model/config.json` names; None without one."""
+    try:
+        return (json.loads((model / "config.json").read_text()).get("architectures") or [None])[0]
+    except (OSError, ValueError):
+        return None
 
 
 def _has_draft(model: Path) -> bool:

@@ -1,8 +1,10 @@
 """`engine.speculative` / `agent-rl engine start --speculative`: SGLang's speculative decoding
 with the model's own MTP draft. The flags are built for a GPU host and parsed by SGLang's own
 argument parser in the engine environment (no GPU is needed to parse them; serving with them
-is not run here: SGLang's CPU engine starts no speculative algorithm). On CPU, and for a model
-without a draft SGLang could serve, the engine refuses with one line before any launch."""
+is not run here: SGLang's CPU engine starts no speculative algorithm): a Qwen3-MoE's MTP draft
+from the target's own directory, a dense model's EAGLE draft from its `draft/`. On CPU, and for
+a model without a draft SGLang could serve, the engine refuses with one line before any
+launch."""
 
 from __future__ import annotations
 
@@ -39,8 +41,25 @@ def drafted_moe(tiny_moe_model: Path, tmp_path: Path) -> Path:
     return out
 
 
-def test_gpu_flags_parse_in_sglang(drafted_moe: Path, engine_venv: Path) -> None:
-    server = EngineServer(drafted_moe, venv=engine_venv, device="cuda", speculative_steps=2)
+@pytest.fixture
+def drafted_dense(tiny_dense_model: Path, tmp_path: Path) -> Path:
+    """The tiny dense Qwen2 with an EAGLE draft directory as an export writes it (`draft/`,
+    its config naming SGLang's `Qwen2ForCausalLMEagle`; trainer/hf_convert.py)."""
+    out = tmp_path / "drafted-dense"
+    shutil.copytree(tiny_dense_model, out)
+    (out / "draft").mkdir()
+    config = json.loads((out / "config.json").read_text())
+    config.update(architectures=["Qwen2ForCausalLMEagle"], num_hidden_layers=1)
+    (out / "draft" / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["moe", "dense"])
+def test_gpu_flags_parse_in_sglang(
+    kind: str, drafted_moe: Path, drafted_dense: Path, engine_venv: Path
+) -> None:
+    model = drafted_moe if kind == "moe" else drafted_dense
+    server = EngineServer(model, venv=engine_venv, device="cuda", speculative_steps=2)
     cmd = server.command("python")
     assert cmd[cmd.index("--speculative-algorithm") + 1] == "EAGLE"
     python = engine_venv / "bin" / "python"
@@ -49,10 +68,12 @@ def test_gpu_flags_parse_in_sglang(drafted_moe: Path, engine_venv: Path) -> None
     assert proc.returncode == 0, proc.stderr[-2000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     assert parsed["speculative_algorithm"] == "EAGLE"
-    assert parsed["speculative_draft_model_path"] == str(drafted_moe)  # the target's own dir
+    # The MoE's MTP draft is served from the target's own dir, the dense one's from draft/.
+    draft = model if kind == "moe" else model / "draft"
+    assert parsed["speculative_draft_model_path"] == str(draft)
     assert (parsed["speculative_num_steps"], parsed["speculative_eagle_topk"],
             parsed["speculative_num_draft_tokens"]) == (2, 1, 3)  # fmt: skip
-    plain = EngineServer(drafted_moe, venv=engine_venv, device="cuda").command("python")
+    plain = EngineServer(model, venv=engine_venv, device="cuda").command("python")
     assert not any(flag.startswith("--speculative") for flag in plain)
 
 
@@ -66,8 +87,9 @@ def _refusal(server: EngineServer) -> str:
 
 
 def test_refused_on_cpu_and_without_a_draft(
-    drafted_moe: Path, tiny_moe_model: Path, tiny_dense_model: Path, engine_venv: Path
-) -> None:
+    drafted_moe: Path, tiny_moe_model: Path, tiny_dense_model: Path, engine_venv: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
     cpu = _refusal(EngineServer(drafted_moe, venv=engine_venv, device="cpu", speculative_steps=3))
     assert cpu.startswith("speculative decoding needs a GPU")
     missing = _refusal(EngineServer(tiny_moe_model, venv=engine_venv, device="cuda",
@@ -75,7 +97,14 @@ def test_refused_on_cpu_and_without_a_draft(
     assert "no mtp.* draft weights" in missing and "trainer.mtp_layers" in missing
     dense = _refusal(EngineServer(tiny_dense_model, venv=engine_venv, device="cuda",
                                   speculative_steps=3))  # fmt: skip
-    assert "is a Qwen2ForCausalLM" in dense and "EAGLE-format" in dense
+    assert "no EAGLE draft in draft/" in dense and "trainer.mtp_layers" in dense
+    other = tmp_path / "llama"
+    shutil.copytree(tiny_dense_model, other)
+    config = json.loads((other / "config.json").read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    (other / "config.json").write_text(json.dumps(config))
+    unknown = _refusal(EngineServer(other, venv=engine_venv, device="cuda", speculative_steps=3))
+    assert "is a LlamaForCausalLM" in unknown and "Qwen2ForCausalLM" in unknown
 
 
 def test_cli_refuses_speculative_on_cpu_in_one_line(drafted_moe: Path, tmp_path: Path) -> None:

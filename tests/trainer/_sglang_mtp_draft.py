@@ -1,10 +1,15 @@
-"""Run by the engine environment's python (not the main venv's): build SGLang's own Qwen3-MoE MTP
-draft (`Qwen3MoeForCausalLMMTP`) for the model directory argv[1], fill its parameters with NaN,
-load weights into it through the draft's own `load_weights`, and save its parameters as they then
-are under the directory argv[2]. A parameter the loader did not fill stays NaN.
+"""Run by the engine environment's python (not the main venv's): build SGLang's own draft for
+the export argv[1] (a Qwen3-MoE's `Qwen3MoeForCausalLMMTP`, from argv[1]'s config; with a
+`draft/` directory, a dense model's `Qwen2ForCausalLMEagle`, from its config), fill its
+parameters with NaN, load weights into it through the draft's own `load_weights`, and save its
+parameters as they then are under the directory argv[2]. A parameter the loader did not fill
+stays NaN.
 
-- `disk.safetensors`: loaded from argv[1]'s safetensors (what `update_weights_from_disk` and a
-  launch load);
+- `disk.safetensors`: loaded from argv[1]'s safetensors (what `update_weights_from_disk` loads
+  into target and draft alike, and a Qwen3-MoE launch loads);
+- `launch.safetensors` (EAGLE): loaded from `draft/` (what `--speculative-draft-model-path`
+  loads at launch); and `target.safetensors`: SGLang's target model (`Qwen2ForCausalLM`,
+  `Qwen3ForCausalLM`) loaded from argv[1], which must skip the draft's weights beside its own;
 - with argv[3], a `torch.save`d {"distributed": [...], "tensor": [...]} of the buckets an
   in-memory weight sync sends the draft: `distributed.safetensors`, each bucket's bytes received
   into SGLang's own receive bucket (`FlattenedTensorBucket.empty` from the names, dtypes and
@@ -45,10 +50,24 @@ def main(model_dir: str, out: str, buckets: str | None) -> None:
                                  distributed_init_method=f"tcp://127.0.0.1:{port}")  # fmt: skip
     initialize_model_parallel()
     initialize_moe_config()
-    from sglang.srt.models.qwen3_moe_mtp import Qwen3MoeForCausalLMMTP
+    eagle = (Path(model_dir) / "draft" / "config.json").is_file()
+    if eagle:
+        from sglang.srt.models.qwen2 import Qwen2ForCausalLM
+        from sglang.srt.models.qwen2_eagle import Qwen2ForCausalLMEagle as Draft
+        from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 
-    def load(name: str, parts: list[list[tuple[str, torch.Tensor]]]) -> None:
-        draft = Qwen3MoeForCausalLMMTP(AutoConfig.from_pretrained(model_dir))
+        targets = {"Qwen2ForCausalLM": Qwen2ForCausalLM, "Qwen3ForCausalLM": Qwen3ForCausalLM}
+        target = targets[AutoConfig.from_pretrained(model_dir).architectures[0]]
+
+        config = AutoConfig.from_pretrained(str(Path(model_dir) / "draft"))
+    else:
+        from sglang.srt.models.qwen3_moe_mtp import Qwen3MoeForCausalLMMTP as Draft
+
+        config = AutoConfig.from_pretrained(model_dir)
+
+    def load(name: str, parts: list[list[tuple[str, torch.Tensor]]], model: type = Draft) -> None:
+        built = AutoConfig.from_pretrained(model_dir) if model is not Draft else config
+        draft = model(built)
         with torch.no_grad():
             for param in draft.parameters():
                 param.fill_(float("nan"))
@@ -57,15 +76,18 @@ def main(model_dir: str, out: str, buckets: str | None) -> None:
         params = {n: p.detach().contiguous() for n, p in draft.named_parameters()}
         save_file(params, str(Path(out) / f"{name}.safetensors"))
 
-    def disk() -> list[tuple[str, torch.Tensor]]:
+    def disk(directory: str = model_dir) -> list[tuple[str, torch.Tensor]]:
         named = []
-        for f in sorted(Path(model_dir).glob("*.safetensors")):
+        for f in sorted(Path(directory).glob("*.safetensors")):
             with safe_open(str(f), "pt") as handle:
                 for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
                     named.append((key, handle.get_tensor(key)))
         return named
 
     load("disk", [disk()])
+    if eagle:
+        load("launch", [disk(str(Path(model_dir) / "draft"))])
+        load("target", [disk()], target)
     if buckets is None:
         return
     sent = torch.load(buckets)

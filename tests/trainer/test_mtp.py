@@ -157,23 +157,90 @@ def test_checkpoint_resume_and_export_carry_the_draft(tiny_moe_model: Path, tmp_
             assert torch.equal(value, weights[name]), name
 
 
-def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export_and_of_a_sync(
-    tiny_moe_model: Path, engine_venv: Path, tmp_path: Path
+def _qwen3_dense(tiny_dense_model: Path, out: Path) -> Path:
+    """A dense Qwen3 (q/k norms, no q/k/v biases) of tiny-dense's sizes and tokenizer."""
+    import json
+    import shutil
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    hf = json.loads((tiny_dense_model / "config.json").read_text())
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
+            "max_position_embeddings", "tie_word_embeddings")  # fmt: skip
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(Qwen3Config(**{k: hf[k] for k in keys if k in hf})).save_pretrained(out)
+    for f in tiny_dense_model.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy(f, out / f.name)
+    config = json.loads((out / "config.json").read_text())
+    config["rope_theta"] = hf["rope_theta"]
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_a_dense_models_draft_is_an_eagle_module_exported_beside_and_as_its_own_dir(
+    kind: str, tiny_dense_model: Path, tmp_path: Path
 ) -> None:
-    """SGLang's `Qwen3MoeForCausalLMMTP`, built in the engine environment for this config and
-    loaded by its own `load_weights`, gets every parameter from the export's module 0 (the
-    embedding and head are the target's, shared at serve time); the later module's `mtp.1.*`
-    weights are skipped, not loaded over module 0. The same holds for the buckets an in-memory
-    weight sync sends with `selector: "draft"` (trainer.weight_sync.parts), received and
-    reconstructed by SGLang's own flattened bucket as a `distributed` and a `tensor` update
-    hand them to the draft: every weight sync updates the served draft."""
+    """Dense Qwen2/Qwen3: the MTP modules take the EAGLE layout (no norms but the layer's
+    post-attention one), export as `fc.*` and `layers.0.*` (zero `fc` bias; zero q/k/v biases
+    where Qwen3 has none) in `draft/` with the config of SGLang's `Qwen2ForCausalLMEagle`, and
+    for Qwen2 beside the target's weights too (SGLang's Qwen3 target cannot skip them), and
+    load back bit-exact, with or without MTP."""
+    import json
+
+    from safetensors import safe_open
+
+    model = tiny_dense_model if kind == "qwen2" else _qwen3_dense(tiny_dense_model, tmp_path / "m")
+    arch = ModelArch.from_hf_dir(model)
+    assert arch.eagle_draft and arch.qk_norm == (kind == "qwen3")
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2)
+    with learner(model, cfg) as e:
+        e.rl_step(rl_batch(arch.vocab_size, size=4))
+        weights = _params(e.module)
+        export = e.export_hf(tmp_path / "export")
+    draft = [n.split(".", 3)[3] for n in weights if n.startswith("mtp.layers.0.")]
+    assert not [n for n in draft if "norm" in n and "pre_mlp_layernorm" not in n], draft
+    ours = hf_convert.read_safetensors(export)
+    assert not ours["fc.bias"].any() and not ours["mtp.1.fc.bias"].any()
+    biases = [ours[f"layers.0.self_attn.{x}_proj.bias"] for x in "qkv"]
+    assert all(b.any() for b in biases) if kind == "qwen2" else not any(b.any() for b in biases)
+    assert not any("norm" in n and "post_attention" not in n
+                   for n in ours if n.startswith("layers."))  # fmt: skip
+    on_its_own = hf_convert.read_safetensors(export / "draft")
+    assert sorted(on_its_own) == sorted(n for n in ours if hf_convert.is_draft(n))
+    with safe_open(str(export / "model.safetensors"), "pt") as f:
+        beside = {n for n in f.keys() if hf_convert.is_draft(n)}  # noqa: SIM118
+    assert beside == (set(on_its_own) if kind == "qwen2" else set())
+    config = json.loads((export / "draft" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLMEagle"]
+    assert (config["num_hidden_layers"], config["hidden_size"]) == (1, arch.hidden_size)
+    with learner(export, cfg) as e:
+        for name, value in _params(e.module).items():
+            assert torch.equal(value, weights[name]), name
+    with learner(export, TrainerConfig()) as e:
+        for name, value in _params(e.module).items():
+            assert torch.equal(value, weights[name]), name
+
+
+def _sglang_draft_loads(
+    model: Path, engine_venv: Path, tmp_path: Path
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """A learner with two MTP modules after one step: its export, and SGLang's own draft for
+    the model (tests/trainer/_sglang_mtp_draft.py, in the engine environment) after loading
+    each source of weights: `disk` (the export: what a disk sync loads into target and draft),
+    for an EAGLE draft `launch` (its `draft/` directory) and `target` (SGLang's target model on
+    the export), and the buckets an in-memory sync sends with `selector: "draft"`
+    (trainer.weight_sync.parts), received and reconstructed by SGLang's own flattened bucket as
+    a `distributed` and a `tensor` update hand them to the draft."""
     from safetensors.torch import load_file
 
     from agent_rl.engine.install import engine_env, engine_python
     from trainer.weight_sync import Buffer, parts
 
-    batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
-    with learner(tiny_moe_model, TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2)) as e:
+    batch = rl_batch(ModelArch.from_hf_dir(model).vocab_size, size=4)
+    with learner(model, TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2)) as e:
         e.rl_step(batch)
         export = e.export_hf(tmp_path / "export")
         weights = e.hf_state_dict()
@@ -190,16 +257,60 @@ def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export_and_of_a_sync(
             sent["tensor"].append({"flat": flat.clone(), "metadata": [vars(s) for s in spans]})
     assert len(drafts) > 1 and all(hf_convert.is_draft(n) for b in drafts for n, _ in b)
     torch.save(sent, tmp_path / "buckets.pt")
-    ours = hf_convert.read_safetensors(export)
     script = Path(__file__).with_name("_sglang_mtp_draft.py")
     command = [str(engine_python(engine_venv)), str(script), str(export), str(tmp_path),
                str(tmp_path / "buckets.pt")]  # fmt: skip
     run = subprocess.run(command, env=engine_env("cpu"), capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    for source in ("disk", "distributed", "tensor"):
-        _assert_module_0(load_file(str(tmp_path / f"{source}.safetensors")), ours, source)
+    loaded = {f.stem: load_file(str(f)) for f in tmp_path.glob("*.safetensors")}
+    return hf_convert.read_safetensors(export), loaded
+
+
+def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export_and_of_a_sync(
+    tiny_moe_model: Path, engine_venv: Path, tmp_path: Path
+) -> None:
+    """SGLang's `Qwen3MoeForCausalLMMTP` gets every parameter from the export's module 0 (the
+    embedding and head are the target's, shared at serve time), and so from the buckets of
+    both in-memory syncs: every weight sync updates the served draft. The later module's
+    `mtp.1.*` weights are skipped, not loaded over module 0."""
+    ours, loaded = _sglang_draft_loads(tiny_moe_model, engine_venv, tmp_path)
+    assert sorted(loaded) == ["disk", "distributed", "tensor"]
+    for source, draft in loaded.items():
+        _assert_module_0(draft, ours, source)
     assert not torch.equal(ours["mtp.fc.weight"], ours["mtp.1.fc.weight"])
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_sglang_s_own_eagle_draft_loads_a_dense_models_draft_from_every_source(
+    kind: str, tiny_dense_model: Path, engine_venv: Path, tmp_path: Path
+) -> None:
+    """A dense model's MTP module is in the EAGLE layout: SGLang's `Qwen2ForCausalLMEagle`,
+    built from the export's `draft/` config, gets every parameter but the shared embedding and
+    head from module 0, whether loaded from `draft/` (a launch) or from either in-memory sync's
+    draft buckets, and for Qwen2 from the export itself (a disk sync loads target and draft
+    from it); a Qwen3 export does not carry the draft, so a disk sync leaves it as it was. Its
+    `fc` bias is zero (the learner's projection has none). SGLang's target (Qwen2, Qwen3) fills
+    every one of its parameters from the same export, skipping the draft's."""
+    model = tiny_dense_model if kind == "qwen2" else _qwen3_dense(tiny_dense_model, tmp_path / "m")
+    ours, loaded = _sglang_draft_loads(model, engine_venv, tmp_path)
+    assert sorted(loaded) == ["disk", "distributed", "launch", "target", "tensor"]
+    target = loaded.pop("target")
+    assert not [n for n, t in target.items() if torch.isnan(t).any()]
+    for name in ("model.norm.weight", "model.layers.0.self_attn.o_proj.weight",
+                 "model.layers.0.mlp.down_proj.weight"):  # not the draft's layers.0.*
+        assert torch.equal(target[name], ours[name]), name
+    if kind == "qwen3":
+        assert torch.isnan(loaded.pop("disk")["model.fc.weight"]).all()
+    for source, draft in loaded.items():
+        shared = {"model.embed_tokens.weight", "lm_head.weight"}
+        unfilled = [n for n, t in draft.items() if n not in shared and torch.isnan(t).any()]
+        assert not unfilled and len(draft) > len(shared) + 4, (source, unfilled)
+        fused = {n for n in draft if "qkv_proj" in n or "gate_up_proj" in n}
+        for name in draft.keys() - shared - fused:
+            assert torch.equal(draft[name], ours[name.removeprefix("model.")]), (source, name)
+        assert not draft["model.fc.bias"].any()
+    assert not torch.equal(ours["fc.weight"], ours["mtp.1.fc.weight"])
 
 
 def _assert_module_0(draft: dict[str, torch.Tensor], ours: dict[str, torch.Tensor],
