@@ -112,6 +112,12 @@ def hf_to_mcore(
         _layer_in(hf, out, f"model.layers.{i}.", f"decoder.layers.{i}.", arch)
     has_mtp = any(is_draft(k) for k in hf)
     eagle = arch.eagle_draft
+    if mtp_layers and eagle and has_mtp and "fc.weight" not in hf:
+        raise ConfigError(
+            "these weights carry an MTP-layout draft (mtp.*), but a dense model's draft is an "
+            "EAGLE one (fc.*, layers.0.*, as agent-rl exports it since SGLang serves that): "
+            "start from weights without the draft, or with trainer.mtp_layers = 0"
+        )
     for j in range(mtp_layers if has_mtp else 0):
         src, dst = mtp_prefix(j, eagle), f"mtp.layers.{j}."
         layer = f"{dst}{megatron_cpu.mtp_decoder_layer()}."

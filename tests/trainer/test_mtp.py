@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from agent_rl.config import TrainerConfig
+from agent_rl.errors import ConfigError
 from tests.trainer._batches import rl_batch
 from trainer import hf_convert
 from trainer.arch import ModelArch
@@ -222,6 +223,11 @@ def test_a_dense_models_draft_is_an_eagle_module_exported_beside_and_as_its_own_
     with learner(export, TrainerConfig()) as e:
         for name, value in _params(e.module).items():
             assert torch.equal(value, weights[name]), name
+    # A dense draft in the MoE's MTP layout (as exports before the EAGLE one had it): refused.
+    mtp_named = {("mtp." + k if hf_convert.is_draft(k) and not k.startswith("mtp.") else k): v
+                 for k, v in ours.items()}  # fmt: skip
+    with pytest.raises(ConfigError, match="MTP-layout draft"):
+        hf_convert.hf_to_mcore(mtp_named, arch, mtp_layers=2)
 
 
 def _sglang_draft_loads(
