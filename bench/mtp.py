@@ -4,8 +4,9 @@ MTP loss (issue 21).
 
 Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter Qwen2 model,
 random-init, the `calculator` env, groups of 8, 8 groups a step, lr 1e-4), an SFT warm start
-with `trainer.mtp_layers = 1` (SFT_STEPS steps on the calculator's demonstrations: the draft is
-trained with the policy on the SFT data), then two RL runs from that export, one after the
+with `trainer.mtp_layers = 1` (a dense model's draft: SGLang's EAGLE layout, docs/trainer.md;
+SFT_STEPS steps on the calculator's demonstrations: the draft is trained with the policy on the
+SFT data), then two RL runs from that export, one after the
 other, each with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT
 weights as version 0 before each) and the trainer loop (trainer/loop.py) for VERSIONS versions:
 - online: `mtp_train = true`, the draft trains on every RL batch, to `--objective`
@@ -42,7 +43,8 @@ store's policy versions. The served speedup needs SGLang on a GPU and is not mea
   each (its two learners timed back to back, the order flipping every round), after the runs
   (no engine or serve beside it).
 
-Run: `python bench/mtp.py` (needs `agent-rl engine install`). On 2 quiet CPU cores (load
+Run: `python bench/mtp.py` (needs `agent-rl engine install`); `--sft-steps 400 --versions 80
+--run-cap-s 420` runs the quickstart's lengths instead (9 minutes). On 2 quiet CPU cores (load
 0.9-2.0) it takes 4.5 minutes (SFT 1.3 of them); shared with other runs it took 8.5 minutes at
 load 5-30 and 9.4 at load 23-38.
 Last line: RESULT {"acceptance_online_last", "acceptance_frozen_last", "mtp_step_overhead",
@@ -86,7 +88,7 @@ def config(work: Path, sft: Path, router: RouterThread, arm: str, objective: str
                           mtp_train=arm == "online", mtp_objective=objective)
 
 
-def sft(work: Path, model: Path) -> Path:
+def sft(work: Path, model: Path, steps: int) -> Path:
     """The quickstart's SFT stage, shortened, with an MTP draft trained beside the policy."""
     from agent_rl.quickstart.recipe import ENV_ID, ENV_KWARGS, Options, recipe
     from agent_rl.rollout.demonstrations import demonstration_sequences
@@ -95,11 +97,11 @@ def sft(work: Path, model: Path) -> Path:
     qs = recipe(Options())["trainer"]
     cfg = TrainerConfig(mtp_layers=1, **{k: qs[k] for k in ("seed", "sft_lr", "sft_batch_size",
                                                           "micro_batch_size")})  # fmt: skip
-    data = asyncio.run(demonstration_sequences(ENV_ID, cfg.sft_batch_size * SFT_STEPS, model,
+    data = asyncio.run(demonstration_sequences(ENV_ID, cfg.sft_batch_size * steps, model,
                                                seed=cfg.seed, env_kwargs=ENV_KWARGS))
     out = work / "sft"
-    result = run_sft(cfg, model, out, data.sequences, steps=SFT_STEPS, log=lambda line: None)
-    print(f"SFT {SFT_STEPS} steps with the draft: final loss {result['loss']:.3f} "
+    result = run_sft(cfg, model, out, data.sequences, steps=steps, log=lambda line: None)
+    print(f"SFT {steps} steps with the draft: final loss {result['loss']:.3f} "
           f"(at {time.strftime('%H:%M:%S')})", flush=True)
     return out
 
@@ -115,8 +117,8 @@ def reset_engine(router: RouterThread, model: Path) -> None:
     asyncio.run(go())
 
 
-def rl_run(cfg: Config, batches: list[Any]) -> list[dict[str, Any]]:
-    """The trainer loop beside a running serve until VERSIONS (or RUN_CAP_S); every step's
+def rl_run(cfg: Config, batches: list[Any], last: int, cap_s: float) -> list[dict[str, Any]]:
+    """The trainer loop beside a running serve until version `last` (or `cap_s`); every step's
     batch is appended to `batches`; returns the store's policy versions."""
     from trainer.learner import learner
     from trainer.loop import TrainLoop
@@ -135,7 +137,7 @@ def rl_run(cfg: Config, batches: list[Any]) -> list[dict[str, Any]]:
         server.start()
         t0 = time.monotonic()
         try:
-            while loop.stats.version < VERSIONS and time.monotonic() - t0 < RUN_CAP_S:
+            while loop.stats.version < last and time.monotonic() - t0 < cap_s:
                 loop.step_once()
         finally:
             server.stop()
@@ -206,6 +208,12 @@ def main() -> None:
                         help="trainer.mtp_objective of the online run (default: tv)")
     parser.add_argument("--compare", default="", help="other objectives, comma-separated, "
                         "each replayed on the online run's batches (about 40 s each)")
+    parser.add_argument("--sft-steps", type=int, default=SFT_STEPS,
+                        help=f"SFT steps before RL (default {SFT_STEPS}; the quickstart's 400)")
+    parser.add_argument("--versions", type=int, default=VERSIONS,
+                        help=f"RL versions per run (default {VERSIONS}; the quickstart's 80)")
+    parser.add_argument("--run-cap-s", type=float, default=RUN_CAP_S,
+                        help=f"wall-clock bound of one RL run (default {RUN_CAP_S:.0f})")
     args = parser.parse_args()
     compare = [o for o in args.compare.split(",") if o]
     if unknown := set(compare) - set(OBJECTIVES):
@@ -222,7 +230,7 @@ def main() -> None:
                               startup_timeout_s=600.0)
         engine.launch()  # on the base model, starting while SFT runs; the runs load the SFT weights
         try:
-            sft_model = sft(work, model)
+            sft_model = sft(work, model, args.sft_steps)
             engine.wait_until_healthy()
             token = secrets.token_urlsafe(24)
             router = RouterThread([engine.url], RouterConfig(port=0, admin_token=token))
@@ -234,7 +242,8 @@ def main() -> None:
                     asyncio.run(upgrade(cfg.store))
                     reset_engine(router, sft_model)
                     t0 = time.monotonic()
-                    runs[arm] = rl_run(cfg, batches if arm == "online" else [])
+                    runs[arm] = rl_run(cfg, batches if arm == "online" else [], args.versions,
+                                       args.run_cap_s)
                     print(f"{arm} ({time.monotonic() - t0:.0f} s): " + json.dumps([
                         {k: round(v[k], 3) for k in ("version", "mtp_acceptance_1", "reward_mean")}
                         for v in runs[arm]]), flush=True)  # fmt: skip
@@ -287,7 +296,7 @@ def main() -> None:
         "step_s_rounds": [{"no_mtp": round(r[0], 3), "mtp": round(r[1], 3)} for r in step],
         "step_s_in_run_median": {arm: round(statistics.median(v["step_s"] for v in runs[arm]), 3)
                                  for arm in ARMS},  # fmt: skip
-        "sft_steps": SFT_STEPS,
+        "sft_steps": args.sft_steps,
         "load_avg_1m": round(max(load_runs, os.getloadavg()[0]), 2),
         "wall_s": round(time.monotonic() - started, 1),
     }
