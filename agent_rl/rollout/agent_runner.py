@@ -29,12 +29,12 @@ import anyio
 from agent_rl.agent import TASK_ENV_VAR, AgentEnv
 from agent_rl.errors import EngineError, EnvError
 from agent_rl.registry import make
-from agent_rl.sandbox import Mount, SandboxSpec
 from agent_rl.rewards import as_reward
 from agent_rl.rollout.episode_env import episode_sandbox
 from agent_rl.rollout.gateway import AgentSession, Gateway
 from agent_rl.rollout.gateway_relay import SOCKET_DIR, UnixRelay, sandbox_runner
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext, _truncated
+from agent_rl.sandbox import Mount, SandboxSpec
 from agent_rl.store import EpisodeEnd
 from agent_rl.tasks import Task
 
@@ -117,13 +117,13 @@ class AgentRunner(EpisodeRunner):
             return await self._sandboxed(env, session)
         environ = {**os.environ, **env.command_env, "OPENAI_BASE_URL": session.base_url,
                    "OPENAI_API_KEY": session.key, TASK_ENV_VAR: env.task_json(self.task)}  # fmt: skip
-        done = await anyio.run_process(list(env.command), input=env.task_json(self.task).encode(),
-                                       env=environ, check=False)  # fmt: skip
-        if done.returncode != 0:
-            stderr = done.stderr.decode(errors="replace")[-STDERR_KEPT:]
+        status, stdout, stderr = await run_command(list(env.command),
+                                                   env.task_json(self.task).encode(), environ)
+        if status != 0:
+            tail = stderr.decode(errors="replace")[-STDERR_KEPT:]
             raise EnvError(f"{self.env_id}: the agent command {json.dumps(list(env.command))} "
-                           f"exited with status {done.returncode}; its stderr:\n{stderr}")
-        return done.stdout.decode(errors="replace").strip()
+                           f"exited with status {status}; its stderr:\n{tail}")
+        return stdout.decode(errors="replace").strip()
 
     async def _sandboxed(self, env: AgentEnv, session: AgentSession) -> Any:
         """The command in the episode's sandbox, through the relay (`gateway_relay`)."""
@@ -141,6 +141,38 @@ class AgentRunner(EpisodeRunner):
             raise EnvError(f"{self.env_id}: the agent command {command} in its sandbox {why}; "
                            f"its stderr:\n{done.stderr[-STDERR_KEPT:]}")
         return done.stdout.strip()
+
+
+async def run_command(
+    command: list[str], stdin: bytes, environ: dict[str, str]
+) -> tuple[int, bytes, bytes]:
+    """`command` run to its end with `stdin` as its input: its exit status, stdout and stderr.
+    A command may exit, or close its stdin, without reading all of its input: that is no error
+    here (its exit status says how it went). anyio's `run_process` raised the broken pipe of
+    such a command, wrapped in an ExceptionGroup, whenever it exited before its input was
+    written, and the episode was recorded with that in place of the command's own failure."""
+    out = [b"", b""]
+
+    async def drain(stream: Any, index: int) -> None:
+        chunks = [chunk async for chunk in stream]
+        out[index] = b"".join(chunks)
+
+    async with await anyio.open_process(command, env=environ) as process:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain, process.stdout, 0)
+            tg.start_soon(drain, process.stderr, 1)
+            assert process.stdin is not None
+            try:
+                await process.stdin.send(stdin)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass  # it exited, or closed its stdin, before reading all of it
+            with anyio.CancelScope(shield=True):
+                try:
+                    await process.stdin.aclose()
+                except OSError:
+                    pass
+            status = await process.wait()
+    return status, out[0], out[1]
 
 
 def _shielded(close: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:

@@ -8,6 +8,7 @@ Real serve, real SGLang engine (the session's), the official openai client and r
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 
 from agent_rl.agent import AgentEnv
 from agent_rl.registry import register
+from agent_rl.rollout.agent_runner import run_command
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.serve import serve
 from agent_rl.store import Store
@@ -172,6 +174,18 @@ async def test_a_command_that_exits_non_zero_fails_with_its_stderr(
     for e in episodes:
         assert (e.status, e.error_type) == ("failed", "EnvError")
         assert "exited with status 3" in e.error_cause and "agent broke down" in e.error_cause
+
+
+async def test_a_command_that_exits_before_reading_its_task_reports_its_own_status() -> None:
+    """The task goes to the command's stdin; one that exits without reading it (here 4 MB, more
+    than a pipe holds, so the write surely meets the closed pipe) fails by its exit status and
+    stderr, not by the broken pipe (anyio's run_process raised an ExceptionGroup there, and the
+    episode above was sometimes recorded with it)."""
+    exits = [sys.executable, "-c", "import sys; sys.stderr.write('gone'); sys.exit(3)"]
+    status, out, err = await run_command(exits, b"x" * (4 << 20), dict(os.environ))
+    assert (status, out, err) == (3, b"", b"gone")
+    echo = [sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read()[-3:])"]
+    assert await run_command(echo, b"task" * 100_000, dict(os.environ)) == (0, b"ask", b"")
 
 
 async def test_the_turn_budget_answers_400_and_truncates(
