@@ -87,6 +87,14 @@ def parts(weights: dict[str, torch.Tensor], limit_bytes: int) -> Iterator[tuple[
         yield bucket, "draft"
 
 
+def broadcast_meta(bucket: Bucket) -> dict[str, list[Any]]:
+    """What an engine allocates a broadcast bucket from: each tensor's name, dtype and shape, in
+    order (SGLang lays them out back to back, as `Buffer.fill(align=False)` packs them)."""
+    return {"names": [n for n, _ in bucket],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+            "shapes": [list(t.shape) for _, t in bucket]}  # fmt: skip
+
+
 class Buffer:
     """The flat byte buffer buckets are packed into, kept from bucket to bucket and push to
     push (the buckets are sent one at a time, each received before the next is packed): a new
@@ -318,9 +326,7 @@ class Broadcast(InMemorySync):
         # Contiguous: the engines compute the same offsets from the names, dtypes and shapes.
         # The buffer is free again: the previous broadcast is done.
         flat, _ = self._buffer.fill(bucket, align=False)
-        meta = {"names": [n for n, _ in bucket],
-                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket]}
+        meta = broadcast_meta(bucket)
         receives = [
             asyncio.ensure_future(e.client.update_weights_from_distributed(  # type: ignore[union-attr]
                 **meta, group_name=self._group_name, weight_version=version, flush_cache=flush,

@@ -47,8 +47,7 @@ def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) ->
             "speculative decoding needs a GPU: SGLang's CPU engine starts no speculative "
             "algorithm (EAGLE needs sgl-kernel's CUDA kernels); start without --speculative here"
         )
-    config = json.loads((model / "config.json").read_text())
-    architecture = (config.get("architectures") or ["?"])[0]
+    architecture = _architecture(model) or "?"
     if architecture in DRAFT_ARCHITECTURES:
         draft = model
         if not _has_draft(model):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 from typing import Any
 
 import anyio
@@ -162,15 +162,11 @@ async def run_command(
             tg.start_soon(drain, process.stdout, 0)
             tg.start_soon(drain, process.stderr, 1)
             assert process.stdin is not None
-            try:
+            # It may exit, or close its stdin, before reading all of it.
+            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 await process.stdin.send(stdin)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                pass  # it exited, or closed its stdin, before reading all of it
-            with anyio.CancelScope(shield=True):
-                try:
-                    await process.stdin.aclose()
-                except OSError:
-                    pass
+            with anyio.CancelScope(shield=True), suppress(OSError):
+                await process.stdin.aclose()
             status = await process.wait()
     return status, out[0], out[1]
 

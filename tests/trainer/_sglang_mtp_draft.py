@@ -23,6 +23,7 @@ from __future__ import annotations
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -57,17 +58,17 @@ def main(model_dir: str, out: str, buckets: str | None) -> None:
         from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 
         targets = {"Qwen2ForCausalLM": Qwen2ForCausalLM, "Qwen3ForCausalLM": Qwen3ForCausalLM}
-        target = targets[AutoConfig.from_pretrained(model_dir).architectures[0]]
-
+        target_config = AutoConfig.from_pretrained(model_dir)
+        target = targets[target_config.architectures[0]]
         config = AutoConfig.from_pretrained(str(Path(model_dir) / "draft"))
     else:
         from sglang.srt.models.qwen3_moe_mtp import Qwen3MoeForCausalLMMTP as Draft
 
         config = AutoConfig.from_pretrained(model_dir)
 
-    def load(name: str, parts: list[list[tuple[str, torch.Tensor]]], model: type = Draft) -> None:
-        built = AutoConfig.from_pretrained(model_dir) if model is not Draft else config
-        draft = model(built)
+    def load(name: str, parts: list[list[tuple[str, torch.Tensor]]], model: type = Draft,
+             model_config: Any = None) -> None:  # fmt: skip
+        draft = model(model_config or config)
         with torch.no_grad():
             for param in draft.parameters():
                 param.fill_(float("nan"))
@@ -87,7 +88,7 @@ def main(model_dir: str, out: str, buckets: str | None) -> None:
     load("disk", [disk()])
     if eagle:
         load("launch", [disk(str(Path(model_dir) / "draft"))])
-        load("target", [disk()], target)
+        load("target", [disk()], target, target_config)
     if buckets is None:
         return
     sent = torch.load(buckets)

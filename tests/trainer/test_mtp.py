@@ -149,13 +149,16 @@ def test_checkpoint_resume_and_export_carry_the_draft(tiny_moe_model: Path, tmp_
     names = set(hf_convert.read_safetensors(export))
     assert {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
             "mtp.norm.weight", "mtp.layers.0.mlp.gate.weight", "mtp.1.fc.weight"} <= names
-    with learner(export, cfg) as e:
-        for name, value in _params(e.module).items():
-            assert torch.equal(value, weights[name]), name
-    # Without MTP, the same export loads as the policy alone (as SGLang's target does).
-    with learner(export, TrainerConfig()) as e:
-        for name, value in _params(e.module).items():
-            assert torch.equal(value, weights[name]), name
+    _assert_loads_back(export, cfg, weights)
+
+
+def _assert_loads_back(export: Path, cfg: TrainerConfig, weights: dict[str, torch.Tensor]) -> None:
+    """`export` loads back into a learner with `cfg` bit-exact to `weights`, and without MTP
+    as the policy alone (as SGLang's target does)."""
+    for config in (cfg, TrainerConfig()):
+        with learner(export, config) as e:
+            for name, value in _params(e.module).items():
+                assert torch.equal(value, weights[name]), name
 
 
 def _qwen3_dense(tiny_dense_model: Path, out: Path) -> Path:
@@ -217,12 +220,7 @@ def test_a_dense_models_draft_is_an_eagle_module_exported_beside_and_as_its_own_
     config = json.loads((export / "draft" / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLMEagle"]
     assert (config["num_hidden_layers"], config["hidden_size"]) == (1, arch.hidden_size)
-    with learner(export, cfg) as e:
-        for name, value in _params(e.module).items():
-            assert torch.equal(value, weights[name]), name
-    with learner(export, TrainerConfig()) as e:
-        for name, value in _params(e.module).items():
-            assert torch.equal(value, weights[name]), name
+    _assert_loads_back(export, cfg, weights)
     # A dense draft in the MoE's MTP layout (as exports before the EAGLE one had it): refused.
     mtp_named = {("mtp." + k if hf_convert.is_draft(k) and not k.startswith("mtp.") else k): v
                  for k, v in ours.items()}  # fmt: skip
@@ -243,7 +241,7 @@ def _sglang_draft_loads(
     from safetensors.torch import load_file
 
     from agent_rl.engine.install import engine_env, engine_python
-    from trainer.weight_sync import Buffer, parts
+    from trainer.weight_sync import Buffer, broadcast_meta, parts
 
     batch = rl_batch(ModelArch.from_hf_dir(model).vocab_size, size=4)
     with learner(model, TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2)) as e:
@@ -255,10 +253,7 @@ def _sglang_draft_loads(
         sent: dict[str, list[dict]] = {"distributed": [], "tensor": []}
         for bucket in drafts:
             flat, _ = Buffer(torch.device("cpu"), shared=False).fill(bucket, align=False)
-            sent["distributed"].append({
-                "names": [n for n, _ in bucket], "flat": flat.clone(),
-                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket]})  # fmt: skip
+            sent["distributed"].append({**broadcast_meta(bucket), "flat": flat.clone()})
             flat, spans = Buffer(torch.device("cpu"), shared=False).fill(bucket, align=True)
             sent["tensor"].append({"flat": flat.clone(), "metadata": [vars(s) for s in spans]})
     assert len(drafts) > 1 and all(hf_convert.is_draft(n) for b in drafts for n, _ in b)
