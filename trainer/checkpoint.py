@@ -64,17 +64,26 @@ def load(module: torch.nn.Module, optimizer: Any, path: str | Path) -> int:
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"checkpoint {path} does not exist")
+    inner = [opt.optimizer for opt in getattr(optimizer, "chained_optimizers", [optimizer])]
+    # Hyperparameters are the config's, not the checkpoint's (a resume may change them), and
+    # megatron's dp_reshardable load gives every param group the last saved group's: the
+    # draft's `mtp_lr` would become the policy's.
+    settings = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups]
+                for o in inner]
     loaded = dist_checkpointing.load(_sharded_state(module, optimizer, 0, loading=True), str(path))
     step = int(loaded["step"])
     with torch.no_grad():  # fp32 main params are views of the (grad-requiring) model params
         module.load_state_dict(loaded["model"])
         optimizer.load_state_dict(loaded["optimizer"])
+        for o, groups in zip(inner, settings):
+            for group, kept in zip(o.param_groups, groups):
+                group.update(kept)
         # Without Apex/TE, megatron gives every param's Adam state the *same* `step` tensor,
         # which torch's Adam then increments once per param per step, and the distributed
         # optimizer's dp_reshardable load then copies the placeholder state's step (1) into
         # it. Adam took one step per learner step: each param gets its own step tensor.
-        for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-            for state in opt.optimizer.state.values():
+        for o in inner:
+            for state in o.state.values():
                 if torch.is_tensor(state.get("step")):
                     state["step"] = torch.full_like(state["step"], float(step))
     return step

@@ -51,7 +51,12 @@ class Learner:
 
     def __init__(self, model_dir: str | Path, cfg: TrainerConfig, lr: float | None = None) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer import (
+            OptimizerConfig,
+            ParamKey,
+            get_megatron_optimizer,
+            get_standard_config_overrides,
+        )
 
         torch.set_num_threads(cfg.threads)
         self.cfg, self.model_dir = cfg, Path(model_dir)
@@ -91,21 +96,24 @@ class Learner:
             ),
             module,
         )
-        self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=self.lr,
-                adam_beta1=cfg.adam_beta1,
-                adam_beta2=cfg.adam_beta2,
-                adam_eps=cfg.adam_eps,
-                weight_decay=cfg.weight_decay,
-                clip_grad=cfg.grad_clip,
-                use_distributed_optimizer=cfg.distributed_optimizer,
-                bf16=bf16,
-                params_dtype=torch.bfloat16 if bf16 else torch.float32,
-            ),
-            [self.model],
+        optimizer = OptimizerConfig(
+            optimizer="adam",
+            lr=self.lr,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            adam_eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+            clip_grad=cfg.grad_clip,
+            use_distributed_optimizer=cfg.distributed_optimizer,
+            bf16=bf16,
+            params_dtype=torch.bfloat16 if bf16 else torch.float32,
         )
+        # Megatron's parameter groups: no weight decay on biases and 1-d weights (norms), and
+        # the draft at its own learning rate (RL steps; SFT passes `lr` and trains all at it).
+        groups = get_standard_config_overrides(optimizer)
+        if cfg.mtp_lr is not None and lr is None and cfg.mtp_layers and cfg.mtp_train:
+            groups[ParamKey(name="*mtp.*")] = {"max_lr": cfg.mtp_lr}
+        self.optimizer = get_megatron_optimizer(optimizer, [self.model], config_overrides=groups)
         self.loss_cfg = PolicyLossConfig(
             cfg.loss_type,
             cfg.clip_eps_low,
@@ -317,7 +325,7 @@ class Learner:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The drafts' loss and metrics on this micro-batch, each depth scored at its anchors
         (the positions whose target is a policy token) alone:
-        - the loss: each depth's `objective` (`mtp.draft_loss`) summed over its anchors, over its
+        - the loss: each depth's `objective` (`mtp.draft_terms`) summed over its anchors, over its
           global token count (`counts`), averaged over depths; each depth's share of its global
           mean nll (`mtp_nll_{j}`, whatever the objective) and of the average loss (`mtp_loss`),
           to be summed over micro-batches;
@@ -338,19 +346,12 @@ class Learner:
             policy = logits[at[0], at[1] + depth]  # the policy's logits of the same tokens
             sampled = mb.tokens[rows, cols + 1 + depth]
             denominator = max(float(counts[depth - 1]), 1.0)
-            scores = mtp.draft_scores(draft, sampled)
-            nll = -scores.sum() / denominator
-            metrics[f"mtp_nll_{depth}"] = float(nll.detach())
-            if objective == "nll":
-                total = total + nll
-            else:
-                loss = mtp.draft_loss(draft, policy, sampled, objective)
-                total = total + loss.sum() / denominator
+            loss, nll, accepted = mtp.draft_terms(draft, policy, sampled, objective)
+            total = total + loss.sum() / denominator
+            metrics[f"mtp_nll_{depth}"] = float(nll.sum()) / denominator
             alpha = torch.zeros_like(mask)
-            alpha[rows, cols] = mtp.acceptance_at(logits, draft.detach(), depth, *at)
-            metrics[f"mtp_acceptance_{depth}"] = float(alpha.sum()) / max(
-                float(counts[depth - 1]), 1.0
-            )
+            alpha[rows, cols] = accepted
+            metrics[f"mtp_acceptance_{depth}"] = float(accepted.sum()) / denominator
             alphas.append(alpha)
             masks.append(targets)
         metrics["mtp_loss"] = float(total.detach()) / len(drafts)
@@ -368,10 +369,14 @@ class Learner:
         return packing.packed(batch, budget, multiple)
 
     def _set_lr(self) -> None:
+        """Each parameter group's learning rate (its `max_lr`: the policy's, or the draft's
+        `mtp_lr`) after the warm-up ramp, and its weight decay (`wd_mult`: 0 for biases and
+        norms), as megatron's OptimizerParamScheduler would set them."""
         warm = self.cfg.lr_warmup_steps
-        lr = self.lr * min(1.0, (self.step + 1) / warm) if warm else self.lr
+        ramp = min(1.0, (self.step + 1) / warm) if warm else 1.0
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = group["max_lr"] * ramp
+            group["weight_decay"] = self.cfg.weight_decay * group["wd_mult"]
 
     def _dp_sum(self, t: torch.Tensor) -> torch.Tensor:
         from megatron.core import parallel_state as ps

@@ -3,10 +3,10 @@
 The draft of depth j (trainer.mtp_model) predicts, at position t, token t+1+j. The learner
 scores it at its anchors only, the positions whose depth-j target is a policy token (the loss
 mask moved to the targets by `shifted_mask`): the draft's head runs there alone
-(`MTPGPTModel.draft_logits`) and `draft_scores` gives the targets' logprobs, so the MTP loss
-covers exactly the policy's own sampled tokens, packed or padded.
+(`MTPGPTModel.draft_logits`) and `draft_terms` gives its loss there, the targets' nll and its
+acceptance, so the MTP loss covers exactly the policy's own sampled tokens, packed or padded.
 
-`acceptance_at` and `accepted_length` measure the draft without a speculative engine: per anchor,
+`overlap` and `accepted_length` measure the draft without a speculative engine: per anchor,
 the chance speculative sampling accepts each depth's draft token (sum over the vocabulary of
 min(p_policy, q_draft), teacher-forced on the stored tokens) and the expected number of the k
 drafts accepted. `acceptance` is the same over every position, the reference it is tested against.
@@ -27,27 +27,38 @@ def draft_scores(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -vocab_parallel_cross_entropy(x, targets.unsqueeze(1)).squeeze(1)
 
 
-def draft_loss(
+def draft_terms(
     draft: torch.Tensor, policy: torch.Tensor, targets: torch.Tensor, objective: str
-) -> torch.Tensor:
-    """Per anchor [N], differentiable in the draft's logits at the anchors [N, V/tp]: the
-    `objective` (`trainer.mtp_objective`) against the sampled `targets` [N] (nll) or against the
-    policy's distribution of the same tokens, its logits [N, V/tp] (kl, tv; not differentiated:
-    the draft follows the policy). Vocab-parallel logits are gathered whole for kl and tv,
-    whose every term needs the full softmax; the loss is then the same on every TP rank, as
-    megatron's cross-entropy is, and each rank's gradient is its vocabulary shard's."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per anchor [N], from the draft's logits at the anchors [N, V/tp] (vocab-parallel), the
+    policy's logits of the same tokens [N, V/tp] and the sampled `targets` [N]:
+    - the loss to `objective` (`trainer.mtp_objective`), differentiable in the draft's logits
+      only (the draft follows the policy): nll, the sampled tokens' cross-entropy; kl, the
+      forward KL divergence from the policy's distribution; tv, the total variation distance to
+      it, one minus the acceptance;
+    - the nll of the targets and the expected acceptance (`overlap`), detached.
+    kl and tv gather vocab-parallel logits whole (each of their terms needs the full softmax):
+    the loss is then the same on every TP rank, as megatron's cross-entropy is, and each
+    rank's gradient is its vocabulary shard's. Their nll and acceptance come from the same
+    two distributions, so scoring costs nll's one softmax pass beside the acceptance's."""
     if objective == "nll":
-        return -draft_scores(draft, targets)
+        nll = -draft_scores(draft, targets)
+        return nll, nll.detach(), overlap(policy, draft.detach())
+    if objective not in ("kl", "tv"):
+        raise ValueError(f"unknown MTP objective {objective!r}")
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region as gather
 
     log_q = torch.log_softmax(gather(draft.float()), dim=-1)
     with torch.no_grad():
         log_p = torch.log_softmax(gather(policy.float()), dim=-1)
+        p = log_p.exp()
+        nll = -log_q.gather(-1, targets[:, None]).squeeze(-1)
     if objective == "kl":
-        return (log_p.exp() * (log_p - log_q)).sum(-1)
-    if objective == "tv":
-        return 1.0 - torch.minimum(log_p.exp(), log_q.exp()).sum(-1)
-    raise ValueError(f"unknown MTP objective {objective!r}")
+        with torch.no_grad():
+            alpha = torch.minimum(p, log_q.exp()).sum(-1)
+        return (p * (log_p - log_q)).sum(-1), nll, alpha
+    tv = 1.0 - torch.minimum(p, log_q.exp()).sum(-1)
+    return tv, nll, 1.0 - tv.detach()
 
 
 def shifted_mask(mask: torch.Tensor, depth: int) -> torch.Tensor:
@@ -75,14 +86,10 @@ def acceptance(policy: torch.Tensor, draft: torch.Tensor, depth: int) -> torch.T
 
 
 @torch.no_grad()
-def acceptance_at(policy: torch.Tensor, draft: torch.Tensor, depth: int, rows: torch.Tensor,
-                  anchors: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """`acceptance` at the anchors (rows[k], anchors[k]) of the policy's logits [b, s, V/tp]
-    only, [N], with `draft` the draft's logits at those anchors [N, V/tp]: the step scores the
-    drafts on the policy's tokens alone."""
-    p = _softmax(policy[rows, anchors + depth])
-    q = _softmax(draft)
-    return _tp_sum(torch.minimum(p, q).sum(-1))
+def overlap(policy: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    """`acceptance` at anchors only, [N]: the sum over the vocabulary of min(p, q), from the
+    policy's logits of the anchors' target tokens and the draft's logits there, both [N, V/tp]."""
+    return _tp_sum(torch.minimum(_softmax(policy), _softmax(draft)).sum(-1))
 
 
 def accepted_length(alphas: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:

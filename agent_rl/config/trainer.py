@@ -214,6 +214,13 @@ class TrainerConfig(Section):
     under speculative sampling, the quantity measured (DistillSpec's choice; bench/mtp.py).
     SFT steps train the draft with `nll` on the demonstrations' tokens."""
 
+    mtp_lr: float | None = Field(default=None, gt=0)
+    """Learning rate of the MTP modules in RL steps (Adam, with `lr_warmup_steps`); None: the
+    policy's `lr`. The draft's loss is its own (detached, it never steers the policy), so it
+    can learn at an SFT-like rate while the policy keeps RL's small one: at RL's rate a draft
+    barely moves in a run and does not follow the policy (bench/mtp.py). SFT steps train the
+    draft at `sft_lr`, with the policy."""
+
     mtp_detach: bool = True
     """Train the MTP modules on detached trunk hidden states, embeddings and output weight, so
     the draft follows the policy and never steers it; false: the MTP loss also trains the trunk."""

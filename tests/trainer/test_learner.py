@@ -69,6 +69,25 @@ def test_rl_steps_report_metrics_and_move_the_policy(tiny_dense_model: Path) -> 
     assert (gain[batch.advantages > 0] > 0).all()
 
 
+@pytest.mark.parametrize("distributed", [True, False])
+def test_weight_decay_skips_biases_and_norms(tiny_dense_model: Path, distributed: bool) -> None:
+    """`weight_decay` shrinks the weight matrices and leaves biases and norm weights (1-d) to
+    Adam alone, as megatron's parameter groups intend."""
+    batch = rl_batch(ModelArch.from_hf_dir(tiny_dense_model).vocab_size, size=4)
+    after = []
+    for decay in (0.0, 0.5):
+        cfg = TrainerConfig(lr=1e-2, micro_batch_size=4, weight_decay=decay,
+                            distributed_optimizer=distributed)  # fmt: skip
+        with learner(tiny_dense_model, cfg) as e:
+            e.rl_step(batch)
+            after.append({n: p.detach().clone() for n, p in e.module.named_parameters()})
+    flat = [n for n, p in after[0].items() if p.dim() == 1]
+    assert any(n.endswith(".bias") for n in flat) and any("layernorm" in n for n in flat)
+    for name, value in after[0].items():
+        same = torch.equal(value, after[1][name])
+        assert same == (value.dim() == 1), name
+
+
 def test_sft_steps_lower_the_nll(tiny_dense_model: Path) -> None:
     vocab = ModelArch.from_hf_dir(tiny_dense_model).vocab_size
     batch = rl_batch(vocab, size=4)
@@ -89,7 +108,8 @@ def test_checkpoint_resume_gives_identical_steps(
 ) -> None:
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     batches = [rl_batch(vocab, size=4, seed=s) for s in range(4)]
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, **options)
+    # Weight decay: the optimizer's groups (decayed or not) resume with their own settings.
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, weight_decay=0.1, **options)
     with learner(tiny_moe_model, cfg) as e:
         # Two steps before the checkpoint: Adam's step count (its bias correction) must resume
         # as 2, not as the placeholder state's 1 that loading starts from.
