@@ -9,7 +9,8 @@ SFT_STEPS steps on the calculator's demonstrations: the draft is trained with th
 SFT data), then two RL runs from that export, one after the
 other, each with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT
 weights as version 0 before each) and the trainer loop (trainer/loop.py) for VERSIONS versions:
-- online: `mtp_train = true`, the draft trains on every RL batch, to `--objective`
+- online: `mtp_train = true`, the draft trains on every RL batch at `--mtp-lr`
+  (`trainer.mtp_lr`, default MTP_LR) to `--objective`
   (`trainer.mtp_objective`, default tv: the total variation from the policy's distribution,
   one minus the expected acceptance; nll is slime's loss, the cross-entropy of the sampled
   tokens);
@@ -23,8 +24,9 @@ weights as version 0 before each) and the trainer loop (trainer/loop.py) for VER
   the control without the second run's rollout noise (other episodes, another policy
   trajectory), which moves the two runs' acceptance apart by more than the draft's training
   does: 0.015 over the last five versions at the recipe's lr, 0.09 in one run at lr 3e-4.
-- `--compare nll,kl`: the online run's batches replayed with the draft trained to each of these
-  objectives instead, on the same policy trajectory (`objective_lead_last_mean`: the online
+- `--compare lr=policy,nll`: the online run's batches replayed with the draft trained with each
+  of these settings instead, on the same policy trajectory: another objective, or another
+  learning rate (`lr=X`; `lr=policy`: the policy's) (`compare_lead_last_mean`: the online
   draft's acceptance minus each one's, over the last LAST versions).
 Acceptance is what the learner reports with each version (`mtp_acceptance_1`: per policy token,
 the sum over the vocabulary of min(p_policy, q_draft), at the weights the step starts from, on
@@ -38,10 +40,12 @@ store's policy versions. The served speedup needs SGLang on a GPU and is not mea
   cost) and what they sample. `reward_delta_stderr` treats the per-version differences as
   independent; they are not (each run is one RL trajectory), so it understates that noise.
 - mtp_step_overhead: the learner's time for what the loop does per step (the trainer logprobs of
-  the first micro-batch, then `rl_step`) on the online run's last batches, with
-  `mtp_layers = 1` over `mtp_layers = 0`: the median over ROUNDS rounds of the ratio within
-  each (its two learners timed back to back, the order flipping every round), after the runs
-  (no engine or serve beside it).
+  the first micro-batch, then `rl_step`) on the online run's last TIMED_BATCHES batches, with
+  `mtp_layers = 1` over `mtp_layers = 0`, after the runs (no engine or serve beside it), in
+  ROUNDS rounds (the two learners timed back to back, the order flipping every round): each
+  batch's fastest time over the rounds, summed (`overhead`). The median over rounds of each
+  round's ratio of mean times, the estimate before, is `mtp_step_overhead_round_median`: one
+  busy moment on two shared cores moved it between 0.13 and 0.34 in runs of the same code.
 
 Run: `python bench/mtp.py` (needs `agent-rl engine install`); `--sft-steps 400 --versions 80
 --run-cap-s 420` runs the quickstart's lengths instead (9 minutes). On 2 quiet CPU cores (load
@@ -50,7 +54,7 @@ load 5-30 and 9.4 at load 23-38.
 Last line: RESULT {"acceptance_online_last", "acceptance_frozen_last", "mtp_step_overhead",
 "reward_delta", "acceptance_last_mean", "acceptance_online", "acceptance_frozen",
 "acceptance_frozen_paired_last", "acceptance_gap_paired_last", "paired_entropy_max_diff",
-"objective", "objective_lead_last_mean", ...};
+"objective", "mtp_lr", "compare_lead_last_mean", ...};
 targets: online >= frozen + 0.1 at the last version, overhead <= 0.15.
 """
 
@@ -73,6 +77,9 @@ from agent_rl.config import Config, RouterConfig, TrainerConfig  # noqa: E402
 from bench._serving import RouterThread, ServeThread, quickstart_run  # noqa: E402
 
 SFT_STEPS = 150
+MTP_LR = 1e-3
+"""The online draft's learning rate (`trainer.mtp_lr`), 10x the policy's RL lr: the best of a
+sweep on one run's batches (1e-4 / 1e-3 / 3e-3 / 1e-2; docs/trainer.md)."""
 VERSIONS = 24
 """RL versions per run."""
 RUN_CAP_S = 100.0
@@ -83,9 +90,21 @@ ARMS = ("online", "frozen")
 OBJECTIVES = ("nll", "kl", "tv")
 
 
-def config(work: Path, sft: Path, router: RouterThread, arm: str, objective: str) -> Config:
-    return quickstart_run(work, sft, router, f"mtp-{arm}", mtp_layers=1,
+def config(work: Path, sft: Path, router: RouterThread, arm: str, objective: str,
+           mtp_lr: float | None) -> Config:
+    return quickstart_run(work, sft, router, f"mtp-{arm}", mtp_layers=1, mtp_lr=mtp_lr,
                           mtp_train=arm == "online", mtp_objective=objective)
+
+
+def variant(item: str) -> dict[str, Any]:
+    """A `--compare` item as trainer settings: an objective's name, or `lr=X` (`mtp_lr`;
+    `lr=policy`: the policy's lr)."""
+    if item in OBJECTIVES:
+        return {"mtp_objective": item}
+    if item.startswith("lr="):
+        value = item.removeprefix("lr=")
+        return {"mtp_lr": None if value == "policy" else float(value)}
+    raise ValueError(f"{item!r}: use one of {', '.join(OBJECTIVES)} or lr=X")
 
 
 def sft(work: Path, model: Path, steps: int) -> Path:
@@ -169,27 +188,38 @@ def paired(cfg: Config, batches: list[Any], **update: Any) -> list[dict[str, flo
         return [e.rl_step(batch) for batch in batches]
 
 
-def step_times(model: Path, batches: list[Any], objective: str) -> list[dict[int, float]]:
-    """Per round, seconds per loop step's learner work (trainer logprobs of the first
-    micro-batch, then `rl_step`) without (0) and with (1) the draft over TIMED_BATCHES batches;
-    the order flips every round (0 1, 1 0, ...) so a load that drifts favours neither."""
+def step_times(model: Path, batches: list[Any], objective: str) -> list[dict[int, list[float]]]:
+    """Per round, seconds of each loop step's learner work (trainer logprobs of the first
+    micro-batch, then `rl_step`) on each of the last TIMED_BATCHES batches, without (0) and
+    with (1) the draft; the order flips every round (0 1, 1 0, ...) so a load that drifts
+    favours neither."""
     from trainer.learner import learner
 
     rounds = []
     for r in range(ROUNDS):
-        times: dict[int, float] = {}
+        times: dict[int, list[float]] = {}
         for layers in (0, 1) if r % 2 == 0 else (1, 0):
             cfg = TrainerConfig(lr=1e-4, micro_batch_size=32, mtp_layers=layers,
                                 mtp_objective=objective)  # type: ignore[arg-type]
             with learner(model, cfg) as e:
                 e.rl_step(batches[0])  # optimizer state, first allocations: not timed
-                t0 = time.perf_counter()
+                times[layers] = []
                 for batch in batches[-TIMED_BATCHES:]:
+                    t0 = time.perf_counter()
                     e.logprobs(batch.rows(slice(0, cfg.micro_batch_size)))
                     e.rl_step(batch)
-                times[layers] = (time.perf_counter() - t0) / TIMED_BATCHES
+                    times[layers].append(time.perf_counter() - t0)
         rounds.append(times)
     return rounds
+
+
+def overhead(rounds: list[dict[int, list[float]]]) -> float:
+    """The draft's share of a step: each batch's fastest time over the rounds, with the draft
+    over without, summed over the batches. Other work on the machine only ever adds time to a
+    step, so a batch's fastest time is the closest to what the code costs (timeit's reasoning)."""
+    fastest = [[min(r[layers][b] for r in rounds) for b in range(TIMED_BATCHES)]
+               for layers in (0, 1)]  # fmt: skip
+    return sum(fastest[1]) / sum(fastest[0]) - 1
 
 
 def main() -> None:
@@ -206,8 +236,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objective", default="tv", choices=OBJECTIVES,
                         help="trainer.mtp_objective of the online run (default: tv)")
-    parser.add_argument("--compare", default="", help="other objectives, comma-separated, "
-                        "each replayed on the online run's batches (about 40 s each)")
+    parser.add_argument("--mtp-lr", default=str(MTP_LR),
+                        help=f"trainer.mtp_lr of the online run (default {MTP_LR:g}; "
+                        "'policy': the policy's lr)")
+    parser.add_argument("--compare", default="", help="other draft settings, comma-separated, "
+                        "each replayed on the online run's batches (about 40 s each): "
+                        "objectives (nll, kl, tv) or lr=X (lr=policy: the policy's lr)")
     parser.add_argument("--sft-steps", type=int, default=SFT_STEPS,
                         help=f"SFT steps before RL (default {SFT_STEPS}; the quickstart's 400)")
     parser.add_argument("--versions", type=int, default=VERSIONS,
@@ -215,9 +249,11 @@ def main() -> None:
     parser.add_argument("--run-cap-s", type=float, default=RUN_CAP_S,
                         help=f"wall-clock bound of one RL run (default {RUN_CAP_S:.0f})")
     args = parser.parse_args()
-    compare = [o for o in args.compare.split(",") if o]
-    if unknown := set(compare) - set(OBJECTIVES):
-        parser.error(f"unknown objective(s) {sorted(unknown)}; use {', '.join(OBJECTIVES)}")
+    try:
+        compare = {o: variant(o) for o in args.compare.split(",") if o}
+        mtp_lr = variant(f"lr={args.mtp_lr}")["mtp_lr"]
+    except ValueError as e:
+        parser.error(str(e))
     torch.set_num_threads(1)
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -238,7 +274,8 @@ def main() -> None:
             router.ready.wait(60)
             try:
                 for arm in ARMS:
-                    cfg = configs[arm] = config(work, sft_model, router, arm, args.objective)
+                    cfg = configs[arm] = config(work, sft_model, router, arm, args.objective,
+                                                mtp_lr)
                     asyncio.run(upgrade(cfg.store))
                     reset_engine(router, sft_model)
                     t0 = time.monotonic()
@@ -253,7 +290,8 @@ def main() -> None:
             engine.stop()
         load_runs = os.getloadavg()[0]
         frozen_pair = paired(configs["online"], batches, mtp_train=False)
-        others = {o: paired(configs["online"], batches, mtp_objective=o) for o in compare}
+        others = {o: paired(configs["online"], batches, **update)
+                  for o, update in compare.items()}
         step = step_times(sft_model, batches, args.objective)
     acc = {arm: [round(v["mtp_acceptance_1"], 4) for v in runs[arm]] for arm in ARMS}
     reward = {arm: [v["reward_mean"] for v in runs[arm]] for arm in ARMS}
@@ -280,20 +318,25 @@ def main() -> None:
                                        for x, v in zip(frozen_pair[:m], runs["online"][:m])),
         "acceptance_frozen_paired": acc_paired,
         "objective": args.objective,
-        # Other objectives on the same policy trajectory: the online draft's lead over each,
-        # over the last LAST versions.
-        "objective_lead_last_mean": {o: round(statistics.fmean(
+        "mtp_lr": mtp_lr,
+        # Other draft settings on the same policy trajectory: the online draft's lead over
+        # each, over the last LAST versions.
+        "compare_lead_last_mean": {o: round(statistics.fmean(
             a - b for a, b in zip(acc["online"][m - LAST:m], v[m - LAST:m])), 4)
             for o, v in acc_others.items()},
         "acceptance_paired": acc_others,
-        "mtp_step_overhead": round(statistics.median(r[1] / r[0] for r in step) - 1, 3),
+        "mtp_step_overhead": round(overhead(step), 3),
+        # The median over rounds of each round's ratio of mean step times (the estimate before).
+        "mtp_step_overhead_round_median": round(statistics.median(
+            statistics.fmean(r[1]) / statistics.fmean(r[0]) for r in step) - 1, 3),
         "reward_delta": round(statistics.fmean(diffs), 4),
         "reward_delta_stderr": round(statistics.stdev(diffs) / n**0.5, 4) if n > 1 else None,
         "reward_mean": {arm: round(statistics.fmean(reward[arm]), 4) for arm in ARMS},
         "acceptance_online": acc["online"],
         "acceptance_frozen": acc["frozen"],
         "versions": {arm: len(runs[arm]) for arm in ARMS},
-        "step_s_rounds": [{"no_mtp": round(r[0], 3), "mtp": round(r[1], 3)} for r in step],
+        "step_s_rounds": [{arm: [round(t, 3) for t in r[layers]]
+                           for arm, layers in (("no_mtp", 0), ("mtp", 1))} for r in step],
         "step_s_in_run_median": {arm: round(statistics.median(v["step_s"] for v in runs[arm]), 3)
                                  for arm in ARMS},  # fmt: skip
         "sft_steps": args.sft_steps,
