@@ -93,7 +93,7 @@ def test_the_draft_learns_at_its_own_rate_and_the_policy_at_its_own(tiny_moe_mod
     trunk = "decoder.layers.0.self_attention.linear_qkv.weight"
     assert moved(fast, trunk) == pytest.approx(1e-3, rel=1e-3)
     assert moved(warm, trunk) == pytest.approx(2.5e-4, rel=1e-3)
-    expert = "mtp.layers.0.transformer_layer.mlp.experts.local_experts.0.linear_fc1.weight"
+    expert = next(n for n in draft if ".experts." in n)  # named per megatron release
     assert moved(fast, expert) == pytest.approx(1e-2, rel=1e-3)  # the experts' own group
 
 
