@@ -53,12 +53,9 @@ def draft_terms(
         log_p = torch.log_softmax(gather(policy.float()), dim=-1)
         p = log_p.exp()
         nll = -log_q.gather(-1, targets[:, None]).squeeze(-1)
-    if objective == "kl":
-        with torch.no_grad():
-            alpha = torch.minimum(p, log_q.exp()).sum(-1)
-        return (p * (log_p - log_q)).sum(-1), nll, alpha
-    tv = 1.0 - torch.minimum(p, log_q.exp()).sum(-1)
-    return tv, nll, 1.0 - tv.detach()
+    accepted = torch.minimum(p, log_q.exp()).sum(-1)
+    loss = (p * (log_p - log_q)).sum(-1) if objective == "kl" else 1.0 - accepted
+    return loss, nll, accepted.detach()
 
 
 def shifted_mask(mask: torch.Tensor, depth: int) -> torch.Tensor:
