@@ -122,9 +122,16 @@ class Parallel:
     ep: int = 1
 
 
-def check_parallel(arch: ModelArch, par: Parallel, mtp_layers: int = 0) -> None:
+def check_parallel(
+    arch: ModelArch, par: Parallel, mtp_layers: int = 0, mtp_ffn_hidden_size: int | None = None
+) -> None:
     """Raise ConfigError when the model cannot be split as asked (with `mtp_layers` MTP draft
-    modules)."""
+    modules, their MLPs `mtp_ffn_hidden_size` wide), or its draft cannot be built so."""
+    if mtp_layers and mtp_ffn_hidden_size is not None and not arch.eagle_draft:
+        raise ConfigError(
+            "trainer.mtp_ffn_hidden_size needs a dense model (an EAGLE draft, with a config of "
+            "its own); SGLang builds a Qwen3-MoE's MTP draft from the model's config: unset it"
+        )
     if arch.num_layers % par.pp:
         raise ConfigError(
             f"pp={par.pp} does not divide the model's {arch.num_layers} layers"
@@ -140,7 +147,10 @@ def check_parallel(arch: ModelArch, par: Parallel, mtp_layers: int = 0) -> None:
         ("kv heads", arch.num_kv_heads),
         ("vocab size", arch.vocab_size),
         ("ffn size", arch.ffn_hidden_size),
+        ("draft's ffn size", mtp_ffn_hidden_size if mtp_layers else None),
     ):
+        if n is None:
+            continue
         if n % par.tp:
             raise ConfigError(f"tp={par.tp} does not divide the model's {what} ({n})")
     if par.ep > 1 and (not arch.is_moe or arch.num_experts % par.ep):

@@ -294,8 +294,8 @@ def write_hf_dir(
 def _write_eagle_draft(tensors: dict[str, torch.Tensor], out_dir: Path) -> None:
     """`out_dir/draft/`: the EAGLE draft's modules (module 0 is the one SGLang serves; it
     skips the later ones, `mtp.{j}.*`) and the target's config as SGLang's
-    `Qwen2ForCausalLMEagle` takes it (one layer; its embedding and head are the target's, shared
-    at serve time), with the tokenizer files beside it."""
+    `Qwen2ForCausalLMEagle` takes it (one layer, the draft's MLP width; its embedding and head
+    are the target's, shared at serve time), with the tokenizer files beside it."""
     draft_dir = out_dir / EAGLE_DRAFT_DIR
     draft_dir.mkdir(exist_ok=True)
     draft = {k: v for k, v in tensors.items() if is_draft(k)}
@@ -304,8 +304,10 @@ def _write_eagle_draft(tensors: dict[str, torch.Tensor], out_dir: Path) -> None:
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "config.json":
             (draft_dir / f.name).write_bytes(f.read_bytes())
     config = json.loads((out_dir / "config.json").read_text())
+    # The draft's MLP may be narrower than the target's (trainer.mtp_ffn_hidden_size).
+    width = draft["layers.0.mlp.down_proj.weight"].shape[1]
     config.update(architectures=[EAGLE_DRAFT_ARCHITECTURE], model_type="qwen2",
-                  num_hidden_layers=1)  # fmt: skip
+                  num_hidden_layers=1, intermediate_size=width)  # fmt: skip
     if isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][:1]
     (draft_dir / "config.json").write_text(json.dumps(config, indent=2))

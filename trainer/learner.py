@@ -62,7 +62,8 @@ class Learner:
         self.cfg, self.model_dir = cfg, Path(model_dir)
         self.par = Parallel(cfg.tp, cfg.pp, cfg.ep)
         self.arch = ModelArch.from_hf_dir(self.model_dir)
-        check_parallel(self.arch, self.par, cfg.mtp_layers)  # before any process group forms
+        # Before any process group forms.
+        check_parallel(self.arch, self.par, cfg.mtp_layers, cfg.mtp_ffn_hidden_size)
         dist_env.init(self.par, cfg.seed)
         bf16 = cfg.dtype == "bf16"
         module = build_gpt_model(
@@ -71,6 +72,7 @@ class Learner:
             torch.bfloat16 if bf16 else torch.float32,
             mtp_layers=cfg.mtp_layers,
             mtp_detach=cfg.mtp_detach,
+            mtp_ffn_hidden_size=cfg.mtp_ffn_hidden_size,
         )
         # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
         module.config.calculate_per_token_loss = True
@@ -501,8 +503,13 @@ def load_hf_weights(
 
 @contextlib.contextmanager
 def learner(model_dir: str | Path, cfg: TrainerConfig, lr: float | None = None) -> Iterator[Learner]:
-    """A Learner whose process groups are torn down on exit (tests, one-shot tools)."""
-    made = Learner(model_dir, cfg, lr)
+    """A Learner whose process groups are torn down on exit (tests, one-shot tools), and when
+    it cannot be made (e.g. weights that do not fit the config)."""
+    try:
+        made = Learner(model_dir, cfg, lr)
+    except BaseException:
+        dist_env.teardown()
+        raise
     try:
         yield made
     finally:

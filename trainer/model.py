@@ -91,10 +91,12 @@ def build_gpt_model(
     dtype: torch.dtype = torch.float32,
     mtp_layers: int = 0,
     mtp_detach: bool = True,
+    mtp_ffn_hidden_size: int | None = None,
 ):
     """A randomly initialised GPTModel for this rank's shard; fill it with `load_hf_weights`.
     With `mtp_layers` k > 0, a `trainer.mtp_model.MTPGPTModel` with k MTP modules, whose forward
-    returns the draft logits of each depth beside the logits."""
+    returns the draft logits of each depth beside the logits (a dense model's EAGLE draft with
+    its FFN `mtp_ffn_hidden_size` wide, if given)."""
     megatron_cpu.apply()
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -124,4 +126,5 @@ def build_gpt_model(
         return GPTModel(config, spec, **kwargs)
     from trainer import mtp_model
 
-    return mtp_model.build(config, spec, mtp_detach, eagle=arch.eagle_draft, **kwargs)
+    return mtp_model.build(config, spec, mtp_detach, eagle=arch.eagle_draft,
+                           ffn_hidden_size=mtp_ffn_hidden_size, **kwargs)

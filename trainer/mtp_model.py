@@ -114,16 +114,25 @@ class MTPGPTModel(GPTModel):
         return torch.nn.functional.linear(hidden[positions, rows].to(head.dtype), head)
 
 
-def build(config: Any, spec: Any, detach: bool, eagle: bool = False, **kwargs: Any) -> MTPGPTModel:
+def build(
+    config: Any,
+    spec: Any,
+    detach: bool,
+    eagle: bool = False,
+    ffn_hidden_size: int | None = None,
+    **kwargs: Any,
+) -> MTPGPTModel:
     """An MTPGPTModel with `config.mtp_num_layers` MTP modules built from the decoder's layer
-    spec (`eagle`: in the EAGLE layout, see `eagle_block`); the modules' routers are taken out
-    of routing replay."""
+    spec (`eagle`: in the EAGLE layout, see `eagle_block`, its layers' FFN `ffn_hidden_size`
+    wide if given); the modules' routers are taken out of routing replay."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
     block = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
     if eagle:
-        block = eagle_block(block)
+        block = eagle_block(block, ffn_hidden_size)
+    elif ffn_hidden_size is not None:
+        raise ValueError("a draft FFN width of its own needs the EAGLE layout (a dense model)")
     model = MTPGPTModel(config, spec, mtp_block_spec=block, **kwargs)
     model.mtp_detach = detach
     if detach:
@@ -140,12 +149,14 @@ def build(config: Any, spec: Any, detach: bool, eagle: bool = False, **kwargs: A
     return model
 
 
-def eagle_block(block: Any) -> Any:
+def eagle_block(block: Any, ffn_hidden_size: int | None = None) -> Any:
     """The MTP block spec `block` in the layout of SGLang's EAGLE draft for dense Qwen2/Qwen3
     (`Qwen2ForCausalLMEagle`): `fc(cat(embedding, hidden))` with no norm on either input, one
     decoder layer without its input norm (and without a q/k norm: the draft is a Qwen2 layer),
     and no norm before the shared head. Every norm it drops becomes megatron's IdentityOp, so
-    the module computes what that draft computes and exports to it weight for weight."""
+    the module computes what that draft computes and exports to it weight for weight.
+    `ffn_hidden_size`: the layer's MLP that wide (`trainer.mtp_ffn_hidden_size`; the EAGLE
+    draft has a config of its own, and its `intermediate_size` says so), not the trunk's."""
     import dataclasses
 
     from megatron.core.transformer.identity_op import IdentityOp
@@ -161,7 +172,23 @@ def eagle_block(block: Any) -> Any:
             attention.submodules, q_layernorm=IdentityOp, k_layernorm=IdentityOp))
         layer = dataclasses.replace(layer, submodules=dataclasses.replace(
             layer.submodules, input_layernorm=IdentityOp, self_attention=attention))
+        if ffn_hidden_size is not None:
+            layer = dataclasses.replace(layer, module=_narrowed(layer.module, ffn_hidden_size))
         submodules = dataclasses.replace(spec.submodules, enorm=IdentityOp, hnorm=IdentityOp,
                                          layer_norm=IdentityOp, **{layer_field: layer})
         specs.append(dataclasses.replace(spec, submodules=submodules))
     return dataclasses.replace(block, layer_specs=specs)
+
+
+def _narrowed(layer: type, ffn_hidden_size: int) -> type:
+    """The transformer layer class `layer`, built with its MLP `ffn_hidden_size` wide: megatron
+    builds an MTP module's layer from the model's config, and its MLP reads the width there."""
+    import copy
+
+    class DraftLayer(layer):  # type: ignore[misc, valid-type]
+        def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+            config = copy.copy(config)  # not dataclasses.replace: no second __post_init__
+            config.ffn_hidden_size = ffn_hidden_size
+            super().__init__(config, *args, **kwargs)
+
+    return DraftLayer

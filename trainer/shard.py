@@ -112,8 +112,11 @@ def load_full_state_dict(
                     tensor, param.partition_dim, rank, size, name.endswith("linear_fc1.weight")
                 )
             if tuple(tensor.shape) != tuple(param.shape):
+                hint = ("; the draft's MLP width is trainer.mtp_ffn_hidden_size (the weights' "
+                        "draft/config.json gives theirs as intermediate_size)"
+                        if key.startswith("mtp.") and ".mlp." in key else "")  # fmt: skip
                 raise ConfigError(
-                    f"{key}: shape {tuple(tensor.shape)} does not fit {tuple(param.shape)}"
+                    f"{key}: shape {tuple(tensor.shape)} does not fit {tuple(param.shape)}{hint}"
                 )
             param.copy_(tensor)
 

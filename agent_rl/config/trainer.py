@@ -202,6 +202,13 @@ class TrainerConfig(Section):
     `Qwen3MoeForCausalLMMTP` (`mtp.*` weights), a dense Qwen2/Qwen3's EAGLE draft
     (`Qwen2ForCausalLMEagle`, the export's `draft/`); 0: none."""
 
+    mtp_ffn_hidden_size: int | None = Field(default=None, ge=1)
+    """Width of the MTP draft layer's MLP (a dense model's EAGLE draft, whose `draft/config.json`
+    carries it as `intermediate_size`); None: the model's. A narrower draft costs the learner
+    and the engine less per token: the draft is one decoder layer, so beside a shallow model it
+    is a large share of a step (bench/mtp.py). A Qwen3-MoE's MTP draft is the model's own layer
+    (SGLang builds it from the target's config): refused there."""
+
     mtp_loss_coef: float = Field(default=1.0, ge=0)
     """Weight of the MTP loss (each depth's `mtp_objective` over the policy's own sampled tokens,
     averaged over depths) added to each step's loss."""

@@ -257,8 +257,46 @@ def test_a_dense_models_draft_is_an_eagle_module_exported_beside_and_as_its_own_
         hf_convert.hf_to_mcore(mtp_named, arch, mtp_layers=2)
 
 
+def test_a_dense_models_draft_may_have_a_narrower_mlp(
+    tiny_dense_model: Path, tiny_moe_model: Path, tmp_path: Path
+) -> None:
+    """`trainer.mtp_ffn_hidden_size`: the EAGLE draft's MLP that wide (the trunk's stays the
+    model's), trained, exported with `draft/config.json` saying so (`intermediate_size`), and
+    loaded back bit-exact; a config of another width is refused naming the setting, and so is
+    the setting for a Qwen3-MoE (SGLang builds its MTP draft from the model's own config)."""
+    import json
+
+    arch = ModelArch.from_hf_dir(tiny_dense_model)
+    width = arch.ffn_hidden_size // 4
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=1, mtp_ffn_hidden_size=width)
+    with learner(tiny_dense_model, cfg) as e:
+        before = _params(e.module)
+        e.rl_step(rl_batch(arch.vocab_size, size=4))
+        weights = _params(e.module)
+        export = e.export_hf(tmp_path / "export")
+    fc2 = {n: w.shape for n, w in weights.items() if n.endswith("mlp.linear_fc2.weight")}
+    assert {s for n, s in fc2.items() if n.startswith("mtp.")} == {(arch.hidden_size, width)}
+    assert {s for n, s in fc2.items() if not n.startswith("mtp.")} == {
+        (arch.hidden_size, arch.ffn_hidden_size)}
+    assert not torch.equal(before[next(n for n in fc2 if n.startswith("mtp."))],
+                           weights[next(n for n in fc2 if n.startswith("mtp."))])
+    ours = hf_convert.read_safetensors(export)
+    assert ours["layers.0.mlp.down_proj.weight"].shape == (arch.hidden_size, width)
+    assert json.loads((export / "draft" / "config.json").read_text())["intermediate_size"] == width
+    target = json.loads((export / "config.json").read_text())
+    assert target["intermediate_size"] == arch.ffn_hidden_size
+    _assert_loads_back(export, cfg, weights)
+    with pytest.raises(ConfigError, match="draft's MLP width is trainer.mtp_ffn_hidden_size"):
+        with learner(export, cfg.model_copy(update={"mtp_ffn_hidden_size": None})):
+            pass
+    moe = cfg.model_copy(update={"mtp_ffn_hidden_size": 64})
+    with pytest.raises(ConfigError, match="mtp_ffn_hidden_size needs a dense model"):
+        with learner(tiny_moe_model, moe):
+            pass
+
+
 def _sglang_draft_loads(
-    model: Path, engine_venv: Path, tmp_path: Path
+    model: Path, engine_venv: Path, tmp_path: Path, **cfg: object
 ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
     """A learner with two MTP modules after one step: its export, and SGLang's own draft for
     the model (tests/trainer/_sglang_mtp_draft.py, in the engine environment) after loading
@@ -273,7 +311,8 @@ def _sglang_draft_loads(
     from trainer.weight_sync import Buffer, broadcast_meta, parts
 
     batch = rl_batch(ModelArch.from_hf_dir(model).vocab_size, size=4)
-    with learner(model, TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2)) as e:
+    config = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2, **cfg)
+    with learner(model, config) as e:
         e.rl_step(batch)
         export = e.export_hf(tmp_path / "export")
         weights = e.hf_state_dict()
@@ -311,7 +350,7 @@ def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export_and_of_a_sync(
     assert not torch.equal(ours["mtp.fc.weight"], ours["mtp.1.fc.weight"])
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "qwen2-narrow"])
 def test_sglang_s_own_eagle_draft_loads_a_dense_models_draft_from_every_source(
     kind: str, tiny_dense_model: Path, engine_venv: Path, tmp_path: Path
 ) -> None:
@@ -321,16 +360,22 @@ def test_sglang_s_own_eagle_draft_loads_a_dense_models_draft_from_every_source(
     draft buckets, and for Qwen2 from the export itself (a disk sync loads target and draft
     from it); a Qwen3 export does not carry the draft, so a disk sync leaves it as it was. Its
     `fc` bias is zero (the learner's projection has none). SGLang's target (Qwen2, Qwen3) fills
-    every one of its parameters from the same export, skipping the draft's."""
-    model = tiny_dense_model if kind == "qwen2" else _qwen3_dense(tiny_dense_model, tmp_path / "m")
-    ours, loaded = _sglang_draft_loads(model, engine_venv, tmp_path)
+    every one of its parameters from the same export, skipping the draft's. `qwen2-narrow`: a
+    draft whose MLP is narrower than the model's (`trainer.mtp_ffn_hidden_size`), built by
+    SGLang at the width its `draft/` config gives."""
+    qwen3 = kind == "qwen3"
+    model = _qwen3_dense(tiny_dense_model, tmp_path / "m") if qwen3 else tiny_dense_model
+    narrow = ModelArch.from_hf_dir(model).ffn_hidden_size // 4 if kind.endswith("narrow") else None
+    ours, loaded = _sglang_draft_loads(model, engine_venv, tmp_path, mtp_ffn_hidden_size=narrow)
+    if narrow:
+        assert loaded["launch"]["model.layers.0.mlp.down_proj.weight"].shape[1] == narrow
     assert sorted(loaded) == ["disk", "distributed", "launch", "target", "tensor"]
     target = loaded.pop("target")
     assert not [n for n, t in target.items() if torch.isnan(t).any()]
     for name in ("model.norm.weight", "model.layers.0.self_attn.o_proj.weight",
                  "model.layers.0.mlp.down_proj.weight"):  # not the draft's layers.0.*
         assert torch.equal(target[name], ours[name]), name
-    if kind == "qwen3":
+    if qwen3:
         assert torch.isnan(loaded.pop("disk")["model.fc.weight"]).all()
     for source, draft in loaded.items():
         shared = {"model.embed_tokens.weight", "lm_head.weight"}
