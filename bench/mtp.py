@@ -4,7 +4,8 @@ MTP loss (issue 21).
 
 Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter Qwen2 model,
 random-init, the `calculator` env, groups of 8, 8 groups a step, lr 1e-4), an SFT warm start
-with `trainer.mtp_layers = 1` (a dense model's draft: SGLang's EAGLE layout, docs/trainer.md;
+with `trainer.mtp_layers = 1` (a dense model's draft: SGLang's EAGLE layout, docs/trainer.md,
+its MLP DRAFT_FFN wide, a third of the model's: `trainer.mtp_ffn_hidden_size`, `--draft-ffn`;
 SFT_STEPS steps on the calculator's demonstrations: the draft is trained with the policy on the
 SFT data), then two RL runs from that export, one after the
 other, each with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT
@@ -42,15 +43,16 @@ store's policy versions. The served speedup needs SGLang on a GPU and is not mea
 - mtp_step_overhead: the learner's time for what the loop does per step (the trainer logprobs of
   the first micro-batch, then `rl_step`) on the online run's last TIMED_BATCHES batches, with
   `mtp_layers = 1` over `mtp_layers = 0`, after the runs (no engine or serve beside it), in
-  ROUNDS rounds (the two learners timed back to back, the order flipping every round): each
+  ROUNDS rounds (the two learners timed back to back, the order flipping every round; the
+  draft as wide as in the runs, `--draft-ffn`): each
   batch's fastest time over the rounds, summed (`overhead`). The median over rounds of each
   round's ratio of mean times, the estimate before, is `mtp_step_overhead_round_median`: one
   busy moment on two shared cores moved it between 0.13 and 0.34 in runs of the same code.
 
 Run: `python bench/mtp.py` (needs `agent-rl engine install`); `--sft-steps 400 --versions 80
---run-cap-s 420` runs the quickstart's lengths instead (9 minutes). On 2 quiet CPU cores (load
-0.9-2.0) it takes 4.5 minutes (SFT 1.3 of them); shared with other runs it took 8.5 minutes at
-load 5-30 and 9.4 at load 23-38.
+--run-cap-s 420` runs the quickstart's lengths instead (8-9 minutes). It takes 3.2-3.5 minutes
+on 2 CPU cores of a recent machine (load up to 3.8: the bench's own engine and learners), 5.7
+on an older one; shared with other runs it took 8.5 minutes at load 5-30 and 9.4 at 23-38.
 Last line: RESULT {"acceptance_online_last", "acceptance_frozen_last", "mtp_step_overhead",
 "reward_delta", "acceptance_last_mean", "acceptance_online", "acceptance_frozen",
 "acceptance_frozen_paired_last", "acceptance_gap_paired_last", "paired_entropy_max_diff",
@@ -80,20 +82,25 @@ SFT_STEPS = 150
 MTP_LR = 1e-3
 """The online draft's learning rate (`trainer.mtp_lr`), 10x the policy's RL lr: the best of a
 sweep on one run's batches (1e-4 / 1e-3 / 3e-3 / 1e-2; docs/trainer.md)."""
+DRAFT_FFN = 128
+"""The draft layer's MLP width (`trainer.mtp_ffn_hidden_size`), a third of the model's 384: the
+draft is one decoder layer beside the model's four, and at the model's width it cost the
+learner 0.23 of a step; at 128, 0.14 (docs/benchmarks.md)."""
 VERSIONS = 24
 """RL versions per run."""
 RUN_CAP_S = 100.0
 """Wall-clock bound of one RL run (it stops earlier at VERSIONS)."""
 LAST = 5
-ROUNDS, TIMED_BATCHES = 3, 3
+ROUNDS, TIMED_BATCHES = 5, 3
 ARMS = ("online", "frozen")
 OBJECTIVES = ("nll", "kl", "tv")
 
 
 def config(work: Path, sft: Path, router: RouterThread, arm: str, objective: str,
-           mtp_lr: float | None) -> Config:
+           mtp_lr: float | None, ffn: int | None) -> Config:
     return quickstart_run(work, sft, router, f"mtp-{arm}", mtp_layers=1, mtp_lr=mtp_lr,
-                          mtp_train=arm == "online", mtp_objective=objective)
+                          mtp_train=arm == "online", mtp_objective=objective,
+                          mtp_ffn_hidden_size=ffn)
 
 
 def variant(item: str) -> dict[str, Any]:
@@ -107,15 +114,15 @@ def variant(item: str) -> dict[str, Any]:
     raise ValueError(f"{item!r}: use one of {', '.join(OBJECTIVES)} or lr=X")
 
 
-def sft(work: Path, model: Path, steps: int) -> Path:
+def sft(work: Path, model: Path, steps: int, ffn: int | None) -> Path:
     """The quickstart's SFT stage, shortened, with an MTP draft trained beside the policy."""
     from agent_rl.quickstart.recipe import ENV_ID, ENV_KWARGS, Options, recipe
     from agent_rl.rollout.demonstrations import demonstration_sequences
     from trainer.sft import run_sft
 
     qs = recipe(Options())["trainer"]
-    cfg = TrainerConfig(mtp_layers=1, **{k: qs[k] for k in ("seed", "sft_lr", "sft_batch_size",
-                                                          "micro_batch_size")})  # fmt: skip
+    keys = ("seed", "sft_lr", "sft_batch_size", "micro_batch_size")
+    cfg = TrainerConfig(mtp_layers=1, mtp_ffn_hidden_size=ffn, **{k: qs[k] for k in keys})
     data = asyncio.run(demonstration_sequences(ENV_ID, cfg.sft_batch_size * steps, model,
                                                seed=cfg.seed, env_kwargs=ENV_KWARGS))
     out = work / "sft"
@@ -188,7 +195,8 @@ def paired(cfg: Config, batches: list[Any], **update: Any) -> list[dict[str, flo
         return [e.rl_step(batch) for batch in batches]
 
 
-def step_times(model: Path, batches: list[Any], objective: str) -> list[dict[int, list[float]]]:
+def step_times(model: Path, batches: list[Any], objective: str,
+               ffn: int | None) -> list[dict[int, list[float]]]:
     """Per round, seconds of each loop step's learner work (trainer logprobs of the first
     micro-batch, then `rl_step`) on each of the last TIMED_BATCHES batches, without (0) and
     with (1) the draft; the order flips every round (0 1, 1 0, ...) so a load that drifts
@@ -200,7 +208,8 @@ def step_times(model: Path, batches: list[Any], objective: str) -> list[dict[int
         times: dict[int, list[float]] = {}
         for layers in (0, 1) if r % 2 == 0 else (1, 0):
             cfg = TrainerConfig(lr=1e-4, micro_batch_size=32, mtp_layers=layers,
-                                mtp_objective=objective)  # type: ignore[arg-type]
+                                mtp_objective=objective,  # type: ignore[arg-type]
+                                mtp_ffn_hidden_size=ffn if layers else None)
             with learner(model, cfg) as e:
                 e.rl_step(batches[0])  # optimizer state, first allocations: not timed
                 times[layers] = []
@@ -229,7 +238,7 @@ def main() -> None:
 
     from agent_rl.config import load_config
     from agent_rl.engine.launcher import EngineServer
-    from agent_rl.models import init_model
+    from agent_rl.models import PRESETS, init_model
     from agent_rl.quickstart.recipe import MODEL_PRESET
     from agent_rl.store.migrate import upgrade
 
@@ -239,6 +248,9 @@ def main() -> None:
     parser.add_argument("--mtp-lr", default=str(MTP_LR),
                         help=f"trainer.mtp_lr of the online run (default {MTP_LR:g}; "
                         "'policy': the policy's lr)")
+    parser.add_argument("--draft-ffn", type=int, default=DRAFT_FFN,
+                        help=f"trainer.mtp_ffn_hidden_size, the draft layer's MLP width (default "
+                        f"{DRAFT_FFN}; 0: the model's, {PRESETS[MODEL_PRESET].intermediate_size})")
     parser.add_argument("--compare", default="", help="other draft settings, comma-separated, "
                         "each replayed on the online run's batches (about 40 s each): "
                         "objectives (nll, kl, tv) or lr=X (lr=policy: the policy's lr)")
@@ -254,6 +266,7 @@ def main() -> None:
         mtp_lr = variant(f"lr={args.mtp_lr}")["mtp_lr"]
     except ValueError as e:
         parser.error(str(e))
+    ffn = args.draft_ffn or None
     torch.set_num_threads(1)
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -266,7 +279,7 @@ def main() -> None:
                               startup_timeout_s=600.0)
         engine.launch()  # on the base model, starting while SFT runs; the runs load the SFT weights
         try:
-            sft_model = sft(work, model, args.sft_steps)
+            sft_model = sft(work, model, args.sft_steps, ffn)
             engine.wait_until_healthy()
             token = secrets.token_urlsafe(24)
             router = RouterThread([engine.url], RouterConfig(port=0, admin_token=token))
@@ -275,7 +288,7 @@ def main() -> None:
             try:
                 for arm in ARMS:
                     cfg = configs[arm] = config(work, sft_model, router, arm, args.objective,
-                                                mtp_lr)
+                                                mtp_lr, ffn)
                     asyncio.run(upgrade(cfg.store))
                     reset_engine(router, sft_model)
                     t0 = time.monotonic()
@@ -292,7 +305,7 @@ def main() -> None:
         frozen_pair = paired(configs["online"], batches, mtp_train=False)
         others = {o: paired(configs["online"], batches, **update)
                   for o, update in compare.items()}
-        step = step_times(sft_model, batches, args.objective)
+        step = step_times(sft_model, batches, args.objective, ffn)
     acc = {arm: [round(v["mtp_acceptance_1"], 4) for v in runs[arm]] for arm in ARMS}
     reward = {arm: [v["reward_mean"] for v in runs[arm]] for arm in ARMS}
     # The runs are compared at the versions both reached (a run may stop at RUN_CAP_S).
@@ -319,6 +332,7 @@ def main() -> None:
         "acceptance_frozen_paired": acc_paired,
         "objective": args.objective,
         "mtp_lr": mtp_lr,
+        "draft_ffn": ffn or PRESETS[MODEL_PRESET].intermediate_size,
         # Other draft settings on the same policy trajectory: the online draft's lead over
         # each, over the last LAST versions.
         "compare_lead_last_mean": {o: round(statistics.fmean(

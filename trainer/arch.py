@@ -147,7 +147,7 @@ def check_parallel(
         ("kv heads", arch.num_kv_heads),
         ("vocab size", arch.vocab_size),
         ("ffn size", arch.ffn_hidden_size),
-        ("draft's ffn size", mtp_ffn_hidden_size if mtp_layers else None),
+        ("draft ffn size (mtp_ffn_hidden_size)", mtp_ffn_hidden_size if mtp_layers else None),
     ):
         if n is None:
             continue

@@ -17,7 +17,7 @@ from agent_rl.config import TrainerConfig
 from agent_rl.errors import ConfigError
 from tests.trainer._batches import rl_batch
 from trainer import hf_convert
-from trainer.arch import ModelArch
+from trainer.arch import ModelArch, Parallel, check_parallel
 from trainer.learner import learner
 
 pytestmark = pytest.mark.slow
@@ -289,6 +289,8 @@ def test_a_dense_models_draft_may_have_a_narrower_mlp(
     with pytest.raises(ConfigError, match="draft's MLP width is trainer.mtp_ffn_hidden_size"):
         with learner(export, cfg.model_copy(update={"mtp_ffn_hidden_size": None})):
             pass
+    with pytest.raises(ConfigError, match=r"tp=2 does not divide the model's draft ffn size"):
+        check_parallel(arch, Parallel(tp=2), mtp_layers=1, mtp_ffn_hidden_size=width + 1)
     moe = cfg.model_copy(update={"mtp_ffn_hidden_size": 64})
     with pytest.raises(ConfigError, match="mtp_ffn_hidden_size needs a dense model"):
         with learner(tiny_moe_model, moe):
