@@ -85,7 +85,7 @@ sweep on one run's batches (1e-4 / 1e-3 / 3e-3 / 1e-2; docs/trainer.md)."""
 DRAFT_FFN = 128
 """The draft layer's MLP width (`trainer.mtp_ffn_hidden_size`), a third of the model's 384: the
 draft is one decoder layer beside the model's four, and at the model's width it cost the
-learner 0.23 of a step; at 128, 0.14 (docs/benchmarks.md)."""
+learner 0.20-0.23 of a step; at 128, 0.12-0.18 (docs/benchmarks.md)."""
 VERSIONS = 24
 """RL versions per run."""
 RUN_CAP_S = 100.0
