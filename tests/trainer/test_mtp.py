@@ -261,19 +261,28 @@ def test_a_dense_models_draft_may_have_a_narrower_mlp(
     tiny_dense_model: Path, tiny_moe_model: Path, tmp_path: Path
 ) -> None:
     """`trainer.mtp_ffn_hidden_size`: the EAGLE draft's MLP that wide (the trunk's stays the
-    model's), trained, exported with `draft/config.json` saying so (`intermediate_size`), and
-    loaded back bit-exact; a config of another width is refused naming the setting, and so is
-    the setting for a Qwen3-MoE (SGLang builds its MTP draft from the model's own config)."""
+    model's), trained, resumed from a checkpoint and exported with `draft/config.json` saying
+    so (`intermediate_size`), each bit-exact; a config of another width is refused naming the
+    setting, and so is the setting for a Qwen3-MoE (SGLang builds its MTP draft from the
+    model's own config)."""
     import json
 
     arch = ModelArch.from_hf_dir(tiny_dense_model)
     width = arch.ffn_hidden_size // 4
     cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=1, mtp_ffn_hidden_size=width)
+    batch = rl_batch(arch.vocab_size, size=4)
     with learner(tiny_dense_model, cfg) as e:
         before = _params(e.module)
-        e.rl_step(rl_batch(arch.vocab_size, size=4))
+        e.rl_step(batch)
+        saved = e.save_checkpoint(tmp_path / "ckpt")
+        e.rl_step(batch)
         weights = _params(e.module)
         export = e.export_hf(tmp_path / "export")
+    with learner(tiny_dense_model, cfg) as e:
+        assert e.load_checkpoint(saved) == 1
+        e.rl_step(batch)
+        for name, value in _params(e.module).items():
+            assert torch.equal(value, weights[name]), name
     fc2 = {n: w.shape for n, w in weights.items() if n.endswith("mlp.linear_fc2.weight")}
     assert {s for n, s in fc2.items() if n.startswith("mtp.")} == {(arch.hidden_size, width)}
     assert {s for n, s in fc2.items() if not n.startswith("mtp.")} == {
