@@ -53,7 +53,8 @@ def draft_terms(
         log_p = torch.log_softmax(gather(policy.float()), dim=-1)
         p = log_p.exp()
         nll = -log_q.gather(-1, targets[:, None]).squeeze(-1)
-    accepted = torch.minimum(p, log_q.exp()).sum(-1)
+    with torch.set_grad_enabled(objective == "tv"):  # kl's loss does not go through it
+        accepted = torch.minimum(p, log_q.exp()).sum(-1)
     loss = (p * (log_p - log_q)).sum(-1) if objective == "kl" else 1.0 - accepted
     return loss, nll, accepted.detach()
 

@@ -287,8 +287,8 @@ def test_a_dense_models_draft_may_have_a_narrower_mlp(
     assert {s for n, s in fc2.items() if n.startswith("mtp.")} == {(arch.hidden_size, width)}
     assert {s for n, s in fc2.items() if not n.startswith("mtp.")} == {
         (arch.hidden_size, arch.ffn_hidden_size)}
-    assert not torch.equal(before[next(n for n in fc2 if n.startswith("mtp."))],
-                           weights[next(n for n in fc2 if n.startswith("mtp."))])
+    draft_fc2 = next(n for n in fc2 if n.startswith("mtp."))
+    assert not torch.equal(before[draft_fc2], weights[draft_fc2])
     ours = hf_convert.read_safetensors(export)
     assert ours["layers.0.mlp.down_proj.weight"].shape == (arch.hidden_size, width)
     assert json.loads((export / "draft" / "config.json").read_text())["intermediate_size"] == width
