@@ -97,7 +97,11 @@ def test_pause_in_place_then_continue(sglang_moe_server: EngineServer) -> None:
         async with EngineClient(sglang_moe_server.url) as c:
             await c.pause_generation("in_place")
             try:
-                waiting = asyncio.create_task(c.generate([5, 6], {"max_new_tokens": 4}))
+                # Sampled at temperature 1: the random model may draw EOS first, so it is ignored
+                # (a CI run once stopped after one token).
+                waiting = asyncio.create_task(
+                    c.generate([5, 6], {"max_new_tokens": 4, "ignore_eos": True})
+                )
                 await asyncio.sleep(1.5)
                 assert not waiting.done(), "a request completed while the engine was paused"
             finally:
