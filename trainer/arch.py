@@ -122,16 +122,44 @@ class Parallel:
     ep: int = 1
 
 
+def draft_heads(arch: ModelArch, heads: int | None) -> tuple[int, int]:
+    """The query and key/value heads of a dense model's EAGLE draft layer with
+    `trainer.mtp_num_attention_heads` = `heads` (None: the model's own): as many key/value heads
+    as the model has, or as the draft has query heads where those are fewer, each head the
+    model's head_dim wide. Raise ConfigError when the key/value heads do not divide them."""
+    if heads is None:
+        return arch.num_heads, arch.num_kv_heads
+    groups = min(heads, arch.num_kv_heads)
+    if heads % groups:
+        raise ConfigError(
+            f"trainer.mtp_num_attention_heads = {heads}: the draft's {groups} key/value heads "
+            f"(the model's {arch.num_kv_heads}, or fewer) must divide its query heads"
+        )
+    return heads, groups
+
+
 def check_parallel(
-    arch: ModelArch, par: Parallel, mtp_layers: int = 0, mtp_ffn_hidden_size: int | None = None
+    arch: ModelArch,
+    par: Parallel,
+    mtp_layers: int = 0,
+    mtp_ffn_hidden_size: int | None = None,
+    mtp_num_attention_heads: int | None = None,
 ) -> None:
     """Raise ConfigError when the model cannot be split as asked (with `mtp_layers` MTP draft
-    modules, their MLPs `mtp_ffn_hidden_size` wide), or its draft cannot be built so."""
-    if mtp_layers and mtp_ffn_hidden_size is not None and not arch.eagle_draft:
-        raise ConfigError(
-            "trainer.mtp_ffn_hidden_size needs a dense model (an EAGLE draft, with a config of "
-            "its own); SGLang builds a Qwen3-MoE's MTP draft from the model's config: unset it"
-        )
+    modules, their MLPs `mtp_ffn_hidden_size` wide and their attention
+    `mtp_num_attention_heads` heads), or its draft cannot be built so."""
+    own = {"mtp_ffn_hidden_size": mtp_ffn_hidden_size,
+           "mtp_num_attention_heads": mtp_num_attention_heads}  # fmt: skip
+    for name, value in own.items():
+        if mtp_layers and value is not None and not arch.eagle_draft:
+            raise ConfigError(
+                f"trainer.{name} needs a dense model (an EAGLE draft, with a config of its "
+                "own); SGLang builds a Qwen3-MoE's MTP draft from the model's config: unset it"
+            )
+    heads: int | None = None
+    groups: int | None = None
+    if mtp_layers and mtp_num_attention_heads is not None:
+        heads, groups = draft_heads(arch, mtp_num_attention_heads)
     if arch.num_layers % par.pp:
         raise ConfigError(
             f"pp={par.pp} does not divide the model's {arch.num_layers} layers"
@@ -148,6 +176,8 @@ def check_parallel(
         ("vocab size", arch.vocab_size),
         ("ffn size", arch.ffn_hidden_size),
         ("draft ffn size (mtp_ffn_hidden_size)", mtp_ffn_hidden_size if mtp_layers else None),
+        ("draft attention heads (mtp_num_attention_heads)", heads),
+        ("draft kv heads", groups),
     ):
         if n is None:
             continue

@@ -127,7 +127,8 @@ def hf_to_mcore(
         else:
             for hf_name, mcore_name in _MTP_MODULE:
                 out[dst + mcore_name] = _take(hf, src + hf_name)
-        _layer_in(hf, out, src + "layers.0.", layer, arch, eagle=eagle)
+        heads = _hf_heads(hf, src + "layers.0.self_attn.", arch) if eagle else None
+        _layer_in(hf, out, src + "layers.0.", layer, arch, eagle=eagle, heads=heads)
     if not mtp_layers:
         # An export with a draft, loaded without one (as SGLang's target model does).
         hf = {k: v for k, v in hf.items() if not is_draft(k)}
@@ -144,12 +145,29 @@ def _zero(t: torch.Tensor, name: str) -> None:
         raise ConfigError(f"{name} is not zero: the EAGLE draft agent-rl trains has no such bias")
 
 
+def _hf_heads(hf: dict[str, torch.Tensor], attn: str, arch: ModelArch) -> tuple[int, int]:
+    """The (query, key/value) heads of the HF attention under `attn`, read from its
+    projections' shapes: an EAGLE draft's may be its own (`trainer.mtp_num_attention_heads`),
+    each head the model's head_dim wide."""
+    d = arch.head_dim
+    return hf[attn + "q_proj.weight"].shape[0] // d, hf[attn + "k_proj.weight"].shape[0] // d
+
+
+def _mcore_heads(sd: dict[str, torch.Tensor], attn: str, arch: ModelArch) -> tuple[int, int]:
+    """`_hf_heads` for megatron's attention under `attn`: its output projection takes every
+    query head, its fused projection gives the query heads and two rows of key/value heads."""
+    d = arch.head_dim
+    h = sd[attn + "linear_proj.weight"].shape[1] // d
+    return h, (sd[attn + "linear_qkv.weight"].shape[0] // d - h) // 2
+
+
 def _layer_in(
     hf: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str,
-    arch: ModelArch, eagle: bool = False,
+    arch: ModelArch, eagle: bool = False, heads: tuple[int, int] | None = None,
 ) -> None:  # fmt: skip
-    """One decoder layer, HF -> megatron (`eagle`: an EAGLE draft's, see `_layer_out`)."""
-    h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
+    """One decoder layer, HF -> megatron (`eagle`: an EAGLE draft's, see `_layer_out`; `heads`:
+    its (query, key/value) heads where not the model's)."""
+    (h, g), d = heads or (arch.num_heads, arch.num_kv_heads), arch.head_dim
     attn = src + "self_attn."
     suffixes = ["weight"] + (["bias"] if arch.qkv_bias else [])
     if eagle and not arch.qkv_bias:
@@ -208,19 +226,21 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
         else:
             for hf_name, mcore_name in _MTP_MODULE:
                 out[dst + hf_name] = sd[src + mcore_name]
-        _layer_out(sd, out, layer, dst + "layers.0.", arch, eagle=eagle)
+        heads = _mcore_heads(sd, layer + "self_attention.", arch) if eagle else None
+        _layer_out(sd, out, layer, dst + "layers.0.", arch, eagle=eagle, heads=heads)
         j += 1
     return out
 
 
 def _layer_out(
     sd: dict[str, torch.Tensor], out: dict[str, torch.Tensor], src: str, dst: str,
-    arch: ModelArch, eagle: bool = False,
+    arch: ModelArch, eagle: bool = False, heads: tuple[int, int] | None = None,
 ) -> None:  # fmt: skip
     """One decoder layer, megatron -> HF. `eagle`: an EAGLE draft's (trainer.mtp_model's
     `eagle_block`) as SGLang's Qwen2 EAGLE layer reads it: no input norm or q/k norm, and q/k/v
-    biases, zero where the model has none."""
-    h, g, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
+    biases, zero where the model has none. `heads`: its (query, key/value) heads where not the
+    model's."""
+    (h, g), d = heads or (arch.num_heads, arch.num_kv_heads), arch.head_dim
     attn = dst + "self_attn."
     for kind in ["weight"] + (["bias"] if arch.qkv_bias else []):
         qkv = sd[f"{src}self_attention.linear_qkv.{kind}"].reshape(g, (h // g + 2) * d, -1)
@@ -294,8 +314,9 @@ def write_hf_dir(
 def _write_eagle_draft(tensors: dict[str, torch.Tensor], out_dir: Path) -> None:
     """`out_dir/draft/`: the EAGLE draft's modules (module 0 is the one SGLang serves; it
     skips the later ones, `mtp.{j}.*`) and the target's config as SGLang's
-    `Qwen2ForCausalLMEagle` takes it (one layer, the draft's MLP width; its embedding and head
-    are the target's, shared at serve time), with the tokenizer files beside it."""
+    `Qwen2ForCausalLMEagle` takes it (one layer, the draft's MLP width and attention heads; its
+    embedding and head are the target's, shared at serve time), with the tokenizer files beside
+    it."""
     draft_dir = out_dir / EAGLE_DRAFT_DIR
     draft_dir.mkdir(exist_ok=True)
     draft = {k: v for k, v in tensors.items() if is_draft(k)}
@@ -304,10 +325,17 @@ def _write_eagle_draft(tensors: dict[str, torch.Tensor], out_dir: Path) -> None:
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "config.json":
             (draft_dir / f.name).write_bytes(f.read_bytes())
     config = json.loads((out_dir / "config.json").read_text())
-    # The draft's MLP may be narrower than the target's (trainer.mtp_ffn_hidden_size).
-    width = draft["layers.0.mlp.down_proj.weight"].shape[1]
+    # The draft's MLP may be narrower than the target's (trainer.mtp_ffn_hidden_size), its
+    # attention have fewer heads (trainer.mtp_num_attention_heads), each as wide as the
+    # target's: read from the tensors, so the config cannot disagree with them.
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    attn = "layers.0.self_attn."
     config.update(architectures=[EAGLE_DRAFT_ARCHITECTURE], model_type="qwen2",
-                  num_hidden_layers=1, intermediate_size=width)  # fmt: skip
+                  num_hidden_layers=1,
+                  intermediate_size=draft["layers.0.mlp.down_proj.weight"].shape[1],
+                  num_attention_heads=draft[attn + "q_proj.weight"].shape[0] // head_dim,
+                  num_key_value_heads=draft[attn + "k_proj.weight"].shape[0] // head_dim,
+                  head_dim=head_dim)  # fmt: skip
     if isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][:1]
     (draft_dir / "config.json").write_text(json.dumps(config, indent=2))

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from agent_rl.config import TrainerConfig
 from trainer import checkpoint, dist_env, hf_convert, mtp, packing, pipeline, shard
-from trainer.arch import ModelArch, Parallel, check_parallel
+from trainer.arch import ModelArch, Parallel, check_parallel, draft_heads
 from trainer.batch import Batch
 from trainer.logprobs import token_entropy, token_logprobs
 from trainer.loss import PolicyLossConfig, policy_loss, sft_loss
@@ -63,7 +63,8 @@ class Learner:
         self.par = Parallel(cfg.tp, cfg.pp, cfg.ep)
         self.arch = ModelArch.from_hf_dir(self.model_dir)
         # Before any process group forms.
-        check_parallel(self.arch, self.par, cfg.mtp_layers, cfg.mtp_ffn_hidden_size)
+        check_parallel(self.arch, self.par, cfg.mtp_layers, cfg.mtp_ffn_hidden_size,
+                       cfg.mtp_num_attention_heads)
         dist_env.init(self.par, cfg.seed)
         bf16 = cfg.dtype == "bf16"
         module = build_gpt_model(
@@ -73,6 +74,8 @@ class Learner:
             mtp_layers=cfg.mtp_layers,
             mtp_detach=cfg.mtp_detach,
             mtp_ffn_hidden_size=cfg.mtp_ffn_hidden_size,
+            mtp_attention_heads=None if cfg.mtp_num_attention_heads is None
+            else draft_heads(self.arch, cfg.mtp_num_attention_heads),
         )
         # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
         module.config.calculate_per_token_loss = True

@@ -92,11 +92,13 @@ def build_gpt_model(
     mtp_layers: int = 0,
     mtp_detach: bool = True,
     mtp_ffn_hidden_size: int | None = None,
+    mtp_attention_heads: tuple[int, int] | None = None,
 ):
     """A randomly initialised GPTModel for this rank's shard; fill it with `load_hf_weights`.
     With `mtp_layers` k > 0, a `trainer.mtp_model.MTPGPTModel` with k MTP modules, whose forward
     returns the draft logits of each depth beside the logits (a dense model's EAGLE draft with
-    its FFN `mtp_ffn_hidden_size` wide, if given)."""
+    its FFN `mtp_ffn_hidden_size` wide and its attention `mtp_attention_heads` (query,
+    key/value) heads, if given)."""
     megatron_cpu.apply()
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -127,4 +129,5 @@ def build_gpt_model(
     from trainer import mtp_model
 
     return mtp_model.build(config, spec, mtp_detach, eagle=arch.eagle_draft,
-                           ffn_hidden_size=mtp_ffn_hidden_size, **kwargs)
+                           ffn_hidden_size=mtp_ffn_hidden_size,
+                           attention_heads=mtp_attention_heads, **kwargs)

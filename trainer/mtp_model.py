@@ -120,19 +120,21 @@ def build(
     detach: bool,
     eagle: bool = False,
     ffn_hidden_size: int | None = None,
+    attention_heads: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> MTPGPTModel:
     """An MTPGPTModel with `config.mtp_num_layers` MTP modules built from the decoder's layer
     spec (`eagle`: in the EAGLE layout, see `eagle_block`, its layers' FFN `ffn_hidden_size`
-    wide if given); the modules' routers are taken out of routing replay."""
+    wide and their attention `attention_heads` (query, key/value) heads if given); the modules'
+    routers are taken out of routing replay."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
     block = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
     if eagle:
-        block = eagle_block(block, ffn_hidden_size)
-    elif ffn_hidden_size is not None:
-        raise ValueError("a draft FFN width of its own needs the EAGLE layout (a dense model)")
+        block = eagle_block(block, ffn_hidden_size, attention_heads)
+    elif ffn_hidden_size is not None or attention_heads is not None:
+        raise ValueError("a draft shape of its own needs the EAGLE layout (a dense model)")
     model = MTPGPTModel(config, spec, mtp_block_spec=block, **kwargs)
     model.mtp_detach = detach
     if detach:
@@ -149,14 +151,18 @@ def build(
     return model
 
 
-def eagle_block(block: Any, ffn_hidden_size: int | None = None) -> Any:
+def eagle_block(
+    block: Any, ffn_hidden_size: int | None = None, attention_heads: tuple[int, int] | None = None
+) -> Any:
     """The MTP block spec `block` in the layout of SGLang's EAGLE draft for dense Qwen2/Qwen3
     (`Qwen2ForCausalLMEagle`): `fc(cat(embedding, hidden))` with no norm on either input, one
     decoder layer without its input norm (and without a q/k norm: the draft is a Qwen2 layer),
     and no norm before the shared head. Every norm it drops becomes megatron's IdentityOp, so
     the module computes what that draft computes and exports to it weight for weight.
-    `ffn_hidden_size`: the layer's MLP that wide (`trainer.mtp_ffn_hidden_size`; the EAGLE
-    draft has a config of its own, and its `intermediate_size` says so), not the trunk's."""
+    `ffn_hidden_size`: the layer's MLP that wide (`trainer.mtp_ffn_hidden_size`), and
+    `attention_heads`: its attention with these (query, key/value) heads, each the trunk's
+    head_dim wide (`trainer.mtp_num_attention_heads`, `trainer.arch.draft_heads`), not the
+    trunk's: the EAGLE draft has a config of its own, which says so."""
     import dataclasses
 
     from megatron.core.transformer.identity_op import IdentityOp
@@ -172,23 +178,30 @@ def eagle_block(block: Any, ffn_hidden_size: int | None = None) -> Any:
             attention.submodules, q_layernorm=IdentityOp, k_layernorm=IdentityOp))
         layer = dataclasses.replace(layer, submodules=dataclasses.replace(
             layer.submodules, input_layernorm=IdentityOp, self_attention=attention))
+        own: dict[str, int] = {}
         if ffn_hidden_size is not None:
-            layer = dataclasses.replace(layer, module=_narrowed(layer.module, ffn_hidden_size))
+            own["ffn_hidden_size"] = ffn_hidden_size
+        if attention_heads is not None:
+            own["num_attention_heads"], own["num_query_groups"] = attention_heads
+        if own:
+            layer = dataclasses.replace(layer, module=_own_shape(layer.module, own))
         submodules = dataclasses.replace(spec.submodules, enorm=IdentityOp, hnorm=IdentityOp,
                                          layer_norm=IdentityOp, **{layer_field: layer})
         specs.append(dataclasses.replace(spec, submodules=submodules))
     return dataclasses.replace(block, layer_specs=specs)
 
 
-def _narrowed(layer: type, ffn_hidden_size: int) -> type:
-    """The transformer layer class `layer`, built with its MLP `ffn_hidden_size` wide: megatron
-    builds an MTP module's layer from the model's config, and its MLP reads the width there."""
+def _own_shape(layer: type, own: dict[str, int]) -> type:
+    """The transformer layer class `layer`, built with the config fields `own` (its MLP's
+    width, its attention's heads) in place of the model's: megatron builds an MTP module's
+    layer from the model's config, and the layer's MLP and attention read their shapes there."""
     import copy
 
     class DraftLayer(layer):  # type: ignore[misc, valid-type]
         def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
             config = copy.copy(config)  # not dataclasses.replace: no second __post_init__
-            config.ffn_hidden_size = ffn_hidden_size
+            for name, value in own.items():
+                setattr(config, name, value)
             super().__init__(config, *args, **kwargs)
 
     return DraftLayer

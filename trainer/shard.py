@@ -112,9 +112,14 @@ def load_full_state_dict(
                     tensor, param.partition_dim, rank, size, name.endswith("linear_fc1.weight")
                 )
             if tuple(tensor.shape) != tuple(param.shape):
-                hint = ("; the draft's MLP width is trainer.mtp_ffn_hidden_size (the weights' "
-                        "draft/config.json gives theirs as intermediate_size)"
-                        if key.startswith("mtp.") and ".mlp." in key else "")  # fmt: skip
+                hint = ""
+                if key.startswith("mtp.") and ".mlp." in key:
+                    hint = ("; the draft's MLP width is trainer.mtp_ffn_hidden_size (the "
+                            "weights' draft/config.json gives theirs as intermediate_size)")
+                elif key.startswith("mtp.") and ".self_attention." in key:
+                    hint = ("; the draft's attention heads are trainer.mtp_num_attention_heads "
+                            "(the weights' draft/config.json gives theirs as "
+                            "num_attention_heads)")
                 raise ConfigError(
                     f"{key}: shape {tuple(tensor.shape)} does not fit {tuple(param.shape)}{hint}"
                 )

@@ -257,19 +257,24 @@ def test_a_dense_models_draft_is_an_eagle_module_exported_beside_and_as_its_own_
         hf_convert.hf_to_mcore(mtp_named, arch, mtp_layers=2)
 
 
-def test_a_dense_models_draft_may_have_a_narrower_mlp(
+def test_a_dense_models_draft_may_be_narrower_than_the_model(
     tiny_dense_model: Path, tiny_moe_model: Path, tmp_path: Path
 ) -> None:
-    """`trainer.mtp_ffn_hidden_size`: the EAGLE draft's MLP that wide (the trunk's stays the
-    model's), trained, resumed from a checkpoint and exported with `draft/config.json` saying
-    so (`intermediate_size`), each bit-exact; a config of another width is refused naming the
-    setting, and so is the setting for a Qwen3-MoE (SGLang builds its MTP draft from the
-    model's own config)."""
+    """`trainer.mtp_ffn_hidden_size` and `trainer.mtp_num_attention_heads`: the EAGLE draft's
+    MLP that wide and its attention with that many heads, each the model's head_dim wide (the
+    trunk's stay the model's), trained, resumed from a checkpoint and exported with
+    `draft/config.json` saying so (`intermediate_size`, `num_attention_heads`,
+    `num_key_value_heads`, `head_dim`), each bit-exact; weights of another shape are refused
+    naming the setting, and so are the settings for a Qwen3-MoE (SGLang builds its MTP draft
+    from the model's own config) and heads the parallel split or the model's key/value heads
+    do not divide."""
     import json
 
     arch = ModelArch.from_hf_dir(tiny_dense_model)
-    width = arch.ffn_hidden_size // 4
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=1, mtp_ffn_hidden_size=width)
+    width, d = arch.ffn_hidden_size // 4, arch.head_dim
+    assert arch.num_heads > 2 and arch.num_kv_heads == 2
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=1, mtp_ffn_hidden_size=width,
+                        mtp_num_attention_heads=1)  # fmt: skip
     batch = rl_batch(arch.vocab_size, size=4)
     with learner(tiny_dense_model, cfg) as e:
         before = _params(e.module)
@@ -283,27 +288,57 @@ def test_a_dense_models_draft_may_have_a_narrower_mlp(
         e.rl_step(batch)
         for name, value in _params(e.module).items():
             assert torch.equal(value, weights[name]), name
-    fc2 = {n: w.shape for n, w in weights.items() if n.endswith("mlp.linear_fc2.weight")}
-    assert {s for n, s in fc2.items() if n.startswith("mtp.")} == {(arch.hidden_size, width)}
-    assert {s for n, s in fc2.items() if not n.startswith("mtp.")} == {
-        (arch.hidden_size, arch.ffn_hidden_size)}
-    draft_fc2 = next(n for n in fc2 if n.startswith("mtp."))
-    assert not torch.equal(before[draft_fc2], weights[draft_fc2])
+
+    def shapes(suffix: str) -> dict[bool, set[tuple[int, ...]]]:
+        """The shapes of the parameters named `*suffix`, of the draft (True) and the trunk."""
+        found: dict[bool, set[tuple[int, ...]]] = {True: set(), False: set()}
+        for n, w in weights.items():
+            if n.endswith(suffix):
+                found[n.startswith("mtp.")].add(tuple(w.shape))
+        return found
+
+    assert shapes("mlp.linear_fc2.weight") == {
+        True: {(arch.hidden_size, width)}, False: {(arch.hidden_size, arch.ffn_hidden_size)}}
+    # One query head and one key/value head (fewer than the model's two), each d wide.
+    assert shapes("self_attention.linear_qkv.weight") == {
+        True: {(3 * d, arch.hidden_size)},
+        False: {((arch.num_heads + 2 * arch.num_kv_heads) * d, arch.hidden_size)}}
+    assert shapes("self_attention.linear_proj.weight") == {
+        True: {(arch.hidden_size, d)}, False: {(arch.hidden_size, arch.num_heads * d)}}
+    for draft_weight in ("mlp.linear_fc2.weight", "self_attention.linear_qkv.weight"):
+        name = next(n for n in weights if n.startswith("mtp.") and n.endswith(draft_weight))
+        assert not torch.equal(before[name], weights[name]), name
     ours = hf_convert.read_safetensors(export)
     assert ours["layers.0.mlp.down_proj.weight"].shape == (arch.hidden_size, width)
-    assert json.loads((export / "draft" / "config.json").read_text())["intermediate_size"] == width
+    assert ours["layers.0.self_attn.q_proj.weight"].shape == (d, arch.hidden_size)
+    assert ours["layers.0.self_attn.o_proj.weight"].shape == (arch.hidden_size, d)
+    draft_config = json.loads((export / "draft" / "config.json").read_text())
+    assert {k: draft_config[k] for k in ("intermediate_size", "num_attention_heads",
+                                         "num_key_value_heads", "head_dim")} == {
+        "intermediate_size": width, "num_attention_heads": 1, "num_key_value_heads": 1,
+        "head_dim": d}  # fmt: skip
     target = json.loads((export / "config.json").read_text())
     assert target["intermediate_size"] == arch.ffn_hidden_size
+    assert target["num_attention_heads"] == arch.num_heads
     _assert_loads_back(export, cfg, weights)
     with pytest.raises(ConfigError, match="draft's MLP width is trainer.mtp_ffn_hidden_size"):
         with learner(export, cfg.model_copy(update={"mtp_ffn_hidden_size": None})):
             pass
+    with pytest.raises(ConfigError, match="attention heads are trainer.mtp_num_attention_heads"):
+        with learner(export, cfg.model_copy(update={"mtp_num_attention_heads": None})):
+            pass
     with pytest.raises(ConfigError, match=r"tp=2 does not divide the model's draft ffn size"):
         check_parallel(arch, Parallel(tp=2), mtp_layers=1, mtp_ffn_hidden_size=width + 1)
-    moe = cfg.model_copy(update={"mtp_ffn_hidden_size": 64})
-    with pytest.raises(ConfigError, match="mtp_ffn_hidden_size needs a dense model"):
-        with learner(tiny_moe_model, moe):
-            pass
+    with pytest.raises(ConfigError, match=r"tp=2 does not divide the model's draft attention"):
+        check_parallel(arch, Parallel(tp=2), mtp_layers=1, mtp_num_attention_heads=1)
+    with pytest.raises(ConfigError, match="2 key/value heads .* must divide its query heads"):
+        check_parallel(arch, Parallel(), mtp_layers=1, mtp_num_attention_heads=3)
+    check_parallel(arch, Parallel(tp=2), mtp_layers=1, mtp_num_attention_heads=2)
+    for setting in ("mtp_ffn_hidden_size", "mtp_num_attention_heads"):
+        moe = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=1, **{setting: 1})
+        with pytest.raises(ConfigError, match=f"{setting} needs a dense model"):
+            with learner(tiny_moe_model, moe):
+                pass
 
 
 def _sglang_draft_loads(
@@ -372,14 +407,21 @@ def test_sglang_s_own_eagle_draft_loads_a_dense_models_draft_from_every_source(
     from it); a Qwen3 export does not carry the draft, so a disk sync leaves it as it was. Its
     `fc` bias is zero (the learner's projection has none). SGLang's target (Qwen2, Qwen3) fills
     every one of its parameters from the same export, skipping the draft's. `qwen2-narrow`: a
-    draft whose MLP is narrower than the model's (`trainer.mtp_ffn_hidden_size`), built by
-    SGLang at the width its `draft/` config gives."""
+    draft whose MLP is narrower than the model's (`trainer.mtp_ffn_hidden_size`) and whose
+    attention has fewer heads (`trainer.mtp_num_attention_heads`), built by SGLang at the shape
+    its `draft/` config gives."""
     qwen3 = kind == "qwen3"
     model = _qwen3_dense(tiny_dense_model, tmp_path / "m") if qwen3 else tiny_dense_model
-    narrow = ModelArch.from_hf_dir(model).ffn_hidden_size // 4 if kind.endswith("narrow") else None
-    ours, loaded = _sglang_draft_loads(model, engine_venv, tmp_path, mtp_ffn_hidden_size=narrow)
+    arch = ModelArch.from_hf_dir(model)
+    narrow = arch.ffn_hidden_size // 4 if kind.endswith("narrow") else None
+    heads = 2 if narrow else None  # the model's 4 query heads, 2 key/value heads
+    ours, loaded = _sglang_draft_loads(model, engine_venv, tmp_path, mtp_ffn_hidden_size=narrow,
+                                       mtp_num_attention_heads=heads)  # fmt: skip
     if narrow:
-        assert loaded["launch"]["model.layers.0.mlp.down_proj.weight"].shape[1] == narrow
+        launch = loaded["launch"]
+        assert launch["model.layers.0.mlp.down_proj.weight"].shape[1] == narrow
+        assert launch["model.layers.0.self_attn.o_proj.weight"].shape[1] == 2 * arch.head_dim
+        assert launch["model.layers.0.self_attn.qkv_proj.weight"].shape[0] == 6 * arch.head_dim
     assert sorted(loaded) == ["disk", "distributed", "launch", "target", "tensor"]
     target = loaded.pop("target")
     assert not [n for n, t in target.items() if torch.isnan(t).any()]
