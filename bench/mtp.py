@@ -5,11 +5,12 @@ MTP loss (issue 21).
 Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter Qwen2 model,
 random-init, the `calculator` env, groups of 8, 8 groups a step, lr 1e-4), an SFT warm start
 with `trainer.mtp_layers = 1` (a dense model's draft: SGLang's EAGLE layout, docs/trainer.md,
-its MLP DRAFT_FFN wide, a third of the model's: `trainer.mtp_ffn_hidden_size`, `--draft-ffn`;
-SFT_STEPS steps on the calculator's demonstrations: the draft is trained with the policy on the
-SFT data), then two RL runs from that export, one after the
-other, each with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT
-weights as version 0 before each) and the trainer loop (trainer/loop.py) for VERSIONS versions:
+its MLP DRAFT_FFN wide, a third of the model's: `trainer.mtp_ffn_hidden_size`, `--draft-ffn`,
+its attention DRAFT_HEADS heads, half the model's: `trainer.mtp_num_attention_heads`,
+`--draft-heads`; SFT_STEPS steps on the calculator's demonstrations: the draft is trained with
+the policy on the SFT data), then two RL runs from that export, one after the other, each
+with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT weights as
+version 0 before each) and the trainer loop (trainer/loop.py) for VERSIONS versions:
 - online: `mtp_train = true`, the draft trains on every RL batch at `--mtp-lr`
   (`trainer.mtp_lr`, default MTP_LR) to `--objective`
   (`trainer.mtp_objective`, default tv: the total variation from the policy's distribution,
@@ -44,7 +45,7 @@ store's policy versions. The served speedup needs SGLang on a GPU and is not mea
   the first micro-batch, then `rl_step`) on the online run's last TIMED_BATCHES batches, with
   `mtp_layers = 1` over `mtp_layers = 0`, after the runs (no engine or serve beside it), in
   ROUNDS rounds (the two learners timed back to back, the order flipping every round; the
-  draft as wide as in the runs, `--draft-ffn`): each
+  draft shaped as in the runs, `--draft-ffn`, `--draft-heads`): each
   batch's fastest time over the rounds, summed (`overhead`). The median over rounds of each
   round's ratio of mean times, the estimate before, is `mtp_step_overhead_round_median`: one
   busy moment on two shared cores moved it between 0.13 and 0.34 in runs of the same code.
@@ -86,6 +87,9 @@ DRAFT_FFN = 128
 """The draft layer's MLP width (`trainer.mtp_ffn_hidden_size`), a third of the model's 384: the
 draft is one decoder layer beside the model's four, and at the model's width it cost the
 learner 0.20-0.23 of a step; at 128, 0.12-0.18 (docs/benchmarks.md)."""
+DRAFT_HEADS = 1
+"""The draft layer's attention heads (`trainer.mtp_num_attention_heads`), half the model's 2:
+with its MLP narrowed, the draft's cost is mostly its attention (docs/benchmarks.md)."""
 VERSIONS = 24
 """RL versions per run."""
 RUN_CAP_S = 100.0
@@ -97,10 +101,9 @@ OBJECTIVES = ("nll", "kl", "tv")
 
 
 def config(work: Path, sft: Path, router: RouterThread, arm: str, objective: str,
-           mtp_lr: float | None, ffn: int | None) -> Config:
+           mtp_lr: float | None, draft: dict[str, Any]) -> Config:
     return quickstart_run(work, sft, router, f"mtp-{arm}", mtp_layers=1, mtp_lr=mtp_lr,
-                          mtp_train=arm == "online", mtp_objective=objective,
-                          mtp_ffn_hidden_size=ffn)
+                          mtp_train=arm == "online", mtp_objective=objective, **draft)
 
 
 def variant(item: str) -> dict[str, Any]:
@@ -114,7 +117,7 @@ def variant(item: str) -> dict[str, Any]:
     raise ValueError(f"{item!r}: use one of {', '.join(OBJECTIVES)} or lr=X")
 
 
-def sft(work: Path, model: Path, steps: int, ffn: int | None) -> Path:
+def sft(work: Path, model: Path, steps: int, draft: dict[str, Any]) -> Path:
     """The quickstart's SFT stage, shortened, with an MTP draft trained beside the policy."""
     from agent_rl.quickstart.recipe import ENV_ID, ENV_KWARGS, Options, recipe
     from agent_rl.rollout.demonstrations import demonstration_sequences
@@ -122,7 +125,7 @@ def sft(work: Path, model: Path, steps: int, ffn: int | None) -> Path:
 
     qs = recipe(Options())["trainer"]
     keys = ("seed", "sft_lr", "sft_batch_size", "micro_batch_size")
-    cfg = TrainerConfig(mtp_layers=1, mtp_ffn_hidden_size=ffn, **{k: qs[k] for k in keys})
+    cfg = TrainerConfig(mtp_layers=1, **draft, **{k: qs[k] for k in keys})
     data = asyncio.run(demonstration_sequences(ENV_ID, cfg.sft_batch_size * steps, model,
                                                seed=cfg.seed, env_kwargs=ENV_KWARGS))
     out = work / "sft"
@@ -196,7 +199,7 @@ def paired(cfg: Config, batches: list[Any], **update: Any) -> list[dict[str, flo
 
 
 def step_times(model: Path, batches: list[Any], objective: str,
-               ffn: int | None) -> list[dict[int, list[float]]]:
+               draft: dict[str, Any]) -> list[dict[int, list[float]]]:
     """Per round, seconds of each loop step's learner work (trainer logprobs of the first
     micro-batch, then `rl_step`) on each of the last TIMED_BATCHES batches, without (0) and
     with (1) the draft; the order flips every round (0 1, 1 0, ...) so a load that drifts
@@ -209,7 +212,7 @@ def step_times(model: Path, batches: list[Any], objective: str,
         for layers in (0, 1) if r % 2 == 0 else (1, 0):
             cfg = TrainerConfig(lr=1e-4, micro_batch_size=32, mtp_layers=layers,
                                 mtp_objective=objective,  # type: ignore[arg-type]
-                                mtp_ffn_hidden_size=ffn if layers else None)
+                                **(draft if layers else {}))
             with learner(model, cfg) as e:
                 e.rl_step(batches[0])  # optimizer state, first allocations: not timed
                 times[layers] = []
@@ -251,6 +254,10 @@ def main() -> None:
     parser.add_argument("--draft-ffn", type=int, default=DRAFT_FFN,
                         help=f"trainer.mtp_ffn_hidden_size, the draft layer's MLP width (default "
                         f"{DRAFT_FFN}; 0: the model's, {PRESETS[MODEL_PRESET].intermediate_size})")
+    parser.add_argument("--draft-heads", type=int, default=DRAFT_HEADS,
+                        help="trainer.mtp_num_attention_heads, the draft layer's attention heads "
+                        f"(default {DRAFT_HEADS}; 0: the model's, "
+                        f"{PRESETS[MODEL_PRESET].num_attention_heads})")
     parser.add_argument("--compare", default="", help="other draft settings, comma-separated, "
                         "each replayed on the online run's batches (about 40 s each): "
                         "objectives (nll, kl, tv) or lr=X (lr=policy: the policy's lr)")
@@ -266,7 +273,8 @@ def main() -> None:
         mtp_lr = variant(f"lr={args.mtp_lr}")["mtp_lr"]
     except ValueError as e:
         parser.error(str(e))
-    ffn = args.draft_ffn or None
+    draft = {"mtp_ffn_hidden_size": args.draft_ffn or None,
+             "mtp_num_attention_heads": args.draft_heads or None}
     torch.set_num_threads(1)
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -279,7 +287,7 @@ def main() -> None:
                               startup_timeout_s=600.0)
         engine.launch()  # on the base model, starting while SFT runs; the runs load the SFT weights
         try:
-            sft_model = sft(work, model, args.sft_steps, ffn)
+            sft_model = sft(work, model, args.sft_steps, draft)
             engine.wait_until_healthy()
             token = secrets.token_urlsafe(24)
             router = RouterThread([engine.url], RouterConfig(port=0, admin_token=token))
@@ -288,7 +296,7 @@ def main() -> None:
             try:
                 for arm in ARMS:
                     cfg = configs[arm] = config(work, sft_model, router, arm, args.objective,
-                                                mtp_lr, ffn)
+                                                mtp_lr, draft)
                     asyncio.run(upgrade(cfg.store))
                     reset_engine(router, sft_model)
                     t0 = time.monotonic()
@@ -305,7 +313,7 @@ def main() -> None:
         frozen_pair = paired(configs["online"], batches, mtp_train=False)
         others = {o: paired(configs["online"], batches, **update)
                   for o, update in compare.items()}
-        step = step_times(sft_model, batches, args.objective, ffn)
+        step = step_times(sft_model, batches, args.objective, draft)
     acc = {arm: [round(v["mtp_acceptance_1"], 4) for v in runs[arm]] for arm in ARMS}
     reward = {arm: [v["reward_mean"] for v in runs[arm]] for arm in ARMS}
     # The runs are compared at the versions both reached (a run may stop at RUN_CAP_S).
@@ -332,7 +340,8 @@ def main() -> None:
         "acceptance_frozen_paired": acc_paired,
         "objective": args.objective,
         "mtp_lr": mtp_lr,
-        "draft_ffn": ffn or PRESETS[MODEL_PRESET].intermediate_size,
+        "draft_ffn": args.draft_ffn or PRESETS[MODEL_PRESET].intermediate_size,
+        "draft_heads": args.draft_heads or PRESETS[MODEL_PRESET].num_attention_heads,
         # Other draft settings on the same policy trajectory: the online draft's lead over
         # each, over the last LAST versions.
         "compare_lead_last_mean": {o: round(statistics.fmean(
