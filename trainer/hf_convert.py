@@ -20,10 +20,11 @@ draft for the model loads (`mtp_prefix`; their decoder layer as the trunk's laye
   (no norms but the layer's post-attention one; q/k/v biases, zero where the model has none),
   the names `Qwen2ForCausalLMEagle` reads. `write_hf_dir` writes the draft as a directory of its
   own, `draft/` (`EAGLE_DRAFT_DIR`), with the draft's config: the `--speculative-draft-model-path`
-  a launch takes. For Qwen2 the export also carries the draft beside the target's weights, which
-  SGLang's Qwen2 target skips, so a disk update (one directory for target and draft) updates
-  both; SGLang's Qwen3 target would load `layers.*` into its own layers and fails on names it
-  does not know, so a Qwen3 export keeps the draft in `draft/` only (`EAGLE_BESIDE_TARGET`).
+  a launch takes. For Qwen2 the export also carries the draft beside the target's weights, in a
+  file of its own (`EAGLE_BESIDE_FILE`), which SGLang's Qwen2 target skips, so a disk update
+  (one directory for target and draft) updates both; SGLang's Qwen3 target would load
+  `layers.*` into its own layers and fails on names it does not know, so a Qwen3 export keeps
+  the draft in `draft/` only (`EAGLE_BESIDE_TARGET`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ _MTP_MODULE = (
 EAGLE_BESIDE_TARGET = ("qwen2",)
 """Model types whose export also carries the EAGLE draft beside the target's weights (see the
 module docstring)."""
+EAGLE_BESIDE_FILE = "draft.safetensors"
+"""The file beside `model.safetensors` that carries it: SGLang loads every safetensors file of a
+directory without an index (target and draft alike, each taking its own names), transformers
+only `model.safetensors`, whose prefix-less names it would otherwise load the draft's
+`layers.0.*` from into the target's first layer."""
 
 
 def is_draft(name: str) -> bool:
@@ -283,7 +289,8 @@ def write_hf_dir(
     """Write `model.safetensors` plus the non-weight files (config, tokenizer, generation config)
     copied from the model directory training started from, so engines load `out_dir` as is.
     With an EAGLE draft (a dense model's `fc.weight`), also `out_dir/draft/`: the draft's
-    weights alone, with the config SGLang builds `Qwen2ForCausalLMEagle` from."""
+    weights alone, with the config SGLang builds `Qwen2ForCausalLMEagle` from, and for Qwen2
+    the draft's weights beside the target's in `EAGLE_BESIDE_FILE`."""
     out_dir, source_dir = Path(out_dir), Path(source_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {
@@ -291,11 +298,14 @@ def write_hf_dir(
     }
     eagle = "fc.weight" in tensors
     model_type = json.loads((source_dir / "config.json").read_text()).get("model_type")
-    if eagle and model_type not in EAGLE_BESIDE_TARGET:
-        target = {k: v for k, v in tensors.items() if not is_draft(k)}
-    else:
-        target = tensors
+    target = {k: v for k, v in tensors.items() if not (eagle and is_draft(k))}
     save_file(target, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    beside = out_dir / EAGLE_BESIDE_FILE
+    if eagle and model_type in EAGLE_BESIDE_TARGET:
+        draft = {k: v for k, v in tensors.items() if is_draft(k)}
+        save_file(draft, str(beside), metadata={"format": "pt"})
+    else:
+        beside.unlink(missing_ok=True)  # an earlier export's, into the same directory
     for f in source_dir.iterdir():
         if (
             f.is_file()

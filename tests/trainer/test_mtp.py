@@ -219,8 +219,9 @@ def test_a_dense_models_draft_is_an_eagle_module_exported_beside_and_as_its_own_
     """Dense Qwen2/Qwen3: the MTP modules take the EAGLE layout (no norms but the layer's
     post-attention one), export as `fc.*` and `layers.0.*` (zero `fc` bias; zero q/k/v biases
     where Qwen3 has none) in `draft/` with the config of SGLang's `Qwen2ForCausalLMEagle`, and
-    for Qwen2 beside the target's weights too (SGLang's Qwen3 target cannot skip them), and
-    load back bit-exact, with or without MTP."""
+    for Qwen2 beside the target's weights too, in a file of their own (SGLang's Qwen3 target
+    cannot skip them; transformers would load `layers.0.*` from `model.safetensors` into the
+    target), and load back bit-exact, with or without MTP."""
     import json
 
     from safetensors import safe_open
@@ -244,8 +245,14 @@ def test_a_dense_models_draft_is_an_eagle_module_exported_beside_and_as_its_own_
     on_its_own = hf_convert.read_safetensors(export / "draft")
     assert sorted(on_its_own) == sorted(n for n in ours if hf_convert.is_draft(n))
     with safe_open(str(export / "model.safetensors"), "pt") as f:
-        beside = {n for n in f.keys() if hf_convert.is_draft(n)}  # noqa: SIM118
-    assert beside == (set(on_its_own) if kind == "qwen2" else set())
+        assert not [n for n in f.keys() if hf_convert.is_draft(n)]  # noqa: SIM118
+    beside = export / hf_convert.EAGLE_BESIDE_FILE
+    if kind == "qwen2":
+        assert sorted(hf_convert.read_safetensors(export).keys()) == sorted(ours)
+        with safe_open(str(beside), "pt") as f:
+            assert sorted(f.keys()) == sorted(on_its_own)  # noqa: SIM118
+    else:
+        assert not beside.exists()
     config = json.loads((export / "draft" / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLMEagle"]
     assert (config["num_hidden_layers"], config["hidden_size"]) == (1, arch.hidden_size)
@@ -339,6 +346,67 @@ def test_a_dense_models_draft_may_be_narrower_than_the_model(
         with pytest.raises(ConfigError, match=f"{setting} needs a dense model"):
             with learner(tiny_moe_model, moe):
                 pass
+
+
+@pytest.mark.parametrize("shape", ["model", "narrow"])
+def test_the_trained_eagle_draft_computes_what_its_export_does_in_the_eagle_layout(
+    shape: str, tiny_dense_model: Path, tmp_path: Path
+) -> None:
+    """The draft the learner trains is the function its export describes: rebuilt from the
+    export alone with transformers' Qwen2 layers in the layout SGLang's `Qwen2ForCausalLMEagle`
+    serves (`fc(cat(embedding of the next token, the target's last hidden state))`, the
+    decoder layer of `draft/config.json` without its input norm, no final norm, the target's
+    head), it gives the learner's draft logits. `narrow`: the draft's own MLP width and
+    attention heads (2 query and 2 key/value heads against the model's 4 and 2: a grouping the
+    export has to regroup), so the conversion of a draft's own heads is checked by value, not
+    only by shape."""
+    import json
+
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers.models.qwen2 import modeling_qwen2
+
+    arch = ModelArch.from_hf_dir(tiny_dense_model)
+    own = ({"mtp_ffn_hidden_size": arch.ffn_hidden_size // 4, "mtp_num_attention_heads": 2}
+           if shape == "narrow" else {})  # fmt: skip
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=1, **own)
+    batch = rl_batch(arch.vocab_size, size=4)
+    with learner(tiny_dense_model, cfg) as e:
+        e.rl_step(batch)  # a trained draft, not its initialisation
+        export = e.export_hf(tmp_path / "export")
+        model = e.module
+        with torch.no_grad():
+            positions = torch.arange(batch.length).unsqueeze(0).expand(batch.size, -1)
+            policy, (hidden,) = model(batch.tokens, positions, None)
+            rows, cols = torch.meshgrid(torch.arange(batch.size),
+                                        torch.arange(batch.length - 1), indexing="ij")
+            ours = model.draft_logits(hidden, rows.flatten(), cols.flatten())
+    ours = ours.reshape(batch.size, batch.length - 1, -1)
+
+    draft_dir = export / "draft"
+    config = Qwen2Config(**json.loads((draft_dir / "config.json").read_text()))
+    config._attn_implementation = "eager"
+    weights = hf_convert.read_safetensors(draft_dir)
+    layer = modeling_qwen2.Qwen2DecoderLayer(config, layer_idx=0)
+    layer.input_layernorm = torch.nn.Identity()  # SGLang's EAGLE layer 0 has none
+    layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in weights.items()
+                           if k.startswith("layers.0.")})  # fmt: skip
+    # transformers loads the export as the target the learner trained: the draft's weights
+    # beside it (`layers.0.*`, prefix-less) are not taken for the target's first layer.
+    target = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
+    with torch.no_grad():
+        assert torch.allclose(target(batch.tokens).logits, policy, atol=2e-4)
+        trunk = target.model(batch.tokens).last_hidden_state[:, :-1]
+        embedded = target.model.embed_tokens(batch.tokens[:, 1:])
+        x = torch.nn.functional.linear(torch.cat([embedded, trunk], dim=-1),
+                                       weights["fc.weight"], weights["fc.bias"])  # fmt: skip
+        steps = torch.arange(batch.length - 1).unsqueeze(0)
+        rotary = modeling_qwen2.Qwen2RotaryEmbedding(config)(x, steps)
+        causal = torch.full((x.shape[1], x.shape[1]), float("-inf")).triu(1)[None, None]
+        out = layer(x, attention_mask=causal, position_ids=steps, position_embeddings=rotary)
+        theirs = target.lm_head(out)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (
+        (2, 2) if shape == "narrow" else (arch.num_heads, arch.num_kv_heads))
+    assert torch.allclose(ours, theirs, atol=2e-4), (ours - theirs).abs().max()
 
 
 def _sglang_draft_loads(
