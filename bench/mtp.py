@@ -6,8 +6,8 @@ Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter Qwen2 m
 random-init, the `calculator` env, groups of 8, 8 groups a step, lr 1e-4), an SFT warm start
 with `trainer.mtp_layers = 1` (a dense model's draft: SGLang's EAGLE layout, docs/trainer.md,
 its MLP DRAFT_FFN wide, a third of the model's: `trainer.mtp_ffn_hidden_size`, `--draft-ffn`,
-its attention DRAFT_HEADS heads, half the model's: `trainer.mtp_num_attention_heads`,
-`--draft-heads`; SFT_STEPS steps on the calculator's demonstrations: the draft is trained with
+its attention with the model's heads unless `--draft-heads` (`trainer.mtp_num_attention_heads`)
+says fewer; SFT_STEPS steps on the calculator's demonstrations: the draft is trained with
 the policy on the SFT data), then two RL runs from that export, one after the other, each
 with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT weights as
 version 0 before each) and the trainer loop (trainer/loop.py) for VERSIONS versions:
@@ -87,9 +87,10 @@ DRAFT_FFN = 128
 """The draft layer's MLP width (`trainer.mtp_ffn_hidden_size`), a third of the model's 384: the
 draft is one decoder layer beside the model's four, and at the model's width it cost the
 learner 0.20-0.23 of a step; at 128, 0.12-0.18 (docs/benchmarks.md)."""
-DRAFT_HEADS = 1
-"""The draft layer's attention heads (`trainer.mtp_num_attention_heads`), half the model's 2:
-with its MLP narrowed, the draft's cost is mostly its attention (docs/benchmarks.md)."""
+DRAFT_HEADS = 0
+"""The draft layer's attention heads (`trainer.mtp_num_attention_heads`; 0: the model's 2). One
+head cut the overhead by 0.01-0.03 and the online draft's lead over the frozen one by about
+half (docs/benchmarks.md), so the default keeps the model's."""
 VERSIONS = 24
 """RL versions per run."""
 RUN_CAP_S = 100.0
