@@ -213,9 +213,10 @@ class TrainerConfig(Section):
     """Query heads of the MTP draft layer's attention (a dense model's EAGLE draft), each the
     model's head_dim wide, with as many key/value heads as the model has or as the draft has
     query heads where those are fewer (they must divide them); `draft/config.json` carries them
-    (`num_attention_heads`, `num_key_value_heads`, `head_dim`). None: the model's. Beside a
-    narrower MLP (`mtp_ffn_hidden_size`) the draft's cost is mostly its attention, which fewer
-    heads cut (bench/mtp.py). Refused for a Qwen3-MoE, as `mtp_ffn_hidden_size` is."""
+    (`num_attention_heads`, `num_key_value_heads`, `head_dim`). None: the model's. Fewer heads
+    cut the attention's share of the draft's cost, which grows with the context; on the
+    quickstart's short episodes one head saved 0.01-0.03 of a step and followed the policy less
+    closely (bench/mtp.py). Refused for a Qwen3-MoE, as `mtp_ffn_hidden_size` is."""
 
     mtp_loss_coef: float = Field(default=1.0, ge=0)
     """Weight of the MTP loss (each depth's `mtp_objective` over the policy's own sampled tokens,
