@@ -122,13 +122,14 @@ class Parallel:
     ep: int = 1
 
 
-def draft_heads(arch: ModelArch, heads: int | None) -> tuple[int, int]:
+def draft_heads(arch: ModelArch, heads: int | None) -> tuple[int, int] | None:
     """The query and key/value heads of a dense model's EAGLE draft layer with
-    `trainer.mtp_num_attention_heads` = `heads` (None: the model's own): as many key/value heads
-    as the model has, or as the draft has query heads where those are fewer, each head the
-    model's head_dim wide. Raise ConfigError when the key/value heads do not divide them."""
+    `trainer.mtp_num_attention_heads` = `heads` (None: the model's own, so None): as many
+    key/value heads as the model has, or as the draft has query heads where those are fewer,
+    each head the model's head_dim wide. Raise ConfigError when the key/value heads do not
+    divide them."""
     if heads is None:
-        return arch.num_heads, arch.num_kv_heads
+        return None
     groups = min(heads, arch.num_kv_heads)
     if heads % groups:
         raise ConfigError(
@@ -156,10 +157,8 @@ def check_parallel(
                 f"trainer.{name} needs a dense model (an EAGLE draft, with a config of its "
                 "own); SGLang builds a Qwen3-MoE's MTP draft from the model's config: unset it"
             )
-    heads: int | None = None
-    groups: int | None = None
-    if mtp_layers and mtp_num_attention_heads is not None:
-        heads, groups = draft_heads(arch, mtp_num_attention_heads)
+    own_heads = draft_heads(arch, mtp_num_attention_heads) if mtp_layers else None
+    heads, groups = own_heads or (None, None)
     if arch.num_layers % par.pp:
         raise ConfigError(
             f"pp={par.pp} does not divide the model's {arch.num_layers} layers"

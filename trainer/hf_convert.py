@@ -133,7 +133,7 @@ def hf_to_mcore(
         else:
             for hf_name, mcore_name in _MTP_MODULE:
                 out[dst + mcore_name] = _take(hf, src + hf_name)
-        heads = _hf_heads(hf, src + "layers.0.self_attn.", arch) if eagle else None
+        heads = _hf_heads(hf, src + "layers.0.self_attn.", arch.head_dim) if eagle else None
         _layer_in(hf, out, src + "layers.0.", layer, arch, eagle=eagle, heads=heads)
     if not mtp_layers:
         # An export with a draft, loaded without one (as SGLang's target model does).
@@ -151,12 +151,12 @@ def _zero(t: torch.Tensor, name: str) -> None:
         raise ConfigError(f"{name} is not zero: the EAGLE draft agent-rl trains has no such bias")
 
 
-def _hf_heads(hf: dict[str, torch.Tensor], attn: str, arch: ModelArch) -> tuple[int, int]:
+def _hf_heads(hf: dict[str, torch.Tensor], attn: str, head_dim: int) -> tuple[int, int]:
     """The (query, key/value) heads of the HF attention under `attn`, read from its
     projections' shapes: an EAGLE draft's may be its own (`trainer.mtp_num_attention_heads`),
-    each head the model's head_dim wide."""
-    d = arch.head_dim
-    return hf[attn + "q_proj.weight"].shape[0] // d, hf[attn + "k_proj.weight"].shape[0] // d
+    each head the model's `head_dim` wide."""
+    q, k = hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"]
+    return q.shape[0] // head_dim, k.shape[0] // head_dim
 
 
 def _mcore_heads(sd: dict[str, torch.Tensor], attn: str, arch: ModelArch) -> tuple[int, int]:
@@ -298,11 +298,11 @@ def write_hf_dir(
     }
     eagle = "fc.weight" in tensors
     model_type = json.loads((source_dir / "config.json").read_text()).get("model_type")
-    target = {k: v for k, v in tensors.items() if not (eagle and is_draft(k))}
+    draft = {k: v for k, v in tensors.items() if eagle and is_draft(k)}
+    target = {k: v for k, v in tensors.items() if k not in draft}
     save_file(target, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     beside = out_dir / EAGLE_BESIDE_FILE
-    if eagle and model_type in EAGLE_BESIDE_TARGET:
-        draft = {k: v for k, v in tensors.items() if is_draft(k)}
+    if draft and model_type in EAGLE_BESIDE_TARGET:
         save_file(draft, str(beside), metadata={"format": "pt"})
     else:
         beside.unlink(missing_ok=True)  # an earlier export's, into the same directory
@@ -318,18 +318,17 @@ def write_hf_dir(
         config["dtype"] = str(dtype).removeprefix("torch.")
         (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     if eagle:
-        _write_eagle_draft(tensors, out_dir)
+        _write_eagle_draft(draft, out_dir)
 
 
-def _write_eagle_draft(tensors: dict[str, torch.Tensor], out_dir: Path) -> None:
-    """`out_dir/draft/`: the EAGLE draft's modules (module 0 is the one SGLang serves; it
+def _write_eagle_draft(draft: dict[str, torch.Tensor], out_dir: Path) -> None:
+    """`out_dir/draft/`: the EAGLE draft's modules `draft` (module 0 is the one SGLang serves; it
     skips the later ones, `mtp.{j}.*`) and the target's config as SGLang's
     `Qwen2ForCausalLMEagle` takes it (one layer, the draft's MLP width and attention heads; its
     embedding and head are the target's, shared at serve time), with the tokenizer files beside
     it."""
     draft_dir = out_dir / EAGLE_DRAFT_DIR
     draft_dir.mkdir(exist_ok=True)
-    draft = {k: v for k, v in tensors.items() if is_draft(k)}
     save_file(draft, str(draft_dir / "model.safetensors"), metadata={"format": "pt"})
     for f in out_dir.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "config.json":
@@ -339,12 +338,11 @@ def _write_eagle_draft(tensors: dict[str, torch.Tensor], out_dir: Path) -> None:
     # attention have fewer heads (trainer.mtp_num_attention_heads), each as wide as the
     # target's: read from the tensors, so the config cannot disagree with them.
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    attn = "layers.0.self_attn."
+    heads, kv_heads = _hf_heads(draft, "layers.0.self_attn.", head_dim)
     config.update(architectures=[EAGLE_DRAFT_ARCHITECTURE], model_type="qwen2",
                   num_hidden_layers=1,
                   intermediate_size=draft["layers.0.mlp.down_proj.weight"].shape[1],
-                  num_attention_heads=draft[attn + "q_proj.weight"].shape[0] // head_dim,
-                  num_key_value_heads=draft[attn + "k_proj.weight"].shape[0] // head_dim,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads,
                   head_dim=head_dim)  # fmt: skip
     if isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][:1]

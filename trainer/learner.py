@@ -74,8 +74,7 @@ class Learner:
             mtp_layers=cfg.mtp_layers,
             mtp_detach=cfg.mtp_detach,
             mtp_ffn_hidden_size=cfg.mtp_ffn_hidden_size,
-            mtp_attention_heads=None if cfg.mtp_num_attention_heads is None
-            else draft_heads(self.arch, cfg.mtp_num_attention_heads),
+            mtp_attention_heads=draft_heads(self.arch, cfg.mtp_num_attention_heads),
         )
         # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
         module.config.calculate_per_token_loss = True
