@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.config import Config, RouterConfig
-from agent_rl.engine.client import EngineClient
-from agent_rl.engine.generation import Generation
+from agent_rl.sglang.client import EngineClient
+from agent_rl.sglang.generation import Generation
 
 
 class LoopThread(threading.Thread):
@@ -61,7 +61,7 @@ class ServeThread(LoopThread):
         self.summary: Any = None
 
     async def main(self) -> None:
-        from agent_rl.serve import serve
+        from agent_rl.app.serve import serve
 
         self.ready.set()
         self.summary = await serve(self.cfg, max_episodes=self.max_episodes)
@@ -100,7 +100,7 @@ class RouterProcess:
         return self.proc.pid
 
     def start(self, timeout_s: float = 60.0) -> None:
-        cmd = [sys.executable, "-m", "agent_rl.cli", "router", "--port", "0"]
+        cmd = [sys.executable, "-m", "agent_rl.app.cli", "router", "--port", "0"]
         for worker in self.workers:
             cmd += ["--worker", worker]
         env = dict(os.environ)
@@ -137,7 +137,7 @@ def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, *,
     rollouts and weight syncs through `router`, checkpoints and exports under `work / run`,
     no TensorBoard, and `trainer` on top of the recipe's trainer settings. Every group trains,
     equal rewards or not, so a short run's pace does not depend on how many have signal."""
-    from agent_rl.quickstart.recipe import Options, recipe
+    from agent_rl.app.quickstart.recipe import Options, recipe
 
     raw = recipe(Options())
     raw["run"] = {"name": run}

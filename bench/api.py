@@ -46,8 +46,8 @@ from sqlalchemy import Engine, bindparam, func, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.api import create_app  # noqa: E402
-from agent_rl.api.app import EmbeddedServer  # noqa: E402
+from agent_rl.app.api import create_app  # noqa: E402
+from agent_rl.app.api.app import EmbeddedServer  # noqa: E402
 from agent_rl.config import Config, StoreConfig  # noqa: E402
 from agent_rl.store import Store  # noqa: E402
 from agent_rl.store.db import create_database  # noqa: E402
@@ -62,7 +62,7 @@ CLONED = ["tasks", "groups", "episodes", "turns", "messages", "tool_calls"]
 
 async def template(url: str, tokenizer_dir: Path) -> None:
     """A small real run, written through the store's API (tests/api/fill.py)."""
-    from agent_rl.api.tokens import load_tokenizer
+    from agent_rl.app.api.tokens import load_tokenizer
 
     cfg = StoreConfig(url=url)
     await upgrade(cfg)
@@ -198,7 +198,7 @@ def api_ms(url: str, terms: list[str], repeats: int) -> dict[str, float]:
 
 # What `episodes list` cannot avoid loading: the libraries the config, the store and the
 # command line are built on, imported as the command imports them (no collection while they
-# load, their heap frozen after: agent_rl/heap.py). Timed the same way, it is the floor the
+# load, their heap frozen after: agent_rl/kernel/heap.py). Timed the same way, it is the floor the
 # command is measured against.
 LIBRARY_FLOOR = ("import gc; gc.disable(); "
                  "import sqlalchemy.orm, pydantic_settings, typer, anyio._backends._asyncio; "

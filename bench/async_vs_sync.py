@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous training on CPU: trainer idle fraction and step throughput.
 
-Real pieces: one SGLang engine (tiny-dense), `agent_rl.serve.serve` writing episodes into a
+Real pieces: one SGLang engine (tiny-dense), `agent_rl.app.serve.serve` writing episodes into a
 SQLite store, the Megatron trainer loop (trainer/loop.py) claiming groups, stepping, exporting
 and syncing weights to the engine every step. The environment makes episode durations
 heavy-tailed: its first turn always calls a tool that sleeps a lognormal time (sigma 1, capped at
@@ -42,9 +42,9 @@ from agent_rl.config import (  # noqa: E402
     StoreConfig,
     TrainerConfig,
 )
-from agent_rl.messages import AssistantTurn, Message, ToolCall, user  # noqa: E402
-from agent_rl.registry import register  # noqa: E402
-from agent_rl.tasks import ListTasks, Task, TaskSource  # noqa: E402
+from agent_rl.sdk.messages import AssistantTurn, Message, ToolCall, user  # noqa: E402
+from agent_rl.sdk.registry import register  # noqa: E402
+from agent_rl.sdk.tasks import ListTasks, Task, TaskSource  # noqa: E402
 from bench._serving import ServeThread  # noqa: E402
 
 ENV_ID = "bench-lognormal-tool"
@@ -167,7 +167,7 @@ def main() -> None:
     import torch
 
     from agent_rl.config import load_config
-    from agent_rl.engine.client import EngineClient
+    from agent_rl.sglang.client import EngineClient
     from agent_rl.engine.launcher import EngineServer
     from agent_rl.models import init_model
     from agent_rl.store.migrate import upgrade

@@ -44,9 +44,9 @@ import tomli_w  # noqa: E402
 from rich.console import Console  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from agent_rl.quickstart import Options  # noqa: E402
-from agent_rl.quickstart.pipeline import Quickstart  # noqa: E402
-from agent_rl.quickstart.processes import Supervisor  # noqa: E402
+from agent_rl.app.quickstart import Options  # noqa: E402
+from agent_rl.app.quickstart.pipeline import Quickstart  # noqa: E402
+from agent_rl.app.quickstart.processes import Supervisor  # noqa: E402
 from agent_rl.store import Store  # noqa: E402
 
 VICTIMS = ["serve-0", "router", "engine-1", "train"]
@@ -88,7 +88,7 @@ async def resume_after_kill(qs: Quickstart, env_id: str, episodes: int = 48) -> 
     import signal
     import subprocess
 
-    from agent_rl.quickstart.processes import agent_rl_command
+    from agent_rl.app.quickstart.processes import agent_rl_command
 
     assert qs.fleet is not None
     run = f"resume-{env_id}"
@@ -177,7 +177,7 @@ async def engine_current(qs: Quickstart, index: int, floor: int) -> float:
     """When engine `index` itself serves a policy version >= floor and the router has it in
     rotation (monotonic time). The engine is asked directly: until the router's health checks
     quarantine a dead engine, the router still lists the version it last saw there."""
-    from agent_rl.engine.client import EngineClient
+    from agent_rl.sglang.client import EngineClient
 
     assert qs.fleet is not None
     url = qs.fleet.engines[index]

@@ -60,7 +60,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.engine.client import EngineClient  # noqa: E402
+from agent_rl.sglang.client import EngineClient  # noqa: E402
 from bench._serving import RouterProcess, ServeThread, metric_sum  # noqa: E402
 
 LENGTHS = (256, 1024, 4096)
@@ -93,9 +93,9 @@ def register_env() -> None:
     """One-turn episodes whose prompt length and completion length follow the task (see the
     module docstring); the reward does not matter."""
     from agent_rl import Env
-    from agent_rl.messages import Message, user
-    from agent_rl.registry import register
-    from agent_rl.tasks import Task, TaskSource
+    from agent_rl.sdk.messages import Message, user
+    from agent_rl.sdk.registry import register
+    from agent_rl.sdk.tasks import Task, TaskSource
 
     class Stream(TaskSource):
         def __init__(self, length: int, concurrency: int) -> None:

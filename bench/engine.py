@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from agent_rl.config import load_config
-from agent_rl.engine.client import EngineClient
+from agent_rl.sglang.client import EngineClient
 from agent_rl.engine.launcher import EngineServer
 from agent_rl.models import init_model
 

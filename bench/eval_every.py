@@ -50,7 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.config import Config, RouterConfig, TrainerConfig  # noqa: E402
-from agent_rl.priority import IDLE_GROUP_NICE, set_group_nice  # noqa: E402
+from agent_rl.kernel.priority import IDLE_GROUP_NICE, set_group_nice  # noqa: E402
 from bench._serving import RouterProcess, RouterThread, ServeThread, quickstart_run  # noqa: E402
 from tests._databases import fresh_postgres  # noqa: E402
 
@@ -109,7 +109,7 @@ def tree_cpu_s(pid: int) -> float:
 
 def renice(pid: int, nice: int, idle: bool) -> None:
     """Set `nice`, and SCHED_IDLE if `idle`, on a process (in a session of its own) and its
-    descendants, and their session's scheduling group to match (agent_rl/priority.py)."""
+    descendants, and their session's scheduling group to match (agent_rl/kernel/priority.py)."""
     set_group_nice(pid, IDLE_GROUP_NICE if idle else nice)
     todo = [pid]
     while todo:
@@ -190,7 +190,7 @@ def main(store: str) -> None:
     from agent_rl.config import load_config
     from agent_rl.engine.launcher import EngineServer
     from agent_rl.models import init_model
-    from agent_rl.quickstart.recipe import MODEL_PRESET
+    from agent_rl.app.quickstart.recipe import MODEL_PRESET
     from agent_rl.store.migrate import upgrade
 
     torch.set_num_threads(1)

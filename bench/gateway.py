@@ -46,11 +46,11 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.agent import AgentEnv
+from agent_rl.sdk.agent import AgentEnv
 from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig, TrainerConfig
-from agent_rl.engine.client import EngineClient
-from agent_rl.registry import register
-from agent_rl.tasks import ListTasks, Task, TaskSource
+from agent_rl.sglang.client import EngineClient
+from agent_rl.sdk.registry import register
+from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
 from bench._serving import on_generate
 
 LATENCIES: list[float] = []
@@ -118,7 +118,7 @@ async def gateway_round(db: Path, url: str, model: Path, episodes: int, c: int,
     """Latencies of every call, this process's CPU per call from the first call's start to the
     last one's end (serve's start and end left out), and the latencies of the gateway's calls
     to the engine."""
-    from agent_rl.serve import serve
+    from agent_rl.app.serve import serve
 
     global HTTP
     LATENCIES.clear()

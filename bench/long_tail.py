@@ -156,7 +156,7 @@ def main() -> None:
     import torch
 
     from agent_rl.config import load_config
-    from agent_rl.engine.client import EngineClient
+    from agent_rl.sglang.client import EngineClient
     from agent_rl.engine.launcher import EngineServer
     from agent_rl.models import init_model
     from agent_rl.store.migrate import upgrade

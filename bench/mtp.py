@@ -120,8 +120,8 @@ def variant(item: str) -> dict[str, Any]:
 
 def sft(work: Path, model: Path, steps: int, draft: dict[str, Any]) -> Path:
     """The quickstart's SFT stage, shortened, with an MTP draft trained beside the policy."""
-    from agent_rl.quickstart.recipe import ENV_ID, ENV_KWARGS, Options, recipe
-    from agent_rl.rollout.demonstrations import demonstration_sequences
+    from agent_rl.app.quickstart.recipe import ENV_ID, ENV_KWARGS, Options, recipe
+    from agent_rl.rollout.sft_data import demonstration_sequences
     from trainer.sft import run_sft
 
     qs = recipe(Options())["trainer"]
@@ -138,7 +138,7 @@ def sft(work: Path, model: Path, steps: int, draft: dict[str, Any]) -> Path:
 
 def reset_engine(router: RouterThread, model: Path) -> None:
     """Every engine behind the router back to `model`, as policy version 0."""
-    from agent_rl.engine.client import EngineClient
+    from agent_rl.sglang.client import EngineClient
 
     async def go() -> None:
         async with EngineClient(router.url, token=router.token) as client:
@@ -243,7 +243,7 @@ def main() -> None:
     from agent_rl.config import load_config
     from agent_rl.engine.launcher import EngineServer
     from agent_rl.models import PRESETS, init_model
-    from agent_rl.quickstart.recipe import MODEL_PRESET
+    from agent_rl.app.quickstart.recipe import MODEL_PRESET
     from agent_rl.store.migrate import upgrade
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -38,7 +38,7 @@ from bench._serving import metric_sum  # noqa: E402
 
 def serve_role(args: argparse.Namespace) -> None:
     from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig
-    from agent_rl.serve import serve
+    from agent_rl.app.serve import serve
 
     cfg = Config(
         store=StoreConfig(url=args.store),
@@ -98,7 +98,7 @@ async def replay(url: str, generations: list[tuple[list[int], int]], concurrency
     """Closed-loop replay at `concurrency`, cycling through `generations` from `offset`; the
     completion tokens of requests that finished in the `window_s` after `warmup_s`, and the
     window's length."""
-    from agent_rl.engine.client import EngineClient
+    from agent_rl.sglang.client import EngineClient
 
     done: list[tuple[float, int]] = []
     start = time.monotonic()

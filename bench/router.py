@@ -181,7 +181,7 @@ def main() -> None:
         ours = f"http://127.0.0.1:{ours_port}"
         env = dict(os.environ, AGENT_RL_ROUTER__ADMIN_TOKEN="bench")
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", "from agent_rl.cli import main; main()", "router",
+            [sys.executable, "-c", "from agent_rl.app.cli import main; main()", "router",
              "--port", str(ours_port), "--worker", stub],
             env=env, stderr=subprocess.DEVNULL))
         assert wait_ready(ours, "/health"), "agent-rl router did not start"

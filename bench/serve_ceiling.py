@@ -1,6 +1,6 @@
 """Serve's ceiling: how many turns/s one `serve` process sustains when the engine costs nothing.
 
-The engine is `agent_rl.engine.stand_in`, the fault-free stand-in for a GPU engine (no GPU
+The engine is `agent_rl.testing.stand_in_engine`, the fault-free stand-in for a GPU engine (no GPU
 here, and a CPU SGLang's few hundred tokens/s would hide serve's own cost): it speaks SGLang's
 `/generate` (input ids in; output ids with logprobs, weight version and finish reason out) and
 answers scripted multi-turn episodes instantly (or at `--tokens-per-s` per request), in a
@@ -58,7 +58,7 @@ POSTGRES = os.environ.get("AGENT_RL_BENCH_POSTGRES_URL",
 def script(env: str, turns: int, model: Path) -> dict[str, Any]:
     """Completions for the stand-in: tool calls for turns 0..turns-2, then the answer."""
     from agent_rl.rollout.render import ChatRenderer
-    from agent_rl.tool_calls import format_tool_call
+    from agent_rl.sdk.tool_calls import format_tool_call
 
     renderer = ChatRenderer(model)
     call = (format_tool_call("calc", {"expression": "12*34+5"}) if env == "calculator"
@@ -75,7 +75,7 @@ def serve_role(args: argparse.Namespace) -> None:
     import anyio
 
     from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig
-    from agent_rl.serve import serve
+    from agent_rl.app.serve import serve
 
     logging_quiet()
     env_kwargs = {"max_turns": args.turns}
@@ -268,7 +268,7 @@ def measure(args: argparse.Namespace, tmp: Path, *, env: str, backend: str, serv
     try:
         elog = tmp / f"engine-{uuid.uuid4().hex[:6]}.log"
         extra = ["--tokens-per-s", str(tokens_per_s)] if tokens_per_s else []
-        procs.append(spawn("-m", "agent_rl.engine.stand_in", "--script", str(script_file),
+        procs.append(spawn("-m", "agent_rl.testing.stand_in_engine", "--script", str(script_file),
                            *extra, log=elog))
         url = wait_url(procs[-1], elog)
         if router:

@@ -79,7 +79,7 @@ async def publish(mode: str, e: Any, client: Any, sync: dict[str, Any], version:
 
 def measure_size(name: str, work: Path, venv: Path) -> dict[str, Any]:
     from agent_rl.config import RouterConfig, TrainerConfig
-    from agent_rl.engine.client import EngineClient
+    from agent_rl.sglang.client import EngineClient
     from agent_rl.engine.launcher import EngineServer
     from agent_rl.models import init_model
     from router import Router

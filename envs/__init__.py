@@ -6,7 +6,7 @@ dependencies, e.g. the BM25 index of search-qa) loads only when it is made.
 
 from __future__ import annotations
 
-from agent_rl.registry import register
+from agent_rl.sdk.registry import register
 
 register("calculator", entry_point="envs.calculator.env:CalculatorEnv")
 register("search-qa", entry_point="envs.search_qa.env:SearchQAEnv")

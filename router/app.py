@@ -32,7 +32,7 @@ from aiohttp import web
 from opentelemetry.trace import TracerProvider
 
 from agent_rl.config import RouterConfig
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 from router.auth import AdminGuard, check_exposure
 from router.balance import Balancer
 from router.control import Control

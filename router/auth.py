@@ -22,7 +22,7 @@ from aiohttp import web
 
 from agent_rl.config import RouterConfig
 from agent_rl.config.access import bearer_matches, is_loopback, token_value
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 from router.errors import Handler, error_response
 
 

@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 
 
 class Breaker(str, Enum):

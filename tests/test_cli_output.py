@@ -10,7 +10,7 @@ import click
 import typer
 from typer.testing import CliRunner
 
-from agent_rl.cli import COMMANDS, app, common
+from agent_rl.app.cli import COMMANDS, app, common
 
 
 def commands() -> dict[str, click.Command]:

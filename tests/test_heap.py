@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from agent_rl.heap import YOUNG_THRESHOLD, long_lived_heap
+from agent_rl.kernel.heap import YOUNG_THRESHOLD, long_lived_heap
 
 
 def test_freezes_the_heap_and_restores_the_collector_after() -> None:
@@ -40,7 +40,7 @@ def test_nested_uses_keep_the_outermost_settings() -> None:
 
 
 def test_imports_begin_and_end_bracket_a_commands_imports() -> None:
-    from agent_rl.heap import imports_begin, imports_end
+    from agent_rl.kernel.heap import imports_begin, imports_end
 
     frozen_before = gc.get_freeze_count()
     imports_begin()
@@ -59,7 +59,7 @@ def test_imports_begin_and_end_bracket_a_commands_imports() -> None:
 
 
 def test_imports_begin_leaves_a_collector_the_caller_disabled_alone() -> None:
-    from agent_rl.heap import imports_begin, imports_end
+    from agent_rl.kernel.heap import imports_begin, imports_end
 
     gc.disable()
     try:
@@ -75,7 +75,7 @@ def test_a_cli_command_imports_without_collections(tmp_path) -> None:  # type: i
     and its libraries (config, store, SQLAlchemy) are imported (146 did without the bracket), the
     collector is back on for the command itself, and the command works."""
     env = {**os.environ, "AGENT_RL_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}"}
-    subprocess.run([sys.executable, "-m", "agent_rl.cli", "db", "upgrade"], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "agent_rl.app.cli", "db", "upgrade"], env=env, check=True,
                    capture_output=True)
     # The command, with the collections and modules counted when main() starts and when the
     # command's imports end; each count is one JSON line on stderr.
@@ -85,7 +85,7 @@ def test_a_cli_command_imports_without_collections(tmp_path) -> None:  # type: i
         "gc.callbacks.append(lambda phase, info: n.__setitem__(0, n[0] + (phase == 'start')))\n"
         "def say(**kw): print(json.dumps(dict(collections=n[0], modules=len(sys.modules), **kw)), file=sys.stderr)\n"
         "sys.argv = ['agent-rl', 'episodes', 'list']\n"
-        "import agent_rl.cli as cli\n"
+        "import agent_rl.app.cli as cli\n"
         "end = cli.imports_end\n"
         "def imports_end():\n"
         "    end()\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("agent_rl", "envs", "tools_sandbox", "trainer", "router", "migrations")
-APPLICATION = ("agent_rl.cli", "agent_rl.serve", "agent_rl.api", "agent_rl.quickstart")
+APPLICATION = ("agent_rl.app",)
 
 
 def modules() -> dict[str, Path]:
@@ -98,10 +98,10 @@ def cycles(edges: dict[str, set[str]]) -> Iterator[list[str]]:
 
 def test_the_import_walk_sees_function_level_and_type_checking_imports() -> None:
     edges = graph()
-    # agent_rl.serve imports the router inside a function; agent_rl.env imports the sandbox
+    # agent_rl.app.serve imports the router inside a function; agent_rl.sdk.env imports the sandbox
     # protocol under TYPE_CHECKING: both must be seen, or the cycle checks below prove nothing.
-    assert "router.app" in edges["agent_rl.serve"]
-    assert "agent_rl.sandbox" in edges["agent_rl.env"]
+    assert "router.app" in edges["agent_rl.app.serve"]
+    assert "agent_rl.sdk.sandbox" in edges["agent_rl.sdk.env"]
     assert list(cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})) == [["a", "b", "c"]]
 
 
@@ -121,6 +121,48 @@ def test_top_level_folders_point_one_way_below_the_application() -> None:
     assert list(cycles(folders)) == [], folders
 
 
+def folder_of(module: str, known: dict[str, Path]) -> str:
+    """The package folder a module's file sits in (a package's `__init__` is its own folder)."""
+    return module if known[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def test_no_folder_imports_itself_through_others() -> None:
+    """Grouped by the folder each file sits in, at every depth and in every layer (the
+    application's included), the imports form no circle."""
+    known = modules()
+    folders: dict[str, set[str]] = {}
+    for source, targets in graph().items():
+        a = folder_of(source, known)
+        for target in targets:
+            b = folder_of(target, known)
+            if a != b and not a.startswith(b + ".") and not b.startswith(a + "."):
+                folders.setdefault(a, set()).add(b)
+    assert list(cycles(folders)) == [], folders
+
+
+def test_agent_rl_has_no_file_outside_a_layer_folder() -> None:
+    """The package's root holds its `__init__` and folders only: a file's path names its layer."""
+    assert sorted(p.name for p in (ROOT / "agent_rl").glob("*.py")) == ["__init__.py"]
+
+
+def test_a_module_outside_every_layer_breaks_the_contracts(tmp_path: Path) -> None:
+    """The contracts are exhaustive: a new module in `agent_rl` or `tools_sandbox` that no layer
+    names fails `lint-imports` (checked on a copy of the tree with one stray module added)."""
+    import shutil
+
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "static", "templates"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    lint = Path(sys.executable).with_name("lint-imports")
+    for stray in ("agent_rl/stray.py", "tools_sandbox/stray.py"):
+        (tmp_path / stray).write_text('"""in no layer"""\n')
+        out = subprocess.run([str(lint), "--no-cache"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120, env={"PYTHONPATH": str(tmp_path)})
+        assert out.returncode != 0 and stray.replace("/", ".").removesuffix(".py") in out.stdout, out.stdout
+        (tmp_path / stray).unlink()
+
+
 def test_import_linter_contracts_hold() -> None:
     lint = Path(sys.executable).with_name("lint-imports")
     out = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -137,6 +179,6 @@ def test_the_router_loads_only_the_kernel() -> None:
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
                          timeout=60, check=True)  # fmt: skip
     loaded = json.loads(out.stdout)
-    kernel = [m for m in loaded if m == "agent_rl" or m.startswith(("agent_rl.errors", "agent_rl.config"))]
+    kernel = [m for m in loaded if m == "agent_rl" or m.startswith(("agent_rl.kernel", "agent_rl.config"))]
     assert "agent_rl.config" in kernel  # the probe sees what the router imports
     assert sorted(set(loaded) - set(kernel)) == []

@@ -1,4 +1,4 @@
-"""agent_rl/priority.py: a process started in a session of its own at lowered priority takes
+"""agent_rl/kernel/priority.py: a process started in a session of its own at lowered priority takes
 its session's scheduling group down with it (Linux autogroups), or a niced / SCHED_IDLE
 evaluation would still compete with training at full weight as a group of its own."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.priority import IDLE_GROUP_NICE, group_nice, spare_cpu_only
+from agent_rl.kernel.priority import IDLE_GROUP_NICE, group_nice, spare_cpu_only
 
 AUTOGROUPS = Path("/proc/self/autogroup").exists()
 
@@ -55,7 +55,7 @@ def test_what_a_lowered_process_starts_in_a_new_session_stays_lowered() -> None:
     ours = group_nice(os.getpid())
     starter = (
         "import os, subprocess, sys\n"
-        "from agent_rl.priority import pass_priority_on\n"
+        "from agent_rl.kernel.priority import pass_priority_on\n"
         "p = subprocess.Popen(['sleep', '30'], start_new_session=True)\n"
         "pass_priority_on(p.pid)\n"
         "print(open(f'/proc/{p.pid}/autogroup').read().split()[-1], flush=True)\n"

@@ -21,7 +21,7 @@ import anyio
 from anyio.abc import Process
 
 from agent_rl.config import SandboxConfig
-from agent_rl.errors import SandboxError
+from agent_rl.kernel.errors import SandboxError
 from tools_sandbox.base import SandboxSpec
 from tools_sandbox.session import WorkerSandbox
 

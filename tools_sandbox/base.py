@@ -2,7 +2,7 @@
 
 A `SandboxBackend` creates one `Sandbox` per episode from a `SandboxSpec`. The sandbox side of
 the contract (`Sandbox`, `SandboxSpec`, `Mount`, `ExecResult`, `Limits`, `WORK_DIR`) is defined
-by the SDK that programs against it (`agent_rl.sandbox`, read its docstring for the guarantees)
+by the SDK that programs against it (`agent_rl.sdk.sandbox`, read its docstring for the guarantees)
 and re-exported here, so a backend finds its whole contract in this module.
 
 Everything is async (anyio). Backends are safe to use from many tasks at once; one sandbox
@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Protocol, runtime_checkable
 
-from agent_rl.errors import ToolError
-from agent_rl.sandbox import WORK_DIR, ExecResult, Limits, Mount, Sandbox, SandboxSpec
+from agent_rl.kernel.errors import ToolError
+from agent_rl.sdk.sandbox import WORK_DIR, ExecResult, Limits, Mount, Sandbox, SandboxSpec
 
 __all__ = [
     "WORK_DIR", "ExecResult", "Limits", "Mount", "Sandbox", "SandboxBackend", "SandboxSpec",

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_rl.errors import SandboxError
+from agent_rl.kernel.errors import SandboxError
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000

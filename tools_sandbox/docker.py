@@ -29,7 +29,7 @@ import anyio
 from anyio.abc import SocketListener
 
 from agent_rl.config import SandboxConfig
-from agent_rl.errors import SandboxError
+from agent_rl.kernel.errors import SandboxError
 from tools_sandbox import hostfs, seccomp
 from tools_sandbox.backend import HERE, PreparedSandbox, WorkerBackend, compact_json
 from tools_sandbox.base import WORK_DIR, SandboxSpec

@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from agent_rl.errors import SandboxError
+from agent_rl.kernel.errors import SandboxError
 
 MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2

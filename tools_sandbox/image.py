@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from agent_rl.errors import SandboxError
+from agent_rl.kernel.errors import SandboxError
 
 REPOSITORY = "agent-rl-sandbox"
 BUILD_VERSION = "1"

@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 from prometheus_client import Counter, Gauge
 
 from agent_rl.config import SandboxConfig
-from agent_rl.errors import SandboxError
+from agent_rl.kernel.errors import SandboxError
 from tools_sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from tools_sandbox.factory import open_backend
 

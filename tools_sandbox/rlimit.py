@@ -23,7 +23,7 @@ import anyio
 from anyio.abc import Process
 
 from agent_rl.config import SandboxConfig
-from agent_rl.errors import SandboxError
+from agent_rl.kernel.errors import SandboxError
 from tools_sandbox import hostfs
 from tools_sandbox.backend import (
     HERE,

@@ -19,7 +19,7 @@ import os
 import socket
 from pathlib import Path
 
-from agent_rl.errors import SandboxError
+from agent_rl.kernel.errors import SandboxError
 
 DENIED = (
     "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise",

@@ -33,7 +33,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from agent_rl.errors import SandboxError, ToolError
+from agent_rl.kernel.errors import SandboxError, ToolError
 from tools_sandbox.base import ExecResult, SandboxSpec, work_path
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_rl.errors import ToolError
+from agent_rl.kernel.errors import ToolError
 from tools_sandbox.base import ExecResult, Sandbox
 
 

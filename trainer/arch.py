@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 
 SUPPORTED = ("qwen2", "qwen3", "qwen3_moe")
 

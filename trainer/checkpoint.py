@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 
 WATCH_INTERVAL_S = 1.0
 

@@ -15,7 +15,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 from trainer import megatron_cpu
 from trainer.arch import Parallel
 

@@ -2,7 +2,7 @@
 
 Every k published versions the trainer asks its evaluator for that version's evaluation. The
 evaluator is one `agent-rl eval --from-stdin` process, started when the trainer opens and kept
-for the run (agent_rl/evaluation.py `evaluate_each`): a process started per evaluation spent
+for the run (agent_rl/app/evaluation.py `evaluate_each`): a process started per evaluation spent
 most of what the evaluation cost the host importing itself, and without
 `trainer.eval_router_url` starting an engine. At most one evaluation runs at a time: a version
 that comes up while one runs is skipped, and said so. Each is of the version's export
@@ -34,7 +34,7 @@ from typing import IO, Any
 from pydantic import SecretStr
 
 from agent_rl.config import Config
-from agent_rl.priority import spare_cpu_only
+from agent_rl.kernel.priority import spare_cpu_only
 
 CLOSE_WAIT_S = 300.0
 """How long a stopping trainer waits for an evaluation in progress before stopping it."""
@@ -134,7 +134,7 @@ class Evaluations:
     # ----- the evaluator -------------------------------------------------------------------------
 
     def _start(self) -> None:
-        argv = [sys.executable, "-m", "agent_rl.cli", "--config", str(self._config_file()),
+        argv = [sys.executable, "-m", "agent_rl.app.cli", "--config", str(self._config_file()),
                 "eval", "--from-stdin", "--split", self.tcfg.eval_split,
                 "--seed", str(self.tcfg.eval_seed), "--tasks", str(self.tcfg.eval_tasks),
                 "--samples", str(self.tcfg.eval_samples)]

@@ -36,8 +36,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from agent_rl.engine.speculative import EAGLE_DRAFT_ARCHITECTURE, EAGLE_DRAFT_DIR
-from agent_rl.errors import ConfigError
+from agent_rl.sglang.speculative import EAGLE_DRAFT_ARCHITECTURE, EAGLE_DRAFT_DIR
+from agent_rl.kernel.errors import ConfigError
 from trainer import megatron_cpu
 from trainer.arch import ModelArch
 

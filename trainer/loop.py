@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from agent_rl.config import Config
-from agent_rl.engine.client import EngineClient
-from agent_rl.errors import EngineError, LeaseLostError
+from agent_rl.sglang.client import EngineClient
+from agent_rl.kernel.errors import EngineError, LeaseLostError
 from agent_rl.store import Claim, Span, Store
 from agent_rl.store.staleness import bucket
 from trainer.data import TrainingData, load_batch
@@ -275,7 +275,7 @@ class TrainLoop:
     def step_once(self) -> dict[str, Any] | None:
         """Claim, train, commit, export/sync, checkpoint; returns the step's metrics (rank 0).
         Its spans of wall-clock time (waiting, stepping, exporting, syncing) go to the store
-        after the step, for the compute audit (`agent_rl.store.compute`)."""
+        after the step, for the compute audit (`agent_rl.store.audit`)."""
         claim, data, waited = None, None, 0.0
         self._spans = []
         if self.rank0:

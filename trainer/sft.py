@@ -1,7 +1,7 @@
 """SFT warm start: cross-entropy on given token sequences, same model and checkpoint format.
 
 `run_sft` takes `(token ids, loss mask)` sequences (for demonstrations, made by
-`agent_rl.rollout.demonstrations`: loss on each completion and the `<|im_end|>` that ends it),
+`agent_rl.rollout.sft_data`: loss on each completion and the `<|im_end|>` that ends it),
 takes `steps` optimizer steps of `sft_batch_size` sequences (cycling through them), then writes
 a dist_checkpointing checkpoint to `out/checkpoint` and an HF export to `out` (start RL from it
 with `--model out`). It knows nothing of environments: the application layer brings the data.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.config import TrainerConfig
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 
 TokenSequence = tuple[Sequence[int], Sequence[float]]
 """Token ids and their loss mask (1.0 on the tokens to learn), of equal length."""

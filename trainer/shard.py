@@ -24,7 +24,7 @@ import re
 import torch
 import torch.distributed as dist
 
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 from trainer.arch import ModelArch
 
 _LOCAL_EXPERT = re.compile(r"local_experts\.(\d+)\.")

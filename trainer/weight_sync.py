@@ -50,8 +50,8 @@ import torch
 import torch.distributed as dist
 
 from agent_rl.config import TrainerConfig
-from agent_rl.engine.client import EngineClient, Selector
-from agent_rl.errors import EngineError
+from agent_rl.sglang.client import EngineClient, Selector
+from agent_rl.kernel.errors import EngineError
 from trainer import hf_convert
 
 Bucket = list[tuple[str, torch.Tensor]]

@@ -28,7 +28,7 @@ from agent_rl.config.sandbox import SandboxConfig, SandboxLimits
 from agent_rl.config.serving import ApiConfig, RolloutConfig
 from agent_rl.config.store import RunConfig, StoreConfig, TelemetryConfig
 from agent_rl.config.trainer import TrainerConfig
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 
 __all__ = [
     "ApiConfig", "Config", "EngineConfig", "RolloutConfig", "RouterConfig", "RunConfig",

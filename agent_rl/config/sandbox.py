@@ -11,7 +11,7 @@ from agent_rl.config.base import Section
 
 
 class SandboxLimits(Section):
-    """Resource limits of one sandbox (`agent_rl.sandbox.Limits` is this class)."""
+    """Resource limits of one sandbox (`agent_rl.sdk.sandbox.Limits` is this class)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -168,7 +168,7 @@ class TrainerConfig(Section):
     SCHED_IDLE: it gets a core only when rollout and training leave it idle (niceness alone
     still gives it a weighted share of a busy core). On a saturated host an evaluation then
     waits for spare CPU. Elsewhere than Linux, `eval_nice` alone. Either way the evaluator's
-    session (Linux schedules each session as a group, agent_rl/priority.py) gets the same
+    session (Linux schedules each session as a group, agent_rl/kernel/priority.py) gets the same
     lower priority."""
 
     eval_router_url: str | None = None

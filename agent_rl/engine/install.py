@@ -26,7 +26,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
-from agent_rl.errors import EngineError
+from agent_rl.kernel.errors import EngineError
 
 SGLANG_VERSION = "0.5.23"
 STAMP_FILE = "agent-rl-engine.json"

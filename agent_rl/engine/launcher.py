@@ -12,7 +12,7 @@ test fixtures use. Contract:
   line when the engine itself died.
 - On CPU the server runs SGLang's CPU engine with agent-rl's compatibility layer on its
   PYTHONPATH (`agent_rl/engine/sglang_cpu/sitecustomize.py`); on a GPU it runs stock SGLang,
-  with `speculative_steps` the model's MTP draft too (agent_rl/engine/speculative.py; refused
+  with `speculative_steps` the model's MTP draft too (agent_rl/sglang/speculative.py; refused
   on CPU before a launch).
 - `check()` raises `EngineError` if the process has exited (a crash); `watch()` is the same as
   an async loop for a supervisor's task group.
@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 import httpx
 
 from agent_rl.engine.install import engine_env, engine_python
-from agent_rl.engine.speculative import speculative_args
-from agent_rl.errors import EngineError
-from agent_rl.priority import pass_priority_on
+from agent_rl.sglang.speculative import speculative_args
+from agent_rl.kernel.errors import EngineError
+from agent_rl.kernel.priority import pass_priority_on
 
 if TYPE_CHECKING:
     from agent_rl.config import EngineConfig
@@ -273,7 +273,7 @@ class EngineServer:
                 preexec_fn=_die_with_parent() if _in_main_thread() else None,
             )
         # Its session is a scheduling group of its own: niced as this process is (an
-        # evaluation's engine takes only the CPU training leaves; agent_rl/priority.py).
+        # evaluation's engine takes only the CPU training leaves; agent_rl/kernel/priority.py).
         pass_priority_on(self._proc.pid)
         return self
 

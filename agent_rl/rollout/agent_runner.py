@@ -26,17 +26,17 @@ from typing import Any
 
 import anyio
 
-from agent_rl.agent import TASK_ENV_VAR, AgentEnv
-from agent_rl.errors import EngineError, EnvError
-from agent_rl.registry import make
-from agent_rl.rewards import as_reward
+from agent_rl.sdk.agent import TASK_ENV_VAR, AgentEnv
+from agent_rl.kernel.errors import EngineError, EnvError
+from agent_rl.sdk.registry import make
+from agent_rl.sdk.rewards import as_reward
 from agent_rl.rollout.episode_env import episode_sandbox
 from agent_rl.rollout.gateway import AgentSession, Gateway
 from agent_rl.rollout.gateway_relay import SOCKET_DIR, UnixRelay, sandbox_runner
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext, _truncated
-from agent_rl.sandbox import Mount, SandboxSpec
+from agent_rl.sdk.sandbox import Mount, SandboxSpec
 from agent_rl.store import EpisodeEnd
-from agent_rl.tasks import Task
+from agent_rl.sdk.tasks import Task
 
 STDERR_KEPT = 8_000
 """Characters of a failed command's stderr kept as the episode's cause (its end)."""

@@ -12,9 +12,9 @@ from typing import Any
 
 import anyio
 
-from agent_rl.env import Env
-from agent_rl.errors import SandboxError
-from agent_rl.sandbox import SandboxSpec
+from agent_rl.sdk.env import Env
+from agent_rl.kernel.errors import SandboxError
+from agent_rl.sdk.sandbox import SandboxSpec
 
 
 @asynccontextmanager

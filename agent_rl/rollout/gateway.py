@@ -5,7 +5,7 @@ One `AgentSession` per running agent episode, reachable only under its own key
 persisted exactly as the episode runner does it for an SDK env (token-in/token-out through the
 router with the episode as the session key, logprobs, the policy version of every token,
 routed experts for MoE), and answered in OpenAI's shape with the tool calls parsed by
-`agent_rl.tool_calls`:
+`agent_rl.sdk.tool_calls`:
 
 - **Extension** (the usual case): the request's messages are the previous call's messages, its
   answer (as the gateway returned it), then new ones (tool results, user messages). The carried
@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
-from agent_rl import telemetry
-from agent_rl.engine.generation import Generation
-from agent_rl.errors import EngineError, EngineUnavailableError
-from agent_rl.messages import AssistantTurn, Message
+from agent_rl.kernel import telemetry
+from agent_rl.sglang.generation import Generation
+from agent_rl.kernel.errors import EngineError, EngineUnavailableError
+from agent_rl.sdk.messages import AssistantTurn, Message
 from agent_rl.rollout.openai_wire import (
     ChatRequest,
     FinishReason,
@@ -59,7 +59,7 @@ from agent_rl.rollout.openai_wire import (
 )
 from agent_rl.rollout.render import Conversation
 from agent_rl.store import MessageRecord, ToolCallRecord, TurnRecord
-from agent_rl.tool_calls import CLOSE, OPEN, parse_completion
+from agent_rl.sdk.tool_calls import CLOSE, OPEN, parse_completion
 
 from agent_rl.rollout.runner import request_seed, while_writing
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_rl.messages import AssistantTurn, Message, ToolCall
-from agent_rl.tool_calls import CLOSE, OPEN
+from agent_rl.sdk.messages import AssistantTurn, Message, ToolCall
+from agent_rl.sdk.tool_calls import CLOSE, OPEN
 
 
 MAX_JSON_WHITESPACE = 4

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent_rl.engine.generation import FinishReason, Generation, WeightSpan
+from agent_rl.sglang.generation import FinishReason, Generation, WeightSpan
 from agent_rl.store import Store, TokenArrays
 
 

@@ -31,8 +31,8 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils.chat_template_utils import _alias_reasoning_fields, _compile_jinja_template
 
-from agent_rl.engine.generation import TokenIds
-from agent_rl.messages import Message
+from agent_rl.sglang.generation import TokenIds
+from agent_rl.sdk.messages import Message
 
 
 ENCODE_CACHE_SIZE = 4096

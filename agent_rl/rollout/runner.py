@@ -41,14 +41,14 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from agent_rl import telemetry
+from agent_rl.kernel import telemetry
 from agent_rl.config import RolloutConfig
-from agent_rl.engine.client import EngineClient
-from agent_rl.engine.generation import Generation
-from agent_rl.env import Env, EnvCodeError, StepResult
-from agent_rl.errors import EngineError, EngineUnavailableError, EnvError, SandboxError, StoreError
-from agent_rl.messages import AssistantTurn, Message
-from agent_rl.registry import make
+from agent_rl.sglang.client import EngineClient
+from agent_rl.sglang.generation import Generation
+from agent_rl.sdk.env import Env, EnvCodeError, StepResult
+from agent_rl.kernel.errors import EngineError, EngineUnavailableError, EnvError, SandboxError, StoreError
+from agent_rl.sdk.messages import AssistantTurn, Message
+from agent_rl.sdk.registry import make
 from agent_rl.rollout.episode_env import episode_sandbox
 from agent_rl.rollout.recorded import RecordedTurn, recorded_generation
 from agent_rl.rollout.render import ChatRenderer, Conversation
@@ -60,8 +60,8 @@ from agent_rl.store import (
     ToolCallRecord,
     TurnRecord,
 )
-from agent_rl.tasks import Task
-from agent_rl.tool_calls import parse_completion
+from agent_rl.sdk.tasks import Task
+from agent_rl.sdk.tool_calls import parse_completion
 
 log = logging.getLogger(__name__)
 

@@ -26,15 +26,15 @@ from typing import Any
 
 import anyio
 
-from agent_rl.env import Env
-from agent_rl.errors import EngineError, EnvError, StoreError
-from agent_rl.registry import make
-from agent_rl.rewards import EpisodeOutcome
+from agent_rl.sdk.env import Env
+from agent_rl.kernel.errors import EngineError, EnvError, StoreError
+from agent_rl.sdk.registry import make
+from agent_rl.sdk.rewards import EpisodeOutcome
 from agent_rl.rollout.agent_runner import AgentRunner
 from agent_rl.rollout.gateway import Gateway
 from agent_rl.rollout.recorded import recorded_turns
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
-from agent_rl.tasks import Task
+from agent_rl.sdk.tasks import Task
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from agent_rl.config import StoreConfig
-from agent_rl.errors import StoreError
+from agent_rl.kernel.errors import StoreError
 from agent_rl.store.db import BEGIN_OPTION, SYNC_OPTION, create_database, is_sqlite
 from agent_rl.store.models import SCHEMA_REVISION
 

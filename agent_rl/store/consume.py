@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from agent_rl.errors import LeaseLostError, StoreError
+from agent_rl.kernel.errors import LeaseLostError, StoreError
 from agent_rl.store.base import StoreBase, now, read, write
 from agent_rl.store.models import Episode, Group, PolicyVersion
 from agent_rl.store.queries import episode_streams

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import URL, make_url
 
 from agent_rl.config import StoreConfig
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 
 BEGIN_OPTION = "agent_rl_sqlite_begin"
 SYNC_OPTION = "agent_rl_sqlite_synchronous"

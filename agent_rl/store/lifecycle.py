@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Integer, bindparam, case, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from agent_rl.errors import NotFoundError, StoreError
+from agent_rl.kernel.errors import NotFoundError, StoreError
 from agent_rl.store import arrays as codec
 from agent_rl.store.base import StoreBase, now, read, write
 from agent_rl.store.driver import DriverStatement

@@ -21,7 +21,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
 from agent_rl.config import StoreConfig
-from agent_rl.errors import SchemaBehindError
+from agent_rl.kernel.errors import SchemaBehindError
 from agent_rl.store.db import create_database, engine_url
 
 

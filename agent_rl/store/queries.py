@@ -20,7 +20,7 @@ from sqlalchemy import (
     table,
 )
 
-from agent_rl.errors import NotFoundError
+from agent_rl.kernel.errors import NotFoundError
 from agent_rl.store import arrays as codec
 from agent_rl.store.arrays import TokenArrays
 from agent_rl.store.base import StoreBase, read

@@ -5,7 +5,7 @@ Writes: the trainer records each step's spans (`wait` for data, `step`, `export`
 `record_timings`; serve records what SGLang's `/v1/loads` said of each engine with
 `record_engine_samples`. Both are bookkeeping (not durable at commit: a power failure loses the
 last samples, never an episode). Read: `run_timeline` gathers one run's facts in one
-transaction, and `agent_rl.store.compute` turns them into the audit.
+transaction, and `agent_rl.store.audit` turns them into the audit.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, case, func, insert, select
 
-from agent_rl.errors import NotFoundError
+from agent_rl.kernel.errors import NotFoundError
 from agent_rl.store.base import StoreBase, read, write
 from agent_rl.store.models import EngineSample, Episode, PolicyVersion, Run, Timing, ToolCall, Turn
 from agent_rl.store.queries import FILTER_KIND

@@ -19,13 +19,13 @@ import random
 import re
 from typing import Any
 
-from agent_rl.env import Env
-from agent_rl.errors import ToolError
-from agent_rl.messages import Message
-from agent_rl.rewards import Reward, number_reward
-from agent_rl.tasks import GeneratedTasks, TaskSource
-from agent_rl.tool_calls import format_tool_call
-from agent_rl.tools import tool
+from agent_rl.sdk.env import Env
+from agent_rl.kernel.errors import ToolError
+from agent_rl.sdk.messages import Message
+from agent_rl.sdk.rewards import Reward, number_reward
+from agent_rl.sdk.tasks import GeneratedTasks, TaskSource
+from agent_rl.sdk.tool_calls import format_tool_call
+from agent_rl.sdk.tools import tool
 
 OPS = ("+", "-", "*")
 TEMPLATES = ("What is {e}?", "Compute {e}.", "Calculate {e}", "Please evaluate {e}.")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from agent_rl.agent import AgentEnv
-from agent_rl.rewards import Reward, number_reward
-from agent_rl.tasks import GeneratedTasks, Task, TaskSource
+from agent_rl.sdk.agent import AgentEnv
+from agent_rl.sdk.rewards import Reward, number_reward
+from agent_rl.sdk.tasks import GeneratedTasks, Task, TaskSource
 from envs.calculator.env import make_problem
 
 

@@ -21,12 +21,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from agent_rl.env import Env
-from agent_rl.messages import Message, user
-from agent_rl.rewards import Reward, run_json_program
-from agent_rl.tasks import JsonlTasks, Task, TaskSource
-from agent_rl.tool_calls import format_tool_call
-from agent_rl.tools import from_sandbox_tool
+from agent_rl.sdk.env import Env
+from agent_rl.sdk.messages import Message, user
+from agent_rl.sdk.rewards import Reward, run_json_program
+from agent_rl.sdk.tasks import JsonlTasks, Task, TaskSource
+from agent_rl.sdk.tool_calls import format_tool_call
+from agent_rl.sdk.tools import from_sandbox_tool
 from tools_sandbox.base import Limits, SandboxSpec
 from tools_sandbox.tools import PythonTool
 

@@ -18,10 +18,10 @@ import math
 import random
 from typing import Any
 
-from agent_rl.env import Env, StepResult
-from agent_rl.messages import AssistantTurn, user
-from agent_rl.rewards import Reward
-from agent_rl.tasks import GeneratedTasks, TaskSource
+from agent_rl.sdk.env import Env, StepResult
+from agent_rl.sdk.messages import AssistantTurn, user
+from agent_rl.sdk.rewards import Reward
+from agent_rl.sdk.tasks import GeneratedTasks, TaskSource
 
 
 def lognormal(rng: random.Random, median: float, sigma: float, cap: int) -> int:

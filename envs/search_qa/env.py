@@ -19,12 +19,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from agent_rl.env import Env
-from agent_rl.messages import Message
-from agent_rl.rewards import Reward, exact_match, extract_answer, token_f1
-from agent_rl.tasks import ListTasks, Task, TaskSource
-from agent_rl.tool_calls import format_tool_call
-from agent_rl.tools import tool
+from agent_rl.sdk.env import Env
+from agent_rl.sdk.messages import Message
+from agent_rl.sdk.rewards import Reward, exact_match, extract_answer, token_f1
+from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
+from agent_rl.sdk.tool_calls import format_tool_call
+from agent_rl.sdk.tools import tool
 from envs.search_qa.corpus import CHAINS, documents, questions
 
 _WORD = re.compile(r"\w+")

@@ -13,8 +13,8 @@ import anyio
 import pytest
 from fastapi.testclient import TestClient
 
-from agent_rl.api import create_app
-from agent_rl.api.app import EmbeddedServer
+from agent_rl.app.api import create_app
+from agent_rl.app.api.app import EmbeddedServer
 from agent_rl.config import Config
 from agent_rl.store import Store
 from agent_rl.store.migrate import upgrade
@@ -45,7 +45,7 @@ def api_config(url: str, **api: Any) -> Config:
 
 
 def fill_database(url: str, tokenizer_dir: Path) -> Filled:
-    from agent_rl.api.tokens import load_tokenizer
+    from agent_rl.app.api.tokens import load_tokenizer
 
     async def go() -> Filled:
         cfg = api_config(url)

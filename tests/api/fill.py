@@ -1,6 +1,6 @@
 """Fill a store the way the episode runner does, from text-level episodes of real envs.
 
-Each episode is played through `agent_rl.demo.run_text_episode` (the env's demonstration
+Each episode is played through `agent_rl.sdk.demonstrations.run_text_episode` (the env's demonstration
 policy, or a scripted one), then written with the store's lifecycle calls exactly as the
 runner writes it: one `append_turn` per assistant turn, whose messages are the new prompt
 messages, the assistant message (raw completion text) and the observations; its tokens are
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from agent_rl.demo import Transcript, render_chatml, run_demonstration, run_text_episode
-from agent_rl.registry import make
+from agent_rl.sdk.demonstrations import Transcript, render_chatml, run_demonstration, run_text_episode
+from agent_rl.sdk.registry import make
 from agent_rl.store import MessageRecord, Store, TokenArrays, ToolCallRecord, TurnRecord
 from agent_rl.store.staleness import staleness as stale
 

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_rl.api import create_app
-from agent_rl.api.app import EmbeddedServer
+from agent_rl.app.api import create_app
+from agent_rl.app.api.app import EmbeddedServer
 from agent_rl.store.migrate import upgrade
 from tests._databases import fresh_database
 from tests.api.conftest import api_config, in_thread

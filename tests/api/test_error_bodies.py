@@ -18,8 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from agent_rl.api import create_app
-from agent_rl.api.app import EmbeddedServer
+from agent_rl.app.api import create_app
+from agent_rl.app.api.app import EmbeddedServer
 from agent_rl.config import Config, StoreConfig
 from agent_rl.store.db import create_database
 from tests.api.conftest import TOKEN, api_config
@@ -99,4 +99,4 @@ def test_a_500_keeps_the_connection_and_says_only_what_failed(
 
 @pytest.fixture(autouse=True)
 def _quiet(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("CRITICAL", logger="agent_rl.api")
+    caplog.set_level("CRITICAL", logger="agent_rl.app.api")

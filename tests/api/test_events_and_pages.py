@@ -9,8 +9,8 @@ from pathlib import Path
 import anyio
 from fastapi.testclient import TestClient
 
-from agent_rl.api import create_app
-from agent_rl.api.tokens import load_tokenizer
+from agent_rl.app.api import create_app
+from agent_rl.app.api.tokens import load_tokenizer
 from agent_rl.store import Store
 from tests.api.conftest import api_config
 from tests.api.fill import Filled, play, write_transcript

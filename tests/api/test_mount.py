@@ -12,10 +12,10 @@ import pytest
 from fastapi import FastAPI
 from pydantic import SecretStr
 
-from agent_rl.api import create_app, serve_api
-from agent_rl.api.app import check_exposure
+from agent_rl.app.api import create_app, serve_api
+from agent_rl.app.api.app import check_exposure
 from agent_rl.config import ApiConfig
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 from agent_rl.store import Store
 from tests.api.conftest import api_config
 from tests.api.fill import Filled

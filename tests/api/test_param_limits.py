@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_rl.api import create_app
-from agent_rl.api.filters import Sort
+from agent_rl.app.api import create_app
+from agent_rl.app.api.filters import Sort
 from tests.api.conftest import TOKEN, api_config
 from tests.api.fill import Filled
 

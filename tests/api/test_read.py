@@ -56,7 +56,7 @@ def test_list_filters_sort_and_cursor_pages(client: TestClient, filled: Filled) 
 
 
 def test_page_size_is_clamped_to_the_config(filled: Filled) -> None:
-    from agent_rl.api import create_app
+    from agent_rl.app.api import create_app
     from tests.api.conftest import api_config
 
     with TestClient(create_app(api_config(filled.url, max_page_size=3))) as c:

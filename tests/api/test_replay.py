@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, update
 
-from agent_rl.api import create_app
-from agent_rl.api.tokens import load_tokenizer
+from agent_rl.app.api import create_app
+from agent_rl.app.api.tokens import load_tokenizer
 from agent_rl.config import SandboxConfig
 from agent_rl.store import Store
 from agent_rl.store.db import engine_url
@@ -197,6 +197,6 @@ def test_python_math_replays_in_a_fresh_sandbox(
 
 
 async def _spec():  # type: ignore[no-untyped-def]
-    from agent_rl.registry import make
+    from agent_rl.sdk.registry import make
 
     return make("python-math").sandbox_spec

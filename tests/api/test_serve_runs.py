@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from agent_rl.api import create_app
+from agent_rl.app.api import create_app
 from agent_rl.config import Config
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store.migrate import upgrade
 from tests.api.conftest import TOKEN, fill_database, in_thread
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from agent_rl.errors import NotFoundError
+from agent_rl.kernel.errors import NotFoundError
 from agent_rl.store import MessageRecord
 from tests.store.helpers import make_turn, migrated_store
 

@@ -3,8 +3,8 @@ stream has them."""
 
 from __future__ import annotations
 
-from agent_rl.api.schemas import TokenView, TurnOut
-from agent_rl.api.viewer_data import token_strip
+from agent_rl.app.api.schemas import TokenView, TurnOut
+from agent_rl.app.api.viewer_data import token_strip
 
 
 def _turn(index: int, start: int, n: int, segment: int) -> TurnOut:

@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
-from agent_rl.engine.client import EngineClient
+from agent_rl.sglang.client import EngineClient
 from agent_rl.engine.launcher import EngineServer
-from agent_rl.errors import EngineError
+from agent_rl.kernel.errors import EngineError
 from agent_rl.models.corpus import CALC_TOOL
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 8}

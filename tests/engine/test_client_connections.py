@@ -12,8 +12,8 @@ import asyncio
 
 from fastapi import FastAPI, Request
 
-from agent_rl.api.app import EmbeddedServer
-from agent_rl.engine.client import IDLE_CONNECTION_S, EngineClient
+from agent_rl.app.api.app import EmbeddedServer
+from agent_rl.sglang.client import IDLE_CONNECTION_S, EngineClient
 
 
 def client_ports_app() -> FastAPI:

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from agent_rl.engine.generation import Generation, WeightSpan, decode_routed_experts
-from agent_rl.errors import EngineError
+from agent_rl.sglang.generation import Generation, WeightSpan, decode_routed_experts
+from agent_rl.kernel.errors import EngineError
 
 
 def _body(output_ids: list[int], prompt_tokens: int, **meta: object) -> dict:
@@ -75,7 +75,7 @@ def test_streaming_chunk_without_finish_reason() -> None:
 
 
 def test_token_ids_keep_their_json_as_they_grow() -> None:
-    from agent_rl.engine.generation import TokenIds, json_body
+    from agent_rl.sglang.generation import TokenIds, json_body
 
     ids = TokenIds([1, 2])
     ids.extend([3, 40000])

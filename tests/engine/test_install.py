@@ -12,7 +12,7 @@ import pytest
 
 from agent_rl.engine import install
 from agent_rl.engine.install import STAMP_FILE, engine_python, install_engine, requirements_file
-from agent_rl.errors import EngineError
+from agent_rl.kernel.errors import EngineError
 
 
 def test_missing_environment_names_the_install_command(tmp_path: Path) -> None:

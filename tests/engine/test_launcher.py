@@ -16,7 +16,7 @@ import pytest
 
 from agent_rl.engine.install import compat_dir, engine_env
 from agent_rl.engine.launcher import EngineServer, _ephemeral_range, free_port
-from agent_rl.errors import EngineError
+from agent_rl.kernel.errors import EngineError
 
 
 def test_bad_model_dir(tmp_path: Path, engine_venv: Path) -> None:
@@ -115,7 +115,7 @@ def _serve_then_crash(server: EngineServer) -> None:
 def test_cli_start_failure_is_one_line(tmp_path: Path) -> None:
     """`agent-rl engine start` with a bad model dir: exit 1, one line that says what to do."""
     proc = subprocess.run(
-        [sys.executable, "-c", "from agent_rl.cli import main; main()",
+        [sys.executable, "-c", "from agent_rl.app.cli import main; main()",
          "engine", "start", "--model", str(tmp_path / "nope")],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent_rl.engine.client import EngineClient
+from agent_rl.sglang.client import EngineClient
 from agent_rl.engine.launcher import EngineServer
 
 PARAMS = {"max_new_tokens": 24, "temperature": 1.0, "ignore_eos": True}

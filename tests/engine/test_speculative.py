@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from agent_rl.engine.launcher import EngineServer
-from agent_rl.errors import EngineError
+from agent_rl.kernel.errors import EngineError
 
 PARSE = """
 import argparse, json, sys
@@ -110,7 +110,7 @@ def test_refused_on_cpu_and_without_a_draft(
 def test_cli_refuses_speculative_on_cpu_in_one_line(drafted_moe: Path, tmp_path: Path) -> None:
     """This host has no GPU: `agent-rl engine start --speculative` exits 1 saying why."""
     proc = subprocess.run(
-        [sys.executable, "-c", "from agent_rl.cli import main; main()", "engine", "start",
+        [sys.executable, "-c", "from agent_rl.app.cli import main; main()", "engine", "start",
          "--model", str(drafted_moe), "--speculative", "--speculative-steps", "2"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl import make, registry
+from agent_rl import make
+from agent_rl.sdk import registry
 
 BUILTINS = ("calculator", "search-qa", "python-math", "code-tests")
 

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from agent_rl import make
-from agent_rl.demo import demonstrations, run_demonstration
-from agent_rl.tool_calls import format_tool_call, parse_completion
+from agent_rl.sdk.demonstrations import demonstrations, run_demonstration
+from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
 from envs.calculator.env import calc, make_problem, safe_eval
 
 pytestmark = pytest.mark.anyio

@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from agent_rl import Task, make
-from agent_rl.demo import demonstrations
-from agent_rl.env import Env
-from agent_rl.tool_calls import parse_completion
+from agent_rl.sdk.demonstrations import demonstrations
+from agent_rl.sdk.env import Env
+from agent_rl.sdk.tool_calls import parse_completion
 from envs.code_tests.env import extract_code
 from tools_sandbox.base import Sandbox, SandboxSpec
 

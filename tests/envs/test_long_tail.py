@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agent_rl import make
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store import Store
 from tests.rollout.conftest import serve_config
 

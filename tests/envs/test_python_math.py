@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from agent_rl import EnvError, make
-from agent_rl.demo import demonstrations
-from agent_rl.tool_calls import format_tool_call, parse_completion
+from agent_rl.sdk.demonstrations import demonstrations
+from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
 from envs.python_math.env import FAMILIES
 from tools_sandbox.base import Sandbox, SandboxSpec
 

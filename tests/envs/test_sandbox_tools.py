@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from agent_rl.messages import ToolCall
-from agent_rl.tools import from_sandbox_tool, run_tool_call
+from agent_rl.sdk.messages import ToolCall
+from agent_rl.sdk.tools import from_sandbox_tool, run_tool_call
 from tools_sandbox.base import Sandbox, SandboxSpec
 from tools_sandbox.tools import default_tools
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent_rl import make
-from agent_rl.demo import demonstrations
-from agent_rl.messages import ToolCall
-from agent_rl.tool_calls import format_tool_call, parse_completion
+from agent_rl.sdk.demonstrations import demonstrations
+from agent_rl.sdk.messages import ToolCall
+from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
 from envs.search_qa.corpus import documents, questions
 from envs.search_qa.env import search_corpus
 

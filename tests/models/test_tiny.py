@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from agent_rl.cli import app
+from agent_rl.app.cli import app
 from agent_rl.models import count_parameters, init_model
 
 

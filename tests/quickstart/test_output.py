@@ -8,8 +8,8 @@ import io
 import pytest
 from rich.console import Console
 
-from agent_rl.quickstart import progress
-from agent_rl.quickstart.progress import Progress
+from agent_rl.app.quickstart import progress
+from agent_rl.app.quickstart.progress import Progress
 
 
 def lines(out: io.StringIO) -> list[str]:
@@ -35,7 +35,7 @@ def test_the_closing_hint_names_a_command_the_shell_finds(monkeypatch) -> None:
     import sys
     from pathlib import Path
 
-    from agent_rl.quickstart import command_name
+    from agent_rl.app.quickstart import command_name
 
     script = Path(sys.executable).parent / "agent-rl"  # the test environment's install
     assert script.exists()

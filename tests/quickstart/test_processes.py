@@ -12,8 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent_rl.errors import ConfigError
-from agent_rl.quickstart.processes import Supervisor
+from agent_rl.kernel.errors import ConfigError
+from agent_rl.app.quickstart.processes import Supervisor
 
 pytestmark = pytest.mark.anyio
 
@@ -78,8 +78,8 @@ async def test_stop_escalates_to_sigkill_for_a_process_that_ignores_sigterm(tmp_
 async def test_cluster_mode_refuses_sqlite(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from agent_rl.quickstart import Options
-    from agent_rl.quickstart.pipeline import Quickstart
+    from agent_rl.app.quickstart import Options
+    from agent_rl.app.quickstart.pipeline import Quickstart
 
     cwd = os.getcwd()
     try:

@@ -30,7 +30,7 @@ ARGS = ["--sft-steps", "400", "--rl-steps", "60", "--rl-minutes", "6", "--eval-t
 def _quickstart(workdir: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
     return subprocess.run(
-        [sys.executable, "-m", "agent_rl.cli", "quickstart", "--workdir", str(workdir), *ARGS],
+        [sys.executable, "-m", "agent_rl.app.cli", "quickstart", "--workdir", str(workdir), *ARGS],
         env=env, capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
 

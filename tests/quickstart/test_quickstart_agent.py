@@ -26,7 +26,7 @@ ARGS = ["--agent", "--sft-steps", "200", "--rl-steps", "40", "--rl-minutes", "3"
 def test_quickstart_agent_rl_beats_sft_and_the_ledger_balances(engine_venv: Path, tmp_path: Path) -> None:
     workdir = tmp_path / "qs"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
-    done = subprocess.run([sys.executable, "-m", "agent_rl.cli", "quickstart", "--workdir", str(workdir), *ARGS],
+    done = subprocess.run([sys.executable, "-m", "agent_rl.app.cli", "quickstart", "--workdir", str(workdir), *ARGS],
                           env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert 'env = "calculator-agent"' in (workdir / "agent-rl.toml").read_text()

@@ -10,7 +10,7 @@ import sys
 import anyio
 
 from agent_rl.config import Config
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from tests.rollout.fault_envs import register_fault_envs
 
 if __name__ == "__main__":

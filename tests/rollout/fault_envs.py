@@ -13,11 +13,11 @@ import random
 import anyio
 
 from agent_rl import Env, StepResult, tool
-from agent_rl.errors import SandboxError
-from agent_rl.messages import AssistantTurn, Message, ToolCall, user
-from agent_rl.registry import register
-from agent_rl.tasks import ListTasks, Task, TaskSource
-from agent_rl.tool_calls import parse_completion
+from agent_rl.kernel.errors import SandboxError
+from agent_rl.sdk.messages import AssistantTurn, Message, ToolCall, user
+from agent_rl.sdk.registry import register
+from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
+from agent_rl.sdk.tool_calls import parse_completion
 
 
 class _Base(Env):

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from agent_rl.registry import make
+from agent_rl.sdk.registry import make
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.store import EpisodeDetail, Store, TokenArrays
 

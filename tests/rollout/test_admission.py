@@ -2,7 +2,7 @@
 group back (the scheduler used to admit a group only once all its n slots were free, so the
 slots its finished episodes left sat idle until the slowest one ended).
 
-The engine is the stand-in (`agent_rl.engine.stand_in`, the fault-free stand-in for a GPU
+The engine is the stand-in (`agent_rl.testing.stand_in_engine`, the fault-free stand-in for a GPU
 engine: every turn answers "413" at once), so the only thing that takes time is the env's
 long-tail episode. Everything else is real: `serve`, the scheduler, the episode runner, the
 chat template and tokenizer, a SQLite store, HTTP on loopback.
@@ -17,13 +17,13 @@ import pytest
 
 from agent_rl import Env, StepResult
 from agent_rl.config import Config, EngineConfig, RolloutConfig, StoreConfig
-from agent_rl.engine.stand_in import StandInEngine
-from agent_rl.messages import AssistantTurn, Message, user
-from agent_rl.registry import register
+from agent_rl.testing.stand_in_engine import StandInEngine
+from agent_rl.sdk.messages import AssistantTurn, Message, user
+from agent_rl.sdk.registry import register
 from agent_rl.rollout.render import ChatRenderer
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store import Store
-from agent_rl.tasks import ListTasks, Task, TaskSource
+from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store import Store
 from tests.rollout.conftest import serve_config
 from tests.rollout.fault_envs import register_fault_envs

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from agent_rl.config import StoreConfig
-from agent_rl.engine.client import EngineClient
+from agent_rl.sglang.client import EngineClient
 from agent_rl.store import Store
 
 AGENT_RL = str(Path(sys.executable).parent / "agent-rl")

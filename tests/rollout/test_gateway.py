@@ -20,14 +20,14 @@ import numpy as np
 import openai
 import pytest
 
-from agent_rl.agent import AgentEnv
-from agent_rl.engine.client import EngineClient
-from agent_rl.registry import register
-from agent_rl.rewards import number_reward
+from agent_rl.sdk.agent import AgentEnv
+from agent_rl.sglang.client import EngineClient
+from agent_rl.sdk.registry import register
+from agent_rl.sdk.rewards import number_reward
 from agent_rl.rollout.render import ChatRenderer
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store import Store
-from agent_rl.tasks import ListTasks, Task, TaskSource
+from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
 from envs.calculator.env import safe_eval
 from envs.calculator_agent.agent import CALC, calc
 from tests.rollout.conftest import serve_config

@@ -18,13 +18,13 @@ import httpx
 import openai
 import pytest
 
-from agent_rl.agent import AgentEnv
-from agent_rl.registry import register
+from agent_rl.sdk.agent import AgentEnv
+from agent_rl.sdk.registry import register
 from agent_rl.rollout.agent_runner import run_command
 from agent_rl.rollout.render import ChatRenderer
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store import Store
-from agent_rl.tasks import ListTasks, Task, TaskSource
+from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
 from tests.rollout.conftest import serve_config
 from tests.rollout.gateway_helpers import QUESTION, Tap, check_agent_episode
 

@@ -8,7 +8,7 @@ import pytest
 
 from agent_rl.rollout.gateway import _answer_key, _streamable
 from agent_rl.rollout.openai_wire import ChatRequest, GatewayError, reply_message, same_message, to_message
-from agent_rl.tool_calls import parse_completion
+from agent_rl.sdk.tool_calls import parse_completion
 
 USER = {"role": "user", "content": "hi"}
 

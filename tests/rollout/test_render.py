@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.messages import Message
+from agent_rl.sdk.messages import Message
 from agent_rl.models import chat_template
 from agent_rl.rollout.render import ChatRenderer, Conversation
-from agent_rl.tool_calls import format_tool_call, parse_completion
+from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
 from envs.calculator.env import CalculatorEnv
 
 

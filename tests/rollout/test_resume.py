@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from agent_rl.config import Config
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store import Store
 from tests.rollout.conftest import serve_config
 from tests.rollout.fault_envs import register_fault_envs

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.rollout.render import ChatRenderer
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store import Store
 from tests.rollout.conftest import serve_config
 from tests.rollout.invariants import check_episode
@@ -41,7 +41,7 @@ async def test_serve_samples_engine_loads_for_the_audit(
 ) -> None:
     """serve records what SGLang's /v1/loads says of its engine while it runs; the audit of the
     run reads those samples and the episodes' times."""
-    from agent_rl.store.compute import compute_audit
+    from agent_rl.store.audit import compute_audit
 
     cfg = serve_config(f"sqlite:///{tmp_path / 'store.db'}", sglang_moe_server.url, tiny_moe_model,
                        env="calculator", engine_sample_s=0.1)

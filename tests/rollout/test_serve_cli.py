@@ -105,8 +105,8 @@ def test_fresh_directory_serve_survives_engine_crash(tmp_path: Path, engine_venv
 
 PLUGIN = '''
 from agent_rl import Env
-from agent_rl.messages import user
-from agent_rl.tasks import ListTasks, Task
+from agent_rl.sdk.messages import user
+from agent_rl.sdk.tasks import ListTasks, Task
 
 
 class EchoEnv(Env):
@@ -228,7 +228,7 @@ def test_budget_truncations_are_reported_everywhere(tmp_path: Path, sglang_moe_s
     were truncated and why, and every episode ended."""
     from fastapi.testclient import TestClient
 
-    from agent_rl.api import create_app
+    from agent_rl.app.api import create_app
     from agent_rl.config import load_config
 
     (tmp_path / "agent-rl.toml").write_text(textwrap.dedent(f"""

@@ -9,9 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent_rl.engine.client import EngineClient
+from agent_rl.sglang.client import EngineClient
 from agent_rl.rollout.scheduler import Scheduler
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store import Claim, Store
 from agent_rl.store.migrate import upgrade
 from tests.rollout.conftest import serve_config

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agent_rl import telemetry
-from agent_rl.serve import serve
+from agent_rl.kernel import telemetry
+from agent_rl.app.serve import serve
 from tests.rollout.conftest import serve_config
 from tests.rollout.fault_envs import register_fault_envs
 

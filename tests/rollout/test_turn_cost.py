@@ -11,7 +11,7 @@ engine takes its snapshot for turn t+1 once turn t's write has committed (one co
 after the episode's start). The request's input ids are left out of the body count: SGLang's
 protocol sends the whole context with every turn.
 
-The engine is the stand-in (`agent_rl.engine.stand_in`), the fault-free stand-in for a GPU
+The engine is the stand-in (`agent_rl.testing.stand_in_engine`), the fault-free stand-in for a GPU
 engine: it answers 59 scripted tool calls, then the answer, so every turn's text is the same and
 only the conversation's length changes. Everything else is real: the episode runner, the
 calculator env and its tool, the chat template and tokenizer, a SQLite store, HTTP on loopback.
@@ -30,14 +30,14 @@ from aiohttp import web
 from sqlalchemy import event
 
 from agent_rl.config import RolloutConfig, StoreConfig
-from agent_rl.engine.client import EngineClient
-from agent_rl.engine.stand_in import StandInEngine
-from agent_rl.messages import Message
+from agent_rl.sglang.client import EngineClient
+from agent_rl.testing.stand_in_engine import StandInEngine
+from agent_rl.sdk.messages import Message
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
 from agent_rl.store import Store
-from agent_rl.tasks import Task
-from agent_rl.tool_calls import format_tool_call
+from agent_rl.sdk.tasks import Task
+from agent_rl.sdk.tool_calls import format_tool_call
 
 pytestmark = pytest.mark.anyio
 

@@ -1,7 +1,7 @@
 """The store's commits are off the engine's path: an episode's start and each turn's write
 commit while the next generation runs, and still land in order, before the episode's end.
 
-The engine is the stand-in (`agent_rl.engine.stand_in`, the fault-free stand-in for a GPU
+The engine is the stand-in (`agent_rl.testing.stand_in_engine`, the fault-free stand-in for a GPU
 engine), answering at once: 3 calculator tool calls, then the answer. Everything else is real
 (the episode runner, the calculator env and its tool, the chat template and tokenizer, a
 SQLite store, HTTP on loopback); each commit is made slow (0.2 s, in the store's worker
@@ -19,14 +19,14 @@ from aiohttp import web
 from sqlalchemy import event
 
 from agent_rl.config import RolloutConfig, StoreConfig
-from agent_rl.engine.client import EngineClient
-from agent_rl.engine.stand_in import StandInEngine
-from agent_rl.errors import StoreError
+from agent_rl.sglang.client import EngineClient
+from agent_rl.testing.stand_in_engine import StandInEngine
+from agent_rl.kernel.errors import StoreError
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
 from agent_rl.store import Store
-from agent_rl.tasks import Task
-from agent_rl.tool_calls import format_tool_call
+from agent_rl.sdk.tasks import Task
+from agent_rl.sdk.tool_calls import format_tool_call
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ import pytest
 from pydantic import SecretStr
 
 from agent_rl.config import RouterConfig
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 from router import Router
 from tests.router.conftest import RouterFactory, WorkerFactory
 
@@ -342,7 +342,7 @@ async def test_cli_runs_the_router_until_sigterm(
     worker = await make_worker(name="cli")
     env = dict(os.environ, AGENT_RL_ROUTER__HEALTH_INTERVAL_S="0")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from agent_rl.cli import main; main()",
+        [sys.executable, "-c", "from agent_rl.app.cli import main; main()",
          "router", "--port", "0", "--worker", worker.url],
         stderr=subprocess.PIPE, text=True, env=env,
     )

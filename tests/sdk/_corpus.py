@@ -10,9 +10,9 @@ from typing import Any
 import anyio
 
 from agent_rl.config import load_config
-from agent_rl.demo import SandboxFactory, demonstrations, render_chatml
-from agent_rl.messages import Message
-from agent_rl.registry import make, specs
+from agent_rl.sdk.demonstrations import SandboxFactory, demonstrations, render_chatml
+from agent_rl.sdk.messages import Message
+from agent_rl.sdk.registry import make, specs
 from tools_sandbox.base import Sandbox, SandboxSpec
 from tools_sandbox.factory import open_backend
 

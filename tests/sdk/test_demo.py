@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agent_rl import make
-from agent_rl.demo import render_chatml, run_text_episode
-from agent_rl.messages import tool_message, user
+from agent_rl.sdk.demonstrations import render_chatml, run_text_episode
+from agent_rl.sdk.messages import tool_message, user
 from tests.sdk._corpus import corpus_samples, sample_texts
 
 
@@ -69,8 +69,8 @@ async def test_text_episode_with_a_scripted_policy_records_malformed_calls_and_s
 @pytest.mark.anyio
 async def test_a_teacher_with_history_gets_its_parsed_turns_and_the_results() -> None:
     from agent_rl import Env, Task, tool
-    from agent_rl.demo import DemoTurn, run_demonstration
-    from agent_rl.tool_calls import format_tool_call
+    from agent_rl.sdk.demonstrations import DemoTurn, run_demonstration
+    from agent_rl.sdk.tool_calls import format_tool_call
 
     seen: list[list[DemoTurn]] = []
 

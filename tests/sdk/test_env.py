@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent_rl import Env, EnvCodeError, EnvError, EpisodeOutcome, Reward, Task, tool
-from agent_rl.messages import Message, user
+from agent_rl.sdk.messages import Message, user
 from agent_rl.rollout.scheduler import apply_group_reward
-from agent_rl.tool_calls import format_tool_call, parse_completion
+from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
 
 pytestmark = pytest.mark.anyio
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl import Env, EnvError, Task, make, register, registry
-from agent_rl.env import EnvCodeError
-from agent_rl.messages import Message, user
+from agent_rl import Env, EnvError, Task, make, register
+from agent_rl.sdk import registry
+from agent_rl.sdk.env import EnvCodeError
+from agent_rl.sdk.messages import Message, user
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,7 +100,7 @@ def test_builtins_are_listed_as_builtin() -> None:
 
 PLUGIN_MODULE = '''
 from agent_rl import Env, register
-from agent_rl.messages import user
+from agent_rl.sdk.messages import user
 
 
 class PluginEnv(Env):
@@ -209,7 +210,7 @@ def test_entry_point_plugin_is_discovered(
 
 
 CLI_SCRIPT = """
-from agent_rl.cli import app
+from agent_rl.app.cli import app
 for args in (["envs", "list", "--json"], ["envs", "list"]):
     try:
         app(args)

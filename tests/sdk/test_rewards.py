@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_rl import EnvError, Reward
-from agent_rl.rewards import (
+from agent_rl.sdk.rewards import (
     as_reward,
     exact_match,
     extract_answer,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agent_rl.messages import MalformedToolCall, ToolCall
-from agent_rl.tool_calls import format_tool_call, parse_completion
+from agent_rl.sdk.messages import MalformedToolCall, ToolCall
+from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
 
 
 def test_plain_answer_has_no_calls() -> None:

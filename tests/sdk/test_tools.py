@@ -7,9 +7,9 @@ from typing import Literal
 
 import pytest
 
-from agent_rl.errors import SandboxError, ToolError
-from agent_rl.messages import ToolCall
-from agent_rl.tools import Tool, parse_docstring, run_tool_call, tool
+from agent_rl.kernel.errors import SandboxError, ToolError
+from agent_rl.sdk.messages import ToolCall
+from agent_rl.sdk.tools import Tool, parse_docstring, run_tool_call, tool
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import sys
 import anyio
 
 from agent_rl.config import StoreConfig
-from agent_rl.errors import StoreError
+from agent_rl.kernel.errors import StoreError
 from agent_rl.store import Store
 
 

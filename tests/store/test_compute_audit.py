@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import update
 
 from agent_rl.store import EngineLoad, EpisodeEnd, Span, Store, ToolCallRecord
-from agent_rl.store.compute import DecodeTable, compute_audit
+from agent_rl.store.audit import DecodeTable, compute_audit
 from agent_rl.store.models import Episode, PolicyVersion, Turn
 from tests.store.helpers import make_turn, migrated_store
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.errors import LeaseLostError, StoreError
+from agent_rl.kernel.errors import LeaseLostError, StoreError
 from tests.store.helpers import completed_group, migrated_store
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import event
 
 from agent_rl.config import StoreConfig
-from agent_rl.errors import StoreError
+from agent_rl.kernel.errors import StoreError
 from agent_rl.store import Store
 from tests.store.helpers import make_turn, migrated_store
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.errors import NotFoundError, StoreError
+from agent_rl.kernel.errors import NotFoundError, StoreError
 from agent_rl.store import MessageRecord
 from tests.store.helpers import completed_group, make_turn, migrated_store
 

@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 
 from agent_rl.config import StoreConfig
-from agent_rl.errors import SchemaBehindError
+from agent_rl.kernel.errors import SchemaBehindError
 from agent_rl.store import Store
 from agent_rl.store.db import create_database
 from agent_rl.store.migrate import alembic_config, head_revision, upgrade

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import update
 
-from agent_rl.errors import LeaseLostError, StoreError
+from agent_rl.kernel.errors import LeaseLostError, StoreError
 from agent_rl.store import Claim, EpisodeEnd, Store
 from agent_rl.store.models import Group
 from tests.store.helpers import make_turn, migrated_store

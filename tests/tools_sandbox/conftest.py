@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.config import SandboxConfig, SandboxLimits
-from agent_rl.errors import SandboxError
+from agent_rl.kernel.errors import SandboxError
 from tools_sandbox.base import SandboxBackend
 from tools_sandbox.factory import make_backend
 

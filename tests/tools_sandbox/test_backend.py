@@ -8,7 +8,7 @@ import signal
 import anyio
 import pytest
 
-from agent_rl.errors import SandboxError, ToolError
+from agent_rl.kernel.errors import SandboxError, ToolError
 from tools_sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 
 from .conftest import small_limits

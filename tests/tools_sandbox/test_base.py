@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from agent_rl.errors import ToolError
+from agent_rl.kernel.errors import ToolError
 from tools_sandbox.base import ExecResult, Limits, Mount, SandboxSpec, work_path
 
 

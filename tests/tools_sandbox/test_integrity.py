@@ -22,8 +22,8 @@ import textwrap
 import anyio
 import pytest
 
-from agent_rl.errors import SandboxError, ToolError
-from agent_rl.rewards import verify_in_sandbox
+from agent_rl.kernel.errors import SandboxError, ToolError
+from agent_rl.sdk.rewards import verify_in_sandbox
 from tools_sandbox.base import SandboxBackend, SandboxSpec
 
 from .conftest import small_limits

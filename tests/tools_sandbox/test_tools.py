@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agent_rl.errors import ToolError
+from agent_rl.kernel.errors import ToolError
 from tools_sandbox.base import Sandbox, SandboxSpec
 from tools_sandbox.tools import PythonTool, call_tool, default_tools, tool_schemas
 

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from tests.rollout.conftest import serve_config
 from tests.trainer.loop_envs import ENV_ID, register_loop_envs
 

@@ -5,9 +5,9 @@ purpose: the trainer must handle tool-observation tokens and per-turn expert row
 from __future__ import annotations
 
 from agent_rl import Env, tool
-from agent_rl.messages import AssistantTurn, Message, ToolCall, user
-from agent_rl.registry import register
-from agent_rl.tasks import ListTasks, Task, TaskSource
+from agent_rl.sdk.messages import AssistantTurn, Message, ToolCall, user
+from agent_rl.sdk.registry import register
+from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
 
 ENV_ID = "test-two-turn-length"
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from agent_rl.config import Config, TrainerConfig
-from agent_rl.engine.client import EngineClient
+from agent_rl.sglang.client import EngineClient
 from agent_rl.store import Store
 from tests.trainer._served import served_config, served_db  # noqa: F401 (fixture)
 from trainer.data import load_batch
@@ -201,7 +201,7 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
             started(version)
             if loop.evaluations.proc is not None and loop.evaluations.version == version:
                 pid = loop.evaluations.proc.pid
-                group = Path(f"/proc/{pid}/autogroup")  # its session's group (agent_rl/priority.py)
+                group = Path(f"/proc/{pid}/autogroup")  # its session's group (agent_rl/kernel/priority.py)
                 niceness.append((os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid),
                                  int(group.read_text().split()[-1]) if group.exists() else 19))
 

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agent_rl.config import TrainerConfig
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 from trainer import hf_convert, shard
 from trainer.arch import ModelArch, Parallel
 from trainer.learner import Learner, load_hf_weights

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agent_rl.config import TrainerConfig
-from agent_rl.errors import ConfigError
+from agent_rl.kernel.errors import ConfigError
 from tests.trainer._batches import rl_batch
 from trainer import hf_convert
 from trainer.arch import ModelArch, Parallel, check_parallel

@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 
 from agent_rl.config import TrainerConfig
-from agent_rl.demo import demonstrations
-from agent_rl.rollout.demonstrations import demonstration_sequences
+from agent_rl.sdk.demonstrations import demonstrations
+from agent_rl.rollout.sft_data import demonstration_sequences
 from agent_rl.rollout.render import ChatRenderer, encode_transcript
 from trainer.sft import run_sft
 
@@ -56,7 +56,7 @@ def test_sft_lowers_loss_and_exports(tiny_dense_model: Path, tmp_path: Path) -> 
 def test_env_kwargs_named_like_parameters_reach_the_env(tiny_dense_model: Path) -> None:
     """`rollout.env_kwargs` travel as one mapping: keys named like the demonstration functions'
     own parameters (n, seed, split, sandbox_factory, id) once raised TypeError there."""
-    from agent_rl.registry import register, unregister
+    from agent_rl.sdk.registry import register, unregister
     from envs.calculator.env import CalculatorEnv
 
     seen: dict = {}

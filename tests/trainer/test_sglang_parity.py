@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from agent_rl.config import TrainerConfig
-from agent_rl.engine.client import EngineClient
-from agent_rl.engine.generation import Generation
+from agent_rl.sglang.client import EngineClient
+from agent_rl.sglang.generation import Generation
 from agent_rl.engine.launcher import EngineServer
 from trainer.batch import Batch
 from trainer.learner import learner

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from agent_rl.config import Config, StoreConfig, TrainerConfig
-from agent_rl.serve import serve
+from agent_rl.app.serve import serve
 from agent_rl.store import Store
 from agent_rl.store.migrate import upgrade
 from tests._own_postgres import OwnPostgres, own_postgres

@@ -31,7 +31,7 @@ def _torchrun(config: Path, *args: str) -> list[str]:
     port = free_port()  # bound by torchrun's rendezvous later: outside the ephemeral range
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(port),
-            "-m", "agent_rl.cli", "--config", str(config), "train", *args]  # fmt: skip
+            "-m", "agent_rl.app.cli", "--config", str(config), "train", *args]  # fmt: skip
 
 
 def _check_store(config: Path, steps: int) -> None:

@@ -27,7 +27,7 @@ import torch
 from pydantic import SecretStr
 
 from agent_rl.config import RouterConfig, TrainerConfig
-from agent_rl.engine.client import EngineClient
+from agent_rl.sglang.client import EngineClient
 from agent_rl.engine.launcher import EngineServer
 from router import Router
 from tests.trainer._served import served_config, served_db  # noqa: F401 (fixture)

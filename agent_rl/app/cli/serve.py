@@ -1,0 +1,73 @@
+"""`agent-rl serve`: run episodes of an environment into the store (see agent_rl.app.serve)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import anyio
+import typer
+from rich.table import Table
+
+from agent_rl.app.cli.common import console, state
+
+if TYPE_CHECKING:
+    from agent_rl.app.serve import ServeSummary
+
+
+def serve(
+    ctx: typer.Context,
+    env: Annotated[Optional[str], typer.Option(help="Environment id (default: rollout.env).")] = None,
+    max_episodes: Annotated[
+        Optional[int], typer.Option(min=1, help="Stop after admitting and finishing N episodes.")
+    ] = None,
+    model: Annotated[Optional[Path], typer.Option(help="HF model directory (default: engine.model).")] = None,
+    router_url: Annotated[
+        Optional[str], typer.Option(help="Generate through this router instead of an embedded one.")
+    ] = None,
+    api: Annotated[bool, typer.Option("--api/--no-api", help="Serve the web API and viewer too.")] = True,
+) -> None:
+    """Run the scheduler and episode runners; by default with an embedded router and engine."""
+    from agent_rl.app.serve import serve as run_serve
+
+    cfg = state(ctx).config()
+    updates = {}
+    if env is not None or router_url is not None:
+        rollout = cfg.rollout.model_copy(update={k: v for k, v in {"env": env, "router_url": router_url}.items() if v is not None})
+        updates["rollout"] = rollout
+    if model is not None:
+        updates["engine"] = cfg.engine.model_copy(update={"model": model})
+    cfg = cfg.model_copy(update=updates)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    summary = anyio.run(lambda: run_serve(cfg, max_episodes=max_episodes, with_api=api))
+    # Every episode is recorded by now: a SIGTERM (e.g. the second of a drain that just ended)
+    # only cuts the summary short, instead of killing the process with a signal status.
+    signal.signal(signal.SIGTERM, _exit_quietly)
+    print_summary(summary)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the interpreter's teardown has nothing to stop
+
+
+def _exit_quietly(signum: int, frame: object) -> None:
+    sys.exit(0)
+
+
+def print_summary(summary: ServeSummary) -> None:
+    """This serve's episodes as the store has them, and how they ended (from the store)."""
+    ledger, endings = summary.ledger, summary.endings
+    table = Table("episodes run", "trained", "awaiting training", "filtered", "failed",
+                  "not ended", "mean reward", title="this serve's episodes (from the store)")
+    mean = "-" if ledger.mean_reward is None else f"{ledger.mean_reward:.3f}"
+    table.add_row(str(ledger.admitted), str(ledger.trained), str(ledger.completed),
+                  str(ledger.filtered), str(ledger.failed), str(ledger.running + ledger.waiting),
+                  mean)
+    console.print(table)
+    for what, counts in (("truncated", endings.truncated), ("filtered", endings.filtered),
+                         ("failed", endings.failed)):
+        if counts:
+            console.print(f"{what}: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())),
+                          highlight=False)
+    console.print("ledger of the run: " + ", ".join(
+        f"{k}={v}" for k, v in summary.run_ledger.as_dict().items()), highlight=False)

@@ -1,0 +1,3 @@
+"""The kernel (layer L0, with `agent_rl.config`): errors by boundary, tracing names, and the
+process settings every command shares (the garbage collector's, CPU priority). It imports nothing
+of ours, so any process can load it alone."""

@@ -1,0 +1,194 @@
+"""Rewards: rules over the final answer, verifiers run in the sandbox, and group hooks.
+
+An episode's reward is a `Reward` (a value plus named components for inspection). It comes
+from one of two places an environment chooses in `Env.score`:
+- a rule over the answer text (`exact_match`, `token_f1`, `number_match` below);
+- a verifier: a Python program run in the episode's sandbox (`verify_in_sandbox`, or
+  `run_json_program` to bring results back and judge them on the host), e.g. hidden unit
+  tests, so untrusted model code never runs on the host.
+
+After a whole group of episodes on one task has finished, the scheduler calls the
+environment's group hook (`Env.group_reward`) with every `EpisodeOutcome`; it returns one
+reward per episode (e.g. a bonus for the shortest correct answer), or None to keep them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from agent_rl.kernel.errors import EnvError, ToolError
+
+if TYPE_CHECKING:
+    from agent_rl.sdk.sandbox import Sandbox
+
+
+class Reward(BaseModel):
+    """The score of one episode."""
+
+    value: float
+    components: dict[str, float] = Field(default_factory=dict)
+    """Named parts (e.g. em, f1, tests_passed) kept for inspection, not summed again."""
+    detail: str = ""
+    """Why, in words (e.g. which test failed); never shown to the model."""
+
+
+class EpisodeOutcome(BaseModel):
+    """What a group reward hook sees of one finished episode."""
+
+    episode_id: str | None = None
+    task_id: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    turns: int
+    answer: str = ""
+    """Content of the final assistant turn."""
+    completion_tokens: int = 0
+
+
+# ---------------------------------------------------------------------------- answer rules
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalization: lowercase, drop punctuation and articles, squeeze whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def extract_answer(text: str) -> str:
+    """The answer inside `<answer>...</answer>` if present, else the whole text, stripped."""
+    m = re.search(r"<answer>(.*?)</answer>", text, flags=re.S)
+    return (m.group(1) if m else text).strip()
+
+
+def exact_match(prediction: str, gold: str | Sequence[str]) -> float:
+    golds = [gold] if isinstance(gold, str) else list(gold)
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(g) for g in golds))
+
+
+def token_f1(prediction: str, gold: str | Sequence[str]) -> float:
+    """Best SQuAD token F1 of the prediction against any gold answer."""
+    golds = [gold] if isinstance(gold, str) else list(gold)
+    pred = normalize_answer(prediction).split()
+    best = 0.0
+    for g in golds:
+        ref = normalize_answer(g).split()
+        common = sum((Counter(pred) & Counter(ref)).values())
+        if common:
+            p, r = common / len(pred), common / len(ref)
+            best = max(best, 2 * p * r / (p + r))
+    return best
+
+
+def last_number(text: str) -> str | None:
+    found = _NUMBER.findall(text.replace(",", ""))
+    return found[-1] if found else None
+
+
+def number_match(prediction: str, gold: str | int | float) -> float:
+    """1.0 if the last number in the prediction equals the gold number exactly."""
+    got = last_number(prediction)
+    if got is None:
+        return 0.0
+    try:
+        # Decimal, not float: 420196140727489673 and ...674 are the same float.
+        return float(Decimal(got) == Decimal(str(gold)))
+    except InvalidOperation:
+        return 0.0
+
+
+def number_reward(answer: str, gold: str | int | float) -> Reward:
+    """`number_match` as a Reward with its one component, `correct`."""
+    correct = number_match(answer, gold)
+    return Reward(value=correct, components={"correct": correct})
+
+
+# ---------------------------------------------------------------------------- verifiers
+
+
+class SandboxRun(BaseModel):
+    """What a program run in the sandbox reported: its last stdout line as JSON, or why not."""
+
+    value: Any = None
+    ok: bool
+    """The program finished and its last stdout line was JSON."""
+    detail: str = ""
+
+
+async def run_json_program(
+    sandbox: Sandbox,
+    program: str,
+    *,
+    files: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> SandboxRun:
+    """Write `files` to the sandbox's work dir, run `program` in a fresh interpreter, and parse
+    the last line it printed as JSON. A timeout or a death without a result line is `ok=False`
+    with the reason (the model's code can cause both); a broken sandbox raises `SandboxError`."""
+    for path, text in (files or {}).items():
+        try:
+            await sandbox.write_file(path, text)
+        except ToolError as e:
+            # The model may have put a directory there, or filled /work: its doing, scored 0.
+            return SandboxRun(ok=False, detail=f"the sandbox refused the verifier's file {path!r}: {e}")
+    res = await sandbox.run_python(program, timeout=timeout)
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
+    if lines and not res.timed_out:
+        try:
+            return SandboxRun(value=json.loads(lines[-1]), ok=True)
+        except ValueError:
+            pass
+    why = "timed out" if res.timed_out else f"exit code {res.exit_code}, no JSON result line"
+    tail = (res.stderr or res.stdout)[-500:]
+    return SandboxRun(ok=False, detail=f"{why}: {tail}".strip())
+
+
+async def verify_in_sandbox(
+    sandbox: Sandbox,
+    program: str,
+    *,
+    files: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> Reward:
+    """Run a verifier program whose last stdout line is a JSON `Reward`; 0 if it gave none.
+
+    The program runs in a fresh interpreter after the model's calls have ended: no process or
+    thread of theirs runs meanwhile and no answer but the worker's is accepted (a forged one
+    raises SandboxError), so what this returns is what the program printed. That output is as
+    trustworthy as the program and what it reads: files the model left in the work dir are the
+    model's, and model code the program runs in its own process, or lets write to its stdout
+    (a subprocess inherits it), can print a result line too. Verifiers that must resist that
+    (code-tests) let the sandbox only compute outputs and compare them with expected values on
+    the host. None of this holds on the rlimit backend.
+    """
+    run = await run_json_program(sandbox, program, files=files, timeout=timeout)
+    if run.ok:
+        try:
+            return Reward.model_validate(run.value)
+        except ValueError as e:
+            return Reward(value=0.0, detail=f"verifier printed something that is not a Reward: {e}")
+    return Reward(value=0.0, detail=f"verifier {run.detail}")
+
+
+def as_reward(value: Reward | float | int | bool | Mapping[str, Any]) -> Reward:
+    """Accept what a user's `score` returns: a Reward, a number, or a dict shaped like one."""
+    if isinstance(value, Reward):
+        return value
+    if isinstance(value, (int, float)):
+        return Reward(value=float(value))
+    if isinstance(value, Mapping):
+        return Reward.model_validate(dict(value))
+    raise EnvError(f"score() returned {type(value).__name__}: return a float or a Reward")

@@ -1,0 +1,389 @@
+"""A typed async client for SGLang's native HTTP protocol (one server, or the router before many).
+
+Generation is token-in, token-out: `generate(input_ids, ...)` posts `/generate` and decodes
+`meta_info` into a `Generation` (`agent_rl.sglang.generation`: token ids, their logprobs, the weight version of each span of
+tokens, the finish reason and, for MoE with routing replay, the routed experts as an int32 array
+`[prompt + completion - 1 - routed_experts_start_len, layers, topk]`). `stream(...)` yields
+cumulative `Generation`s from SGLang's server-sent events, the last one with its finish reason.
+Control calls: abort, pause/continue, weight updates (from disk; begin/end around tensor and
+distributed updates; behind the router they fan out to every engine and need its admin token),
+the weight version each engine serves, health, loads, model/server info.
+
+Transport is aiohttp: at hundreds of concurrent requests its pool keeps up where httpx's does
+not (shared/notes/perf). Pass one `aiohttp.ClientSession` per process, or let the client own
+one. Failures raise `EngineError` naming the endpoint, the status and SGLang's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+from typing_extensions import Unpack
+
+from agent_rl.sglang.generation import GenerateOptions, Generation, TokenIds, json_body
+from agent_rl.kernel.errors import EngineError, EngineUnavailableError
+
+PauseMode = Literal["in_place", "retract", "abort"]
+Selector = Literal["target", "draft", "all"]
+"""Which of a speculative engine's models an in-memory weight update loads: its target, its
+draft, or both (SGLang's `selector`; an engine without a draft has its target only)."""
+
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+IDLE_CONNECTION_S = 4.0
+"""How long a pooled connection may sit idle before it is dropped instead of reused. SGLang
+serves HTTP with uvicorn, which closes idle keep-alive connections after 5 s; a client that
+keeps them longer (aiohttp's default is 15 s) sometimes sends a request down a connection just
+as the server closes it, and the request fails with "Server disconnected" after it may have been
+read (seen when a store outage paused serve's episodes for a few seconds). Dropping ours first
+means that never happens (the router's pool to its workers follows the same rule)."""
+
+_JSON = {"Content-Type": "application/json"}
+
+
+def _routed(headers: dict[str, str], options: GenerateOptions) -> dict[str, str]:
+    """The request's headers, with its session key for the router's affinity if it has one."""
+    key = options.get("routing_key")
+    return {**headers, ROUTING_KEY_HEADER: key} if key else headers
+
+
+class EngineClient:
+    """Async client of one SGLang server (or of the router, which speaks the same protocol)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        moe_topk: int | None = None,
+        timeout_s: float = 1800.0,
+        token: str | None = None,
+    ) -> None:
+        """`token`: the router's admin bearer token, sent with every request (control calls
+        need it; a bare SGLang server ignores it)."""
+        self.base_url = base_url.rstrip("/")
+        self.moe_topk = moe_topk
+        """Experts per token; read from the served model's config.json when left None."""
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._session = session
+        self._owns_session = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # Unlimited connections: the caller's scheduler bounds concurrency, not the pool.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=IDLE_CONNECTION_S))
+        return self._session
+
+    # --- generation ----------------------------------------------------------------------------
+    async def _generate_body(
+        self, input_ids: Sequence[int], sampling_params: dict[str, Any] | None,
+        options: GenerateOptions, stream: bool,
+    ) -> dict[str, Any]:  # fmt: skip
+        body: dict[str, Any] = {
+            "input_ids": input_ids if isinstance(input_ids, TokenIds) else list(input_ids),
+            "sampling_params": dict(sampling_params or {}),
+            "return_logprob": options.get("return_logprob", True),
+            "logprob_start_len": -1,  # output tokens only; prompt logprobs cost a full pass
+            "stream": stream,
+        }
+        if options.get("rid") is not None:
+            body["rid"] = options["rid"]
+        if options.get("return_routed_experts"):
+            await self._resolve_topk()
+            body["return_routed_experts"] = True
+            if options.get("routed_experts_start_len"):
+                body["routed_experts_start_len"] = options["routed_experts_start_len"]
+        body.update(options.get("extra") or {})
+        return body
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any] | None = None,
+        **options: Unpack[GenerateOptions],
+    ) -> Generation:
+        """POST /generate for one prompt of token ids; `extra` fields are sent as they are."""
+        body = await self._generate_body(input_ids, sampling_params, options, stream=False)
+        raw = await self._post("/generate", body, _routed(self._headers, options))
+        return Generation.from_response(
+            raw, self.moe_topk, options.get("routed_experts_start_len", 0)
+        )
+
+    async def stream(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any] | None = None,
+        **options: Unpack[GenerateOptions],
+    ) -> AsyncIterator[Generation]:
+        """Yield cumulative Generations as SGLang streams them; the last has a finish reason."""
+        body = await self._generate_body(input_ids, sampling_params, options, stream=True)
+        start_len = options.get("routed_experts_start_len", 0)
+        try:
+            async with self.session.post(
+                self.base_url + "/generate", data=json_body(body),
+                headers={**_routed(self._headers, options), **_JSON},
+                timeout=self._timeout,
+            ) as resp:
+                await _raise_for_status(resp, "/generate")
+                async for line in resp.content:
+                    text = line.decode().strip()
+                    if not text.startswith("data:"):
+                        continue
+                    data = text[len("data:") :].strip()
+                    if data == "[DONE]":
+                        return
+                    yield Generation.from_response(json.loads(data), self.moe_topk, start_len)
+        except aiohttp.ClientError as e:
+            raise EngineError(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
+
+    # --- control -------------------------------------------------------------------------------
+    async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        """Abort one request (it returns its partial tokens with finish_reason abort) or all."""
+        if rid is None and not abort_all:
+            raise ValueError("abort needs a rid or abort_all=True")
+        await self._post(
+            "/abort_request", {"rid": rid, "abort_all": abort_all} if rid else {"abort_all": True}
+        )
+
+    async def pause_generation(self, mode: PauseMode = "in_place") -> None:
+        """Stop scheduling: in_place keeps requests where they are, retract recomputes them
+        after continue, abort ends them with their partial tokens."""
+        await self._post("/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._post("/continue_generation", {})
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str | Path,
+        *,
+        weight_version: str | None = None,
+        abort_all_requests: bool | None = None,
+        flush_cache: bool | None = None,
+        load_format: str | None = None,
+    ) -> dict[str, Any]:
+        """Load new weights from a directory the engine can read (a relative path is made
+        absolute here); behind the router, on every engine it serves from. Options left None
+        are the server's own defaults (the router chooses `flush_cache` by its pause mode).
+        EngineError unless every engine reports success."""
+        body: dict[str, Any] = {"model_path": os.path.abspath(model_path)}
+        for key, value in (("weight_version", weight_version), ("load_format", load_format),
+                           ("abort_all_requests", abort_all_requests), ("flush_cache", flush_cache)):
+            if value is not None:
+                body[key] = value
+        result = await self._post("/update_weights_from_disk", body)
+        if not (isinstance(result, dict) and result.get("success")):
+            raise EngineError(
+                f"engine at {self.base_url}: update_weights_from_disk failed: {str(result)[:300]}"
+            )
+        return result
+
+    async def begin_weight_update(
+        self, *, workers: list[str] | None = None, timeout_s: float | None = None
+    ) -> Any:
+        """Open the bracket SGLang 0.5.2x requires around tensor and distributed updates (the
+        router also pauses generation there, by its `update_pause_mode`; on `workers` only,
+        when given, else on every worker in rotation)."""
+        body = {} if workers is None else {"workers": workers}
+        return await self._request("POST", "/begin_weight_update", body, timeout_s)
+
+    async def end_weight_update(
+        self, *, workers: list[str] | None = None, timeout_s: float | None = None
+    ) -> Any:
+        """Close the bracket (the router resumes generation and reads back every version)."""
+        body = {} if workers is None else {"workers": workers}
+        return await self._request("POST", "/end_weight_update", body, timeout_s)
+
+    async def workers(self, *, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """The router's workers (`GET /workers`: url, quarantined, weight_version, ...); a bare
+        SGLang server, which has no such list, is its own one worker."""
+        try:
+            async with self.session.get(
+                self.base_url + "/workers", headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                if resp.status == 404:
+                    return [{"url": self.base_url, "quarantined": False}]
+                await _raise_for_status(resp, "/workers")
+                return list((await resp.json()).get("workers", []))
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(f"engine at {self.base_url} unreachable (/workers): {e!r}") from e
+
+    async def init_weights_update_group(
+        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
+        group_name: str, backend: str, timeout_s: float | None = None,
+    ) -> Any:  # fmt: skip
+        """Join the trainer's weight-update process group (one engine: per-engine rank offset).
+        Returns once every rank joined."""
+        body = {"master_address": master_address, "master_port": master_port,
+                "rank_offset": rank_offset, "world_size": world_size,
+                "group_name": group_name, "backend": backend}
+        return await self._request("POST", "/init_weights_update_group", body, timeout_s)
+
+    async def destroy_weights_update_group(
+        self, group_name: str, *, timeout_s: float | None = None
+    ) -> Any:
+        return await self._request(
+            "POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout_s
+        )
+
+    async def update_weights_from_distributed(
+        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+        weight_version: str | None, flush_cache: bool, flattened: bool = True,
+        selector: Selector = "all", timeout_s: float | None = None,
+    ) -> Any:  # fmt: skip
+        """Receive one broadcast bucket (`flattened`: one flat uint8 tensor of every named
+        tensor's bytes, in order) and load it into the `selector`ed models (a speculative
+        engine's target, its draft, or both; see `Selector`); `weight_version` is set once it
+        is loaded."""
+        body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes,
+                                "group_name": group_name, "flush_cache": flush_cache}
+        if selector != "all":
+            body["selector"] = selector
+        if flattened:
+            body["load_format"] = "flattened_bucket"
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        return await self._request("POST", "/update_weights_from_distributed", body, timeout_s)
+
+    async def update_weights_from_tensor(
+        self, serialized: list[str], *, weight_version: str | None, flush_cache: bool,
+        flattened: bool = False, selector: Selector = "all", timeout_s: float | None = None,
+    ) -> Any:  # fmt: skip
+        """Load named tensors the engine reads from this host's shared memory into the
+        `selector`ed models: `serialized` holds one base64 pickle (multiprocessing's
+        ForkingPickler) per engine TP rank, of a list of (name, tensor) or, `flattened`, of
+        SGLang's flattened bucket ({"flattened_tensor": one flat uint8 tensor, "metadata": each
+        tensor's name, shape, dtype and byte range})."""
+        body: dict[str, Any] = {"serialized_named_tensors": serialized, "flush_cache": flush_cache}
+        if selector != "all":
+            body["selector"] = selector
+        if flattened:
+            body["load_format"] = "flattened_bucket"
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        return await self._request("POST", "/update_weights_from_tensor", body, timeout_s)
+
+    async def restore_point(self, model_path: str | Path, weight_version: str) -> Any:
+        """Router only: the newest weights as files, loaded by a worker that comes back (it
+        restarted, or left quarantine) before it serves; weights synced in memory leave none."""
+        return await self._post("/restore_point", {"model_path": os.path.abspath(model_path),
+                                                   "weight_version": weight_version})
+
+    async def health_generate(self) -> bool:
+        """True if the engine completes a one-token generation (503 while starting: False)."""
+        try:
+            async with self.session.get(
+                self.base_url + "/health_generate", timeout=self._timeout
+            ) as resp:
+                return resp.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    async def loads(self) -> list[dict[str, Any]]:
+        """Per-scheduler load (num_running_reqs, num_waiting_reqs, token_usage, ...)."""
+        result = await self._get("/v1/loads?include=core")
+        return list(result.get("loads", []))
+
+    async def model_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """The served model (and, from the router, every engine's weight version)."""
+        return await self._get("/model_info", timeout_s)
+
+    async def served_versions(self) -> dict[str, str | None]:
+        """Weight version of every engine in rotation ({} if nothing answers): behind the
+        router one entry per engine (quarantined ones left out: the router updates them when
+        they come back), a bare SGLang server its own under its URL."""
+        try:
+            info = await self.model_info(timeout_s=5.0)
+        except EngineError:
+            return {}
+        if not isinstance(info, dict):
+            return {}
+        workers = info.get("worker_weight_versions")
+        if isinstance(workers, dict):
+            down = set(info.get("quarantined_workers") or [])
+            return {str(k): v for k, v in workers.items() if k not in down}
+        return {self.base_url: info.get("weight_version")}
+
+    async def server_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._get("/server_info", timeout_s)
+
+    async def flush_cache(self) -> None:
+        await self._post("/flush_cache", {})
+
+    # --- plumbing ------------------------------------------------------------------------------
+    async def _resolve_topk(self) -> None:
+        if self.moe_topk is not None:
+            return
+        path = Path((await self.model_info()).get("model_path", "")) / "config.json"
+        try:
+            self.moe_topk = int(json.loads(path.read_text())["num_experts_per_tok"])
+        except (OSError, ValueError, KeyError) as e:
+            raise EngineError(
+                f"cannot shape routed experts: {path} is not readable here; "
+                "pass moe_topk to EngineClient"
+            ) from e
+
+    async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+        return await self._request("POST", path, body, headers=headers)
+
+    async def _get(self, path: str, timeout_s: float | None = None) -> Any:
+        return await self._request("GET", path, None, timeout_s)
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:  # fmt: skip
+        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self.session.request(
+                method, self.base_url + path, data=None if body is None else json_body(body),
+                headers={**(headers or self._headers), **_JSON} if body is not None
+                else headers or self._headers,
+                timeout=timeout,
+            ) as resp:
+                await _raise_for_status(resp, path)
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(
+                f"engine at {self.base_url} unreachable ({path}): {type(e).__name__}: {e}; start "
+                "it (`agent-rl serve`, `agent-rl router`, `agent-rl engine start`) or fix its URL"
+            ) from e
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+
+async def _raise_for_status(resp: aiohttp.ClientResponse, path: str) -> None:
+    if resp.status == 401:
+        raise EngineError(
+            f"router at {resp.url.origin()} refused {path} (401): set [router] admin_token to the "
+            "router's admin token"
+        )
+    if resp.status != 200:
+        detail = (await resp.text())[:500]
+        error = EngineUnavailableError if resp.status == 503 else EngineError
+        raise error(f"engine at {resp.url.origin()}: {path} answered {resp.status}: {detail}")

@@ -1,0 +1,98 @@
+"""SGLang's speculative decoding with the model's own MTP draft (`engine.speculative_steps`).
+
+An export of a learner with `trainer.mtp_layers` carries its draft (trainer/hf_convert.py):
+- Qwen3-MoE: as `mtp.*` weights. SGLang serves it as `Qwen3MoeForCausalLMMTP` when the same
+  directory is passed as `--speculative-draft-model-path` (its model config rewrites the draft's
+  architecture), and every `update_weights_from_disk` then loads the target and the draft
+  alike.
+- dense Qwen2/Qwen3: as an EAGLE draft in `draft/` (`EAGLE_DRAFT_DIR`: SGLang's
+  `Qwen2ForCausalLMEagle`, config and weights), the draft model path. A Qwen2 export also
+  carries the draft beside the target's weights, so a disk update reaches the draft too; a
+  Qwen3 export cannot (SGLang's Qwen3 target would load them), and its draft follows the policy
+  under the in-memory syncs only.
+Either is served under `--speculative-algorithm EAGLE` (NEXTN is an alias of it): a chain
+(top-1) of `steps` tokens drafted with its one module, `steps + 1` verified per pass. The
+in-memory syncs send the draft its weights with `selector: "draft"` (trainer/weight_sync.py).
+
+Only on a GPU: SGLang 0.5.23 starts no speculative algorithm on the CPU engine (EAGLE needs
+sgl-kernel's CUDA kernels for the KV copy and tree verification and an attention backend other
+than `torch_native`). `speculative_args` refuses there, and for a model without a draft SGLang
+could serve, with one line saying why, before a launch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from agent_rl.kernel.errors import EngineError
+
+ALGORITHM = "EAGLE"
+DRAFT_ARCHITECTURES = {"Qwen3MoeForCausalLM": "Qwen3MoeForCausalLMMTP"}
+"""Target architectures whose `mtp.*` draft SGLang serves from the target's own directory."""
+EAGLE_TARGETS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+"""Target architectures whose draft is an EAGLE one in `EAGLE_DRAFT_DIR`."""
+EAGLE_DRAFT_DIR = "draft"
+EAGLE_DRAFT_ARCHITECTURE = "Qwen2ForCausalLMEagle"
+
+
+def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) -> list[str]:
+    """`sglang.launch_server` flags serving `model`'s MTP draft `steps` tokens ahead; none for
+    `steps` 0. EngineError on CPU or for a model without such a draft."""
+    if steps <= 0:
+        return []
+    if device != "cuda":
+        raise EngineError(
+            "speculative decoding needs a GPU: SGLang's CPU engine starts no speculative "
+            "algorithm (EAGLE needs sgl-kernel's CUDA kernels); start without --speculative here"
+        )
+    architecture = _architecture(model) or "?"
+    if architecture in DRAFT_ARCHITECTURES:
+        draft = model
+        if not _has_draft(model):
+            raise EngineError(
+                f"{model} has no mtp.* draft weights: serve an export of a learner with "
+                "trainer.mtp_layers >= 1, or start without --speculative"
+            )
+    elif architecture in EAGLE_TARGETS:
+        draft = model / EAGLE_DRAFT_DIR
+        if _architecture(draft) != EAGLE_DRAFT_ARCHITECTURE:
+            raise EngineError(
+                f"{model} has no EAGLE draft in {EAGLE_DRAFT_DIR}/: serve an export of a "
+                "learner with trainer.mtp_layers >= 1, or start without --speculative"
+            )
+    else:
+        raise EngineError(
+            f"{model} is a {architecture}: agent-rl's drafts are served by SGLang for "
+            f"{', '.join([*DRAFT_ARCHITECTURES, *EAGLE_TARGETS])} only; start without "
+            "--speculative"
+        )
+    return [
+        "--speculative-algorithm", ALGORITHM,
+        "--speculative-draft-model-path", str(draft),
+        "--speculative-num-steps", str(steps),
+        "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", str(steps + 1),
+    ]  # fmt: skip
+
+
+def _architecture(model: Path) -> str | None:
+    """The first architecture `model/config.json` names; None without one."""
+    try:
+        return (json.loads((model / "config.json").read_text()).get("architectures") or [None])[0]
+    except (OSError, ValueError):
+        return None
+
+
+def _has_draft(model: Path) -> bool:
+    """Whether the safetensors of `model` hold `mtp.*` tensors (read from their headers)."""
+    index = model / "model.safetensors.index.json"
+    if index.is_file():
+        return any(k.startswith("mtp.") for k in json.loads(index.read_text())["weight_map"])
+    for path in model.glob("*.safetensors"):
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if any(k.startswith("mtp.") for k in json.loads(f.read(size))):
+                return True
+    return False
