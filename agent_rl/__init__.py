@@ -15,6 +15,7 @@ importing the kernel alone (the standalone router does) never loads environment 
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ imports them
@@ -24,7 +25,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    from agent_rl import sdk
+    # import_module, not `from agent_rl import sdk`: that form asks this very function for
+    # `sdk` first (hasattr on the package) and recurses until the stack runs out
+    sdk = import_module("agent_rl.sdk")
 
     if name not in sdk.__all__:
         raise AttributeError(f"module 'agent_rl' has no attribute {name!r}")
@@ -34,6 +37,6 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    from agent_rl import sdk
+    sdk = import_module("agent_rl.sdk")
 
     return sorted([*globals(), *sdk.__all__])
