@@ -52,7 +52,7 @@ from agent_rl.config import Config, StoreConfig  # noqa: E402
 from agent_rl.store import Store  # noqa: E402
 from agent_rl.store.db import create_database  # noqa: E402
 from agent_rl.store.migrate import upgrade  # noqa: E402
-from agent_rl.store.models import MESSAGE_SEARCH, Base, Episode, Message  # noqa: E402
+from agent_rl.store.models import MESSAGE_SEARCH, Base, EpisodeRow, MessageRow  # noqa: E402
 from tests._databases import fresh_postgres  # noqa: E402
 from tests.api.fill import fill  # noqa: E402
 
@@ -75,7 +75,7 @@ def clone_to(db: Engine, target: int, mean_chars: int) -> int:
     tables = {t.name: t for t in Base.metadata.sorted_tables if t.name in CLONED}
     while True:
         with db.begin() as conn:
-            n = conn.scalar(select(func.count()).select_from(Episode))
+            n = conn.scalar(select(func.count()).select_from(EpisodeRow))
             if n >= target:
                 break
             offsets = {name: conn.scalar(select(func.coalesce(func.max(t.c.id), 0)))
@@ -103,7 +103,7 @@ def clone_to(db: Engine, target: int, mean_chars: int) -> int:
                 conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), "
                                   f"(SELECT max(id) FROM {name}))"))
             conn.execute(text("ANALYZE"))
-        return int(conn.scalar(select(func.count()).select_from(Episode)))
+        return int(conn.scalar(select(func.count()).select_from(EpisodeRow)))
 
 
 def words(n: int = 5000, seed: int = 0) -> list[str]:
@@ -126,7 +126,8 @@ def pad(db: Engine, mean_chars: int, seed: int = 0) -> None:
     weights = [1 / (rank + 1) for rank in range(len(vocab))]
     rng = random.Random(seed)
     with db.begin() as conn:
-        rows = conn.execute(select(Message.id, Message.episode_id, Message.role, Message.content)).all()
+        columns = (MessageRow.id, MessageRow.episode_id, MessageRow.role, MessageRow.content)
+        rows = conn.execute(select(*columns)).all()
         updates = []
         for mid, eid, role, content in rows:
             filler = " ".join(rng.choices(vocab, weights, k=max(1, int(rng.expovariate(
@@ -134,7 +135,7 @@ def pad(db: Engine, mean_chars: int, seed: int = 0) -> None:
             tag = f" ep{eid}" if role == "assistant" else ""
             updates.append({"mid": mid, "content": f"{content} {filler}{tag}"})
         conn.execute(
-            Message.__table__.update().where(Message.id == bindparam("mid"))
+            MessageRow.__table__.update().where(MessageRow.id == bindparam("mid"))
             .values(content=bindparam("content")), updates,
         )
 
@@ -142,7 +143,7 @@ def pad(db: Engine, mean_chars: int, seed: int = 0) -> None:
 def search_terms(db: Engine) -> list[str]:
     """One episode's tag, a common word, and a word in no message."""
     with db.connect() as conn:
-        last = conn.scalar(select(func.max(Message.episode_id)).where(Message.role == "assistant"))
+        last = conn.scalar(select(func.max(MessageRow.episode_id)).where(MessageRow.role == "assistant"))
     return [f"ep{last}", words()[10], "quokka"]
 
 
@@ -151,10 +152,10 @@ def scan_ms(db: Engine, term: str, repeats: int) -> float:
     ILIKE over the messages, with no text index (PostgreSQL's is dropped for the measurement,
     in a transaction that is rolled back)."""
     query = (
-        select(Episode.id).where(
-            select(Message.id).where(Message.episode_id == Episode.id,
-                                     Message.content.ilike(f"%{term}%")).exists()
-        ).order_by(Episode.id.desc()).limit(51)
+        select(EpisodeRow.id).where(
+            select(MessageRow.id).where(MessageRow.episode_id == EpisodeRow.id,
+                                     MessageRow.content.ilike(f"%{term}%")).exists()
+        ).order_by(EpisodeRow.id.desc()).limit(51)
     )
     with db.connect() as conn:
         if db.dialect.name == "postgresql":
@@ -237,7 +238,7 @@ def backend(url: str, tokenizer_dir: Path, episodes: int, mean_chars: int,
     try:
         n = clone_to(db, episodes, mean_chars)
         with db.connect() as conn:
-            chars = conn.scalar(select(func.avg(func.length(Message.content))))
+            chars = conn.scalar(select(func.avg(func.length(MessageRow.content))))
         built = time.perf_counter() - t0
         terms = search_terms(db)
         api = api_ms(url, terms, repeats)

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from agent_rl.kernel.errors import LeaseLostError, StoreError
 from agent_rl.store.base import StoreBase, now, read, write
-from agent_rl.store.models import Episode, Group, PolicyVersion
+from agent_rl.store.models import EpisodeRow, GroupRow, PolicyVersionRow
 from agent_rl.store.queries import episode_streams
 from agent_rl.store.records import Claim, ClaimedEpisode, ClaimedGroup
 from agent_rl.store.staleness import Measure, group_version
@@ -43,13 +43,13 @@ class Consumption(StoreBase):
         claim_id = uuid.uuid4().hex
         version = group_version(measure)
         candidates = (
-            select(Group.id)
+            select(GroupRow.id)
             .where(
-                Group.run_id == run_id,
-                or_(Group.status == "ready",
-                    (Group.status == "claimed") & (Group.lease_expires_at < t)),
+                GroupRow.run_id == run_id,
+                or_(GroupRow.status == "ready",
+                    (GroupRow.status == "claimed") & (GroupRow.lease_expires_at < t)),
             )
-            .order_by(Group.ready_at, Group.id)
+            .order_by(GroupRow.ready_at, GroupRow.id)
             .limit(max_groups)
         )
         if min_version is not None:
@@ -58,18 +58,18 @@ class Consumption(StoreBase):
             candidates = candidates.with_for_update(skip_locked=True)
         # One statement picks and marks the groups, so a claim costs two round trips in all.
         mark = (
-            update(Group)
-            .where(Group.id.in_(candidates.scalar_subquery()))
+            update(GroupRow)
+            .where(GroupRow.id.in_(candidates.scalar_subquery()))
             .values(status="claimed", claim_id=claim_id, claimed_by=trainer_id,
                     lease_expires_at=t + lease_s)
-            .returning(Group.id, Group.task_id, Group.env_id, Group.min_version, Group.ready_at)
+            .returning(GroupRow.id, GroupRow.task_id, GroupRow.env_id, GroupRow.min_version, GroupRow.ready_at)
         )
         groups = sorted(conn.execute(mark).all(), key=lambda g: (g.ready_at, g.id))
         ids = [g.id for g in groups]
         episodes = conn.execute(
-            select(Episode.group_id, Episode.id)
-            .where(Episode.group_id.in_(ids), Episode.status == "completed")
-            .order_by(Episode.id)
+            select(EpisodeRow.group_id, EpisodeRow.id)
+            .where(EpisodeRow.group_id.in_(ids), EpisodeRow.status == "completed")
+            .order_by(EpisodeRow.id)
         ).all() if ids else []
         by_group: dict[int, list[int]] = {}
         for gid, eid in episodes:
@@ -90,8 +90,8 @@ class Consumption(StoreBase):
         if not ids:
             return []
         rows = {r.id: r for r in conn.execute(
-            select(Episode.id, Episode.group_id, Episode.reward)
-            .where(Episode.id.in_(ids), Episode.status == "completed")
+            select(EpisodeRow.id, EpisodeRow.group_id, EpisodeRow.reward)
+            .where(EpisodeRow.id.in_(ids), EpisodeRow.status == "completed")
         )}
         streams = episode_streams(conn, [i for i in ids if i in rows])
         return [ClaimedEpisode(i, rows[i].group_id, float(rows[i].reward or 0.0), streams[i][0],
@@ -107,20 +107,20 @@ class Consumption(StoreBase):
         t = now()
         version = group_version(measure)
         stale = conn.execute(
-            select(Group.id, version).where(
-                Group.run_id == run_id, version < min_version,
-                or_(Group.status == "ready",
-                    (Group.status == "claimed") & (Group.lease_expires_at < t)),
+            select(GroupRow.id, version).where(
+                GroupRow.run_id == run_id, version < min_version,
+                or_(GroupRow.status == "ready",
+                    (GroupRow.status == "claimed") & (GroupRow.lease_expires_at < t)),
             )
         ).all()
         for gid, sampled in stale:
             what = "an episode's newest token" if measure == "tokens" else "its oldest token"
             reason = (f"stale: {what} was sampled by policy version {sampled}, below the "
                       f"trainer's staleness floor {min_version}")
-            conn.execute(update(Group).where(Group.id == gid)
+            conn.execute(update(GroupRow).where(GroupRow.id == gid)
                          .values(status="filtered", filter_reason=reason, claim_id=None,
                                  claimed_by=None, lease_expires_at=None))
-            conn.execute(update(Episode).where(Episode.group_id == gid, Episode.status == "completed")
+            conn.execute(update(EpisodeRow).where(EpisodeRow.group_id == gid, EpisodeRow.status == "completed")
                          .values(status="filtered", filter_reason=reason))
         return len(stale)
 
@@ -132,9 +132,9 @@ class Consumption(StoreBase):
     def _renew(self, conn: Connection, claim: Claim, lease_s: float) -> float:
         expires = now() + lease_s
         res = conn.execute(
-            update(Group)
-            .where(Group.id.in_(claim.group_ids), Group.claim_id == claim.claim_id,
-                   Group.status == "claimed")
+            update(GroupRow)
+            .where(GroupRow.id.in_(claim.group_ids), GroupRow.claim_id == claim.claim_id,
+                   GroupRow.status == "claimed")
             .values(lease_expires_at=expires)
         )
         if res.rowcount != len(claim.group_ids):
@@ -145,9 +145,9 @@ class Consumption(StoreBase):
     def release(self, conn: Connection, claim: Claim) -> None:
         """Give the claimed groups back without training them."""
         conn.execute(
-            update(Group)
-            .where(Group.id.in_(claim.group_ids), Group.claim_id == claim.claim_id,
-                   Group.status == "claimed")
+            update(GroupRow)
+            .where(GroupRow.id.in_(claim.group_ids), GroupRow.claim_id == claim.claim_id,
+                   GroupRow.status == "claimed")
             .values(status="ready", claim_id=None, claimed_by=None, lease_expires_at=None)
         )
 
@@ -168,16 +168,16 @@ class Consumption(StoreBase):
         """Mark the claim's groups and episodes trained by `step` and publish `version`, all or
         nothing, with each episode's advantage and staleness (`agent_rl.store.staleness`)."""
         latest = conn.scalar(
-            select(PolicyVersion.version).where(PolicyVersion.run_id == run_id)
-            .order_by(PolicyVersion.version.desc()).limit(1)
+            select(PolicyVersionRow.version).where(PolicyVersionRow.run_id == run_id)
+            .order_by(PolicyVersionRow.version.desc()).limit(1)
         )
         if latest is not None and version <= latest:
             raise StoreError(f"policy version {version} is not newer than the latest ({latest})")
         if claim.group_ids:
             res = conn.execute(
-                update(Group)
-                .where(Group.id.in_(claim.group_ids), Group.claim_id == claim.claim_id,
-                       Group.status == "claimed")
+                update(GroupRow)
+                .where(GroupRow.id.in_(claim.group_ids), GroupRow.claim_id == claim.claim_id,
+                       GroupRow.status == "claimed")
                 .values(status="trained", trained_step=step, lease_expires_at=None)
             )
             if res.rowcount != len(claim.group_ids):
@@ -187,8 +187,8 @@ class Consumption(StoreBase):
                     "taken over after the lease expired; the step is discarded"
                 )
             conn.execute(
-                update(Episode)
-                .where(Episode.group_id.in_(claim.group_ids), Episode.status == "completed")
+                update(EpisodeRow)
+                .where(EpisodeRow.group_id.in_(claim.group_ids), EpisodeRow.status == "completed")
                 .values(status="trained", trained_step=step)
             )
             per_episode = {e: {"eid": e, "adv": None, "stale": None}
@@ -204,7 +204,7 @@ class Consumption(StoreBase):
         try:
             with conn.begin_nested():
                 conn.execute(
-                    insert(PolicyVersion).values(
+                    insert(PolicyVersionRow).values(
                         run_id=run_id, version=version, checkpoint=checkpoint, trainer_step=step,
                         metrics=metrics, created_at=now(),
                     )
@@ -217,6 +217,6 @@ class Consumption(StoreBase):
 
 
 _SET_PER_EPISODE = (
-    update(Episode).where(Episode.id == bindparam("eid"))
+    update(EpisodeRow).where(EpisodeRow.id == bindparam("eid"))
     .values(advantage=bindparam("adv"), staleness=bindparam("stale"))
 )

@@ -21,14 +21,14 @@ from agent_rl.store.base import StoreBase, now, read, write
 from agent_rl.store.driver import DriverStatement
 from agent_rl.store.models import (
     TERMINAL_EPISODE_STATUSES,
-    Episode,
-    Group,
-    Message,
-    PolicyVersion,
-    Run,
-    Task,
-    ToolCall,
-    Turn,
+    EpisodeRow,
+    GroupRow,
+    MessageRow,
+    PolicyVersionRow,
+    RunRow,
+    TaskRow,
+    ToolCallRow,
+    TurnRow,
 )
 from agent_rl.store.records import EpisodeEnd, MessageRecord, TurnRecord
 
@@ -46,22 +46,22 @@ class LifecycleWrites(StoreBase):
         """The id of the run called `name`, created if new: a training run with policy version
         0, or (`kind="eval"`) an evaluation of run `evaluates_run_id` at `evaluates_version`,
         which has no policy versions of its own (no trainer consumes it)."""
-        run_id = conn.scalar(select(Run.id).where(Run.name == name))
+        run_id = conn.scalar(select(RunRow.id).where(RunRow.name == name))
         if run_id is not None:
             return run_id
         t = now()
         try:
             with conn.begin_nested():
                 run_id = conn.scalar(
-                    insert(Run).values(name=name, config=config or {}, created_at=t, kind=kind,
+                    insert(RunRow).values(name=name, config=config or {}, created_at=t, kind=kind,
                                        evaluates_run_id=evaluates_run_id,
-                                       evaluates_version=evaluates_version).returning(Run.id)
+                                       evaluates_version=evaluates_version).returning(RunRow.id)
                 )
                 if kind == "train":
-                    conn.execute(insert(PolicyVersion).values(run_id=run_id, version=0, created_at=t))
+                    conn.execute(insert(PolicyVersionRow).values(run_id=run_id, version=0, created_at=t))
         except IntegrityError:
             # Another process (a second serve, the trainer) created it since our select.
-            run_id = conn.scalar(select(Run.id).where(Run.name == name))
+            run_id = conn.scalar(select(RunRow.id).where(RunRow.name == name))
             if run_id is None:
                 raise
         return run_id
@@ -176,7 +176,7 @@ class LifecycleWrites(StoreBase):
             ),
         )
         if row is None:
-            status = conn.scalar(select(Episode.status).where(Episode.id == episode_id))
+            status = conn.scalar(select(EpisodeRow.status).where(EpisodeRow.id == episode_id))
             if status is None:
                 raise NotFoundError(f"episode {episode_id} does not exist")
             raise StoreError(f"episode {episode_id} is {status}, not running: cannot add a turn")
@@ -215,13 +215,13 @@ class LifecycleWrites(StoreBase):
 
     def _add_messages(self, conn: Connection, episode_id: int, messages: list[MessageRecord]) -> None:
         row = conn.execute(
-            select(Episode.num_turns, Episode.num_messages).where(Episode.id == episode_id)
+            select(EpisodeRow.num_turns, EpisodeRow.num_messages).where(EpisodeRow.id == episode_id)
         ).one_or_none()
         if row is None:
             raise NotFoundError(f"episode {episode_id} does not exist")
         _insert_messages(conn, episode_id, max(row.num_turns - 1, 0), row.num_messages, messages)
         conn.execute(
-            update(Episode).where(Episode.id == episode_id)
+            update(EpisodeRow).where(EpisodeRow.id == episode_id)
             .values(num_messages=row.num_messages + len(messages))
         )
 
@@ -229,8 +229,8 @@ class LifecycleWrites(StoreBase):
     def heartbeat(self, conn: Connection, owner: str) -> None:
         """Mark `owner`'s running episodes as alive."""
         conn.execute(
-            update(Episode)
-            .where(Episode.owner == owner, Episode.status == "running")
+            update(EpisodeRow)
+            .where(EpisodeRow.owner == owner, EpisodeRow.status == "running")
             .values(heartbeat_at=now())
         )
 
@@ -244,14 +244,14 @@ class LifecycleWrites(StoreBase):
         a live serve from the turns they persisted; returns their ids. `resolve_interrupted`
         then fails what is left."""
         cond = _gone(owner, stale_after_s) + [
-            Episode.run_id == run_id, Episode.env_id.in_(list(env_ids)),
-            Episode.resumes < max_resumes,
+            EpisodeRow.run_id == run_id, EpisodeRow.env_id.in_(list(env_ids)),
+            EpisodeRow.resumes < max_resumes,
         ]
-        ids = list(conn.scalars(select(Episode.id).where(*cond).order_by(Episode.id)).all())
+        ids = list(conn.scalars(select(EpisodeRow.id).where(*cond).order_by(EpisodeRow.id)).all())
         if ids:
             conn.execute(
-                update(Episode).where(Episode.id.in_(ids), Episode.status == "running")
-                .values(status="waiting", owner=None, resumes=Episode.resumes + 1)
+                update(EpisodeRow).where(EpisodeRow.id.in_(ids), EpisodeRow.status == "running")
+                .values(status="waiting", owner=None, resumes=EpisodeRow.resumes + 1)
             )
         return ids
 
@@ -264,12 +264,12 @@ class LifecycleWrites(StoreBase):
         with cause "interrupted"; returns their ids. Their turns so far stay for inspection."""
         cond = _gone(owner, stale_after_s)
         if run_id is not None:
-            cond.append(Episode.run_id == run_id)
-        ids = list(conn.scalars(select(Episode.id).where(*cond).order_by(Episode.id)).all())
+            cond.append(EpisodeRow.run_id == run_id)
+        ids = list(conn.scalars(select(EpisodeRow.id).where(*cond).order_by(EpisodeRow.id)).all())
         if ids:
             conn.execute(
-                update(Episode)
-                .where(Episode.id.in_(ids), Episode.status == "running")
+                update(EpisodeRow)
+                .where(EpisodeRow.id.in_(ids), EpisodeRow.status == "running")
                 .values(status="failed", error_type="Interrupted",
                         error_cause="interrupted: the process running it stopped", finished_at=now())
             )
@@ -314,12 +314,12 @@ class LifecycleWrites(StoreBase):
     @read
     def groups_to_complete(self, conn: Connection, run_id: int) -> list[int]:
         """Open groups none of whose episodes is waiting or running (e.g. after a restart)."""
-        busy = select(Episode.group_id).where(Episode.status.in_(("waiting", "running")))
+        busy = select(EpisodeRow.group_id).where(EpisodeRow.status.in_(("waiting", "running")))
         return list(
             conn.scalars(
-                select(Group.id)
-                .where(Group.run_id == run_id, Group.status == "open", Group.id.not_in(busy))
-                .order_by(Group.id)
+                select(GroupRow.id)
+                .where(GroupRow.run_id == run_id, GroupRow.status == "open", GroupRow.id.not_in(busy))
+                .order_by(GroupRow.id)
             ).all()
         )
 
@@ -330,8 +330,8 @@ class LifecycleWrites(StoreBase):
 
         logprobs = np.ascontiguousarray(logprobs, dtype=codec.LOGPROB_DTYPE)
         turns = conn.execute(
-            select(Turn.id, Turn.span_start, Turn.num_tokens, Turn.codec)
-            .where(Turn.episode_id == episode_id)
+            select(TurnRow.id, TurnRow.span_start, TurnRow.num_tokens, TurnRow.codec)
+            .where(TurnRow.episode_id == episode_id)
         ).all()
         total = sum(t.num_tokens for t in turns)
         if total != logprobs.shape[0]:
@@ -339,7 +339,7 @@ class LifecycleWrites(StoreBase):
         for t in turns:
             span = logprobs[t.span_start : t.span_start + t.num_tokens]
             conn.execute(
-                update(Turn).where(Turn.id == t.id).values(trainer_logprobs=codec.encode(span, t.codec))
+                update(TurnRow).where(TurnRow.id == t.id).values(trainer_logprobs=codec.encode(span, t.codec))
             )
 
 
@@ -347,84 +347,84 @@ class LifecycleWrites(StoreBase):
 # more CPU than the database work for a turn. Those each turn or episode runs go to the driver's
 # cursor (`DriverStatement`): SQLAlchemy's per-execute work cost about as much again.
 _START = DriverStatement(
-    update(Episode)
-    .where(Episode.id == bindparam("eid"), Episode.status == "waiting")
+    update(EpisodeRow)
+    .where(EpisodeRow.id == bindparam("eid"), EpisodeRow.status == "waiting")
     # A resumed episode keeps the start of its first run.
     .values(status="running", owner=bindparam("owner"),
-            started_at=func.coalesce(Episode.started_at, bindparam("t")), heartbeat_at=bindparam("t"))
+            started_at=func.coalesce(EpisodeRow.started_at, bindparam("t")), heartbeat_at=bindparam("t"))
 )
-_INSERT_TASK = insert(Task).returning(Task.id)
-_INSERT_GROUP = insert(Group).returning(Group.id)
-_INSERT_EPISODES = insert(Episode).returning(Episode.id, sort_by_parameter_order=True)
-_INSERT_TURN = DriverStatement(insert(Turn), [
+_INSERT_TASK = insert(TaskRow).returning(TaskRow.id)
+_INSERT_GROUP = insert(GroupRow).returning(GroupRow.id)
+_INSERT_EPISODES = insert(EpisodeRow).returning(EpisodeRow.id, sort_by_parameter_order=True)
+_INSERT_TURN = DriverStatement(insert(TurnRow), [
     "episode_id", "index", "span_start", "num_tokens", "num_prompt_tokens", "finish_reason", "drift",
     "segment", "started_at", "finished_at", "codec", "token_ids", "logprobs", "loss_mask", "versions",
     "routed_experts", "experts_shape", "trainer_logprobs",
 ])
-_INSERT_MESSAGE = DriverStatement(insert(Message), [
+_INSERT_MESSAGE = DriverStatement(insert(MessageRow), [
     "episode_id", "turn_index", "position", "role", "content", "tool_calls", "name",
 ])
-_INSERT_TOOL_CALL = DriverStatement(insert(ToolCall), [
+_INSERT_TOOL_CALL = DriverStatement(insert(ToolCallRow), [
     "episode_id", "turn_index", "call_index", "name", "arguments", "status", "output", "exit_status",
     "duration_s", "sandbox_error",
 ])
 _LO, _HI = bindparam("lo", type_=Integer), bindparam("hi", type_=Integer)
 _UPDATE_FOR_TURN = DriverStatement(
-    update(Episode)
-    .where(Episode.id == bindparam("eid"), Episode.status == "running")
+    update(EpisodeRow)
+    .where(EpisodeRow.id == bindparam("eid"), EpisodeRow.status == "running")
     .values(
-        num_turns=Episode.num_turns + 1,
-        num_messages=Episode.num_messages + bindparam("messages", type_=Integer),
-        num_tokens=Episode.num_tokens + bindparam("tokens", type_=Integer),
-        num_model_tokens=Episode.num_model_tokens + bindparam("model_tokens", type_=Integer),
+        num_turns=EpisodeRow.num_turns + 1,
+        num_messages=EpisodeRow.num_messages + bindparam("messages", type_=Integer),
+        num_tokens=EpisodeRow.num_tokens + bindparam("tokens", type_=Integer),
+        num_model_tokens=EpisodeRow.num_model_tokens + bindparam("model_tokens", type_=Integer),
         # The turn's model tokens widen the episode's version range (NULL: none yet).
-        min_version=case((_LO.is_(None), Episode.min_version),
-                         (Episode.min_version.is_(None) | (_LO < Episode.min_version), _LO),
-                         else_=Episode.min_version),
-        max_version=case((_HI.is_(None), Episode.max_version),
-                         (Episode.max_version.is_(None) | (_HI > Episode.max_version), _HI),
-                         else_=Episode.max_version),
-        drift_count=Episode.drift_count + bindparam("drift", type_=Integer),
-        tool_error_count=Episode.tool_error_count + bindparam("tool_errors", type_=Integer),
+        min_version=case((_LO.is_(None), EpisodeRow.min_version),
+                         (EpisodeRow.min_version.is_(None) | (_LO < EpisodeRow.min_version), _LO),
+                         else_=EpisodeRow.min_version),
+        max_version=case((_HI.is_(None), EpisodeRow.max_version),
+                         (EpisodeRow.max_version.is_(None) | (_HI > EpisodeRow.max_version), _HI),
+                         else_=EpisodeRow.max_version),
+        drift_count=EpisodeRow.drift_count + bindparam("drift", type_=Integer),
+        tool_error_count=EpisodeRow.tool_error_count + bindparam("tool_errors", type_=Integer),
         heartbeat_at=bindparam("heartbeat_at"),
     )
-    .returning(Episode.num_turns, Episode.num_tokens, Episode.num_messages)
+    .returning(EpisodeRow.num_turns, EpisodeRow.num_tokens, EpisodeRow.num_messages)
 )
 _COMPLETE = DriverStatement(
-    update(Episode)
-    .where(Episode.id == bindparam("eid"), Episode.status == "running")
+    update(EpisodeRow)
+    .where(EpisodeRow.id == bindparam("eid"), EpisodeRow.status == "running")
     .values(status="completed", finished_at=bindparam("t"), reward=bindparam("reward"),
-            reward_details=bindparam("details", type_=Episode.reward_details.type))
-    .returning(Episode.num_turns)
+            reward_details=bindparam("details", type_=EpisodeRow.reward_details.type))
+    .returning(EpisodeRow.num_turns)
 )
 _FAIL = DriverStatement(
-    update(Episode)
+    update(EpisodeRow)
     # Not `in_`: its expanding parameter needs SQLAlchemy's execution.
-    .where(Episode.id == bindparam("eid"), or_(Episode.status == "waiting", Episode.status == "running"))
+    .where(EpisodeRow.id == bindparam("eid"), or_(EpisodeRow.status == "waiting", EpisodeRow.status == "running"))
     .values(status="failed", finished_at=bindparam("t"), error_type=bindparam("error_type"),
             error_cause=bindparam("cause"))
-    .returning(Episode.num_turns)
+    .returning(EpisodeRow.num_turns)
 )
-_GROUP_STATUS = select(Group.status).where(Group.id == bindparam("gid"))
-_GROUP_VERSIONS = (select(Episode.status, Episode.min_version, Episode.max_version)
-                   .where(Episode.group_id == bindparam("gid")))
+_GROUP_STATUS = select(GroupRow.status).where(GroupRow.id == bindparam("gid"))
+_GROUP_VERSIONS = (select(EpisodeRow.status, EpisodeRow.min_version, EpisodeRow.max_version)
+                   .where(EpisodeRow.group_id == bindparam("gid")))
 _FILTER_GROUP_EPISODES = (
-    update(Episode)
-    .where(Episode.group_id == bindparam("gid"), Episode.status == "completed")
+    update(EpisodeRow)
+    .where(EpisodeRow.group_id == bindparam("gid"), EpisodeRow.status == "completed")
     .values(status="filtered", filter_reason=bindparam("reason"))
 )
-_GROUP_ID = Group.id == bindparam("gid")
+_GROUP_ID = GroupRow.id == bindparam("gid")
 _DECIDE_GROUP = {
-    "filtered": update(Group).where(_GROUP_ID).values(status="filtered", filter_reason=bindparam("reason")),
-    "ready": update(Group).where(_GROUP_ID).values(
+    "filtered": update(GroupRow).where(_GROUP_ID).values(status="filtered", filter_reason=bindparam("reason")),
+    "ready": update(GroupRow).where(_GROUP_ID).values(
         status="ready", ready_at=bindparam("t"), min_version=bindparam("lo", type_=Integer),
         newest_version=bindparam("hi", type_=Integer)),
-    "failed": update(Group).where(_GROUP_ID).values(status="failed"),
+    "failed": update(GroupRow).where(_GROUP_ID).values(status="failed"),
 }
 _SET_REWARD = (
-    update(Episode)
-    .where(Episode.id == bindparam("eid"), Episode.group_id == bindparam("gid"),
-           Episode.status == "completed")
+    update(EpisodeRow)
+    .where(EpisodeRow.id == bindparam("eid"), EpisodeRow.group_id == bindparam("gid"),
+           EpisodeRow.status == "completed")
     .values(reward=bindparam("reward"))
 )
 
@@ -453,16 +453,16 @@ def _gone(owner: str | None, stale_after_s: float | None) -> list[Any]:
     """Running episodes whose process stopped: by its owner name, or silent for a while."""
     if owner is None and stale_after_s is None:
         raise ValueError("give the owner that stopped or a staleness threshold")
-    cond: list[Any] = [Episode.status == "running"]
+    cond: list[Any] = [EpisodeRow.status == "running"]
     if owner is not None:
-        cond.append(Episode.owner == owner)
+        cond.append(EpisodeRow.owner == owner)
     if stale_after_s is not None:
-        cond.append(Episode.heartbeat_at < now() - stale_after_s)
+        cond.append(EpisodeRow.heartbeat_at < now() - stale_after_s)
     return cond
 
 
 def _raise_state(conn: Connection, episode_id: int, expected: str) -> None:
-    status = conn.scalar(select(Episode.status).where(Episode.id == episode_id))
+    status = conn.scalar(select(EpisodeRow.status).where(EpisodeRow.id == episode_id))
     if status is None:
         raise NotFoundError(f"episode {episode_id} does not exist")
     raise StoreError(f"episode {episode_id} is {status}, expected {expected}")

@@ -27,46 +27,46 @@ from agent_rl.store.base import StoreBase, read
 from agent_rl.store.models import (
     MESSAGE_SEARCH,
     TERMINAL_EPISODE_STATUSES,
-    Episode,
-    Group,
-    Message,
-    PolicyVersion,
-    Run,
-    Task,
-    ToolCall,
-    Turn,
+    EpisodeRow,
+    GroupRow,
+    MessageRow,
+    PolicyVersionRow,
+    RunRow,
+    TaskRow,
+    ToolCallRow,
+    TurnRow,
 )
 from agent_rl.store.records import Audit, Endings, EpisodeDetail, EpisodeSummary, Ledger, TurnView
 
 if TYPE_CHECKING:
     import numpy as np
 
-_SUMMARY_COLUMNS = [getattr(Episode, f.name) for f in fields(EpisodeSummary)]
+_SUMMARY_COLUMNS = [getattr(EpisodeRow, f.name) for f in fields(EpisodeSummary)]
 # The reads every episode makes, built once: a statement built per call cost ~10x its execution
 # (SQLAlchemy derives a new statement's cache key on each run; ~1.3 ms for a summary's columns).
-_LATEST_VERSION = select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == bindparam("run"))
-_GROUP_EPISODES = (select(*_SUMMARY_COLUMNS).where(Episode.group_id == bindparam("gid"))
-                   .order_by(Episode.index))
+_LATEST_VERSION = select(func.max(PolicyVersionRow.version)).where(PolicyVersionRow.run_id == bindparam("run"))
+_GROUP_EPISODES = (select(*_SUMMARY_COLUMNS).where(EpisodeRow.group_id == bindparam("gid"))
+                   .order_by(EpisodeRow.index))
 # Sort keys of `list_episodes` (None: the id itself). Missing values sort as the lowest, through
 # a sentinel rather than NULLS FIRST/LAST, so that keyset pagination compares plain numbers.
 NULL_KEY = -1e300
 SORT_KEYS = {
     "id": None,
-    "reward": func.coalesce(Episode.reward, NULL_KEY),
-    "num_turns": Episode.num_turns,
-    "num_tokens": Episode.num_tokens,
-    "created_at": Episode.created_at,
-    "finished_at": func.coalesce(Episode.finished_at, NULL_KEY),
+    "reward": func.coalesce(EpisodeRow.reward, NULL_KEY),
+    "num_turns": EpisodeRow.num_turns,
+    "num_tokens": EpisodeRow.num_tokens,
+    "created_at": EpisodeRow.created_at,
+    "finished_at": func.coalesce(EpisodeRow.finished_at, NULL_KEY),
 }
 
 
 # Filter reasons by kind. The texts come from the scheduler (zero variance, a failed group
 # hook), the trainer's stale filter (`consume.filter_stale`) and forks (`api/fork.py`).
 FILTER_KIND = case(
-    (Episode.filter_reason.like("stale%"), "stale"),
-    (Episode.filter_reason.like("zero reward variance%"), "zero_variance"),
-    (Episode.filter_reason.like("group reward hook failed%"), "group_reward_failed"),
-    (Episode.filter_reason.like("fork of episode%"), "fork"),
+    (EpisodeRow.filter_reason.like("stale%"), "stale"),
+    (EpisodeRow.filter_reason.like("zero reward variance%"), "zero_variance"),
+    (EpisodeRow.filter_reason.like("group reward hook failed%"), "group_reward_failed"),
+    (EpisodeRow.filter_reason.like("fork of episode%"), "fork"),
     else_="other",
 )
 
@@ -74,7 +74,7 @@ FILTER_KIND = case(
 class Queries(StoreBase):
     @read
     def run_id(self, conn: Connection, name: str) -> int:
-        run_id = conn.scalar(select(Run.id).where(Run.name == name))
+        run_id = conn.scalar(select(RunRow.id).where(RunRow.name == name))
         if run_id is None:
             raise NotFoundError(f"no run named {name!r} in the store")
         return run_id
@@ -88,7 +88,7 @@ class Queries(StoreBase):
     @read
     def policy_versions(self, conn: Connection, run_id: int) -> list[dict[str, Any]]:
         rows = conn.execute(
-            select(PolicyVersion).where(PolicyVersion.run_id == run_id).order_by(PolicyVersion.version)
+            select(PolicyVersionRow).where(PolicyVersionRow.run_id == run_id).order_by(PolicyVersionRow.version)
         ).mappings().all()
         return [dict(r) for r in rows]
 
@@ -126,37 +126,37 @@ class Queries(StoreBase):
             raise ValueError(f"unknown sort {sort!r}: use one of {', '.join(SORT_KEYS)}, or -KEY")
         cond = []
         if group_id is not None:
-            cond.append(Episode.group_id == group_id)
+            cond.append(EpisodeRow.group_id == group_id)
         if text:
-            cond.append(Episode.id.in_(self._messages_with(text)))
+            cond.append(EpisodeRow.id.in_(self._messages_with(text)))
         if has_tool_error is not None:
-            cond.append(Episode.tool_error_count > 0 if has_tool_error else Episode.tool_error_count == 0)
+            cond.append(EpisodeRow.tool_error_count > 0 if has_tool_error else EpisodeRow.tool_error_count == 0)
         if drift is not None:
-            cond.append(Episode.drift_count > 0 if drift else Episode.drift_count == 0)
+            cond.append(EpisodeRow.drift_count > 0 if drift else EpisodeRow.drift_count == 0)
         if run_id is not None:
-            cond.append(Episode.run_id == run_id)
+            cond.append(EpisodeRow.run_id == run_id)
         if status is not None:
-            cond.append(Episode.status == status)
+            cond.append(EpisodeRow.status == status)
         if env_id is not None:
-            cond.append(Episode.env_id == env_id)
+            cond.append(EpisodeRow.env_id == env_id)
         if min_reward is not None:
-            cond.append(Episode.reward >= min_reward)
+            cond.append(EpisodeRow.reward >= min_reward)
         if max_reward is not None:
-            cond.append(Episode.reward <= max_reward)
+            cond.append(EpisodeRow.reward <= max_reward)
         if min_version is not None:
-            cond.append(Episode.min_version >= min_version)
+            cond.append(EpisodeRow.min_version >= min_version)
         if max_version is not None:
-            cond.append(Episode.max_version <= max_version)
+            cond.append(EpisodeRow.max_version <= max_version)
         desc = sort.startswith("-")
         key = SORT_KEYS[sort.lstrip("-")]
         if after_id is not None:
-            later = Episode.id < after_id if desc else Episode.id > after_id
+            later = EpisodeRow.id < after_id if desc else EpisodeRow.id > after_id
             if key is not None and after_key is not None:
                 past = key < after_key if desc else key > after_key
                 later = or_(past, and_(key == after_key, later))
             cond.append(later)
         order = [] if key is None else [key.desc() if desc else key.asc()]
-        order.append(Episode.id.desc() if desc else Episode.id.asc())
+        order.append(EpisodeRow.id.desc() if desc else EpisodeRow.id.asc())
         rows = conn.execute(select(*_SUMMARY_COLUMNS).where(*cond).order_by(*order).limit(limit)).all()
         return [EpisodeSummary(*r) for r in rows]
 
@@ -169,35 +169,35 @@ class Queries(StoreBase):
             hits = select(literal_column("rowid")).select_from(table(MESSAGE_SEARCH)).where(
                 literal_column(MESSAGE_SEARCH).op("MATCH")(phrase)
             )
-            return select(Message.episode_id).where(Message.id.in_(hits))
+            return select(MessageRow.episode_id).where(MessageRow.id.in_(hits))
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         # Written into the SQL, not bound: PostgreSQL plans a bound pattern once it is prepared
         # (psycopg prepares a statement run five times) with a generic plan that cannot see the
         # trigrams, and walked every message for a rare text (0.3-1.5 s at 10k episodes).
         inline = bindparam("pattern", pattern, literal_execute=True)
-        return select(Message.episode_id).where(Message.content.ilike(inline, escape="\\"))
+        return select(MessageRow.episode_id).where(MessageRow.content.ilike(inline, escape="\\"))
 
     @read
     def get_episode(self, conn: Connection, episode_id: int) -> EpisodeDetail:
-        row = conn.execute(select(*_SUMMARY_COLUMNS).where(Episode.id == episode_id)).one_or_none()
+        row = conn.execute(select(*_SUMMARY_COLUMNS).where(EpisodeRow.id == episode_id)).one_or_none()
         if row is None:
             raise NotFoundError(f"episode {episode_id} does not exist: list ids with `agent-rl episodes list`")
         turns = conn.execute(
-            select(Turn.index, Turn.span_start, Turn.num_tokens, Turn.num_prompt_tokens,
-                   Turn.finish_reason, Turn.drift, Turn.started_at, Turn.finished_at, Turn.segment)
-            .where(Turn.episode_id == episode_id).order_by(Turn.index)
+            select(TurnRow.index, TurnRow.span_start, TurnRow.num_tokens, TurnRow.num_prompt_tokens,
+                   TurnRow.finish_reason, TurnRow.drift, TurnRow.started_at, TurnRow.finished_at, TurnRow.segment)
+            .where(TurnRow.episode_id == episode_id).order_by(TurnRow.index)
         ).all()
         messages = conn.execute(
-            select(Message.turn_index, Message.position, Message.role, Message.content,
-                   Message.tool_calls, Message.name)
-            .where(Message.episode_id == episode_id).order_by(Message.position)
+            select(MessageRow.turn_index, MessageRow.position, MessageRow.role, MessageRow.content,
+                   MessageRow.tool_calls, MessageRow.name)
+            .where(MessageRow.episode_id == episode_id).order_by(MessageRow.position)
         ).mappings().all()
         calls = conn.execute(
-            select(ToolCall.turn_index, ToolCall.call_index, ToolCall.name, ToolCall.arguments,
-                   ToolCall.status, ToolCall.output, ToolCall.exit_status, ToolCall.duration_s,
-                   ToolCall.sandbox_error)
-            .where(ToolCall.episode_id == episode_id)
-            .order_by(ToolCall.turn_index, ToolCall.call_index)
+            select(ToolCallRow.turn_index, ToolCallRow.call_index, ToolCallRow.name, ToolCallRow.arguments,
+                   ToolCallRow.status, ToolCallRow.output, ToolCallRow.exit_status, ToolCallRow.duration_s,
+                   ToolCallRow.sandbox_error)
+            .where(ToolCallRow.episode_id == episode_id)
+            .order_by(ToolCallRow.turn_index, ToolCallRow.call_index)
         ).mappings().all()
         return EpisodeDetail(
             episode=EpisodeSummary(*row),
@@ -218,7 +218,7 @@ class Queries(StoreBase):
 
     @read
     def _tokens(self, conn: Connection, episode_id: int) -> tuple[TokenArrays, np.ndarray | None]:
-        if conn.scalar(select(Episode.id).where(Episode.id == episode_id)) is None:
+        if conn.scalar(select(EpisodeRow.id).where(EpisodeRow.id == episode_id)) is None:
             raise NotFoundError(f"episode {episode_id} does not exist")
         tokens, trainer, _ = episode_streams(conn, [episode_id])[episode_id]
         return tokens, trainer
@@ -226,7 +226,7 @@ class Queries(StoreBase):
     @read
     def get_task(self, conn: Connection, task_id: int) -> dict[str, Any]:
         """A task row: id, run_id, env_id, key (the task's id in its source) and payload."""
-        row = conn.execute(select(Task).where(Task.id == task_id)).mappings().one_or_none()
+        row = conn.execute(select(TaskRow).where(TaskRow.id == task_id)).mappings().one_or_none()
         if row is None:
             raise NotFoundError(f"task {task_id} does not exist")
         return dict(row)
@@ -236,8 +236,8 @@ class Queries(StoreBase):
         """Tasks of the run drawn for `env_id` so far (a restarted scheduler skips them)."""
         return int(
             conn.scalar(
-                select(func.count()).select_from(Task)
-                .where(Task.run_id == run_id, Task.env_id == env_id)
+                select(func.count()).select_from(TaskRow)
+                .where(TaskRow.run_id == run_id, TaskRow.env_id == env_id)
             ) or 0
         )
 
@@ -245,17 +245,17 @@ class Queries(StoreBase):
     def unfinished_groups(self, conn: Connection, run_id: int, env_id: str | None = None) -> list[dict[str, Any]]:
         """Open groups of the run with their task and the ids of their still-waiting episodes
         (admitted but never started, e.g. before a restart), oldest first."""
-        cond = [Group.run_id == run_id, Group.status == "open"]
+        cond = [GroupRow.run_id == run_id, GroupRow.status == "open"]
         if env_id is not None:
-            cond.append(Group.env_id == env_id)
+            cond.append(GroupRow.env_id == env_id)
         groups = conn.execute(
-            select(Group.id, Group.task_id, Group.env_id).where(*cond).order_by(Group.id)
+            select(GroupRow.id, GroupRow.task_id, GroupRow.env_id).where(*cond).order_by(GroupRow.id)
         ).all()
         out = []
         for g in groups:
             waiting = conn.scalars(
-                select(Episode.id).where(Episode.group_id == g.id, Episode.status == "waiting")
-                .order_by(Episode.id)
+                select(EpisodeRow.id).where(EpisodeRow.group_id == g.id, EpisodeRow.status == "waiting")
+                .order_by(EpisodeRow.id)
             ).all()
             out.append({"group_id": g.id, "task_id": g.task_id, "env_id": g.env_id,
                         "waiting": list(waiting)})
@@ -265,15 +265,15 @@ class Queries(StoreBase):
     def queued_groups(self, conn: Connection, run_id: int) -> int:
         """The run's groups admitted and not yet taken by a trainer (running or ready)."""
         return int(conn.scalar(
-            select(func.count()).select_from(Group)
-            .where(Group.run_id == run_id, Group.status.in_(("open", "ready")))
+            select(func.count()).select_from(GroupRow)
+            .where(GroupRow.run_id == run_id, GroupRow.status.in_(("open", "ready")))
         ))
 
     @read
     def episodes_by_id(self, conn: Connection, ids: list[int]) -> list[EpisodeSummary]:
         """These episodes' rows, by id (missing ids are left out)."""
         rows = conn.execute(
-            select(*_SUMMARY_COLUMNS).where(Episode.id.in_(ids)).order_by(Episode.id)
+            select(*_SUMMARY_COLUMNS).where(EpisodeRow.id.in_(ids)).order_by(EpisodeRow.id)
         ).all()
         return [EpisodeSummary(*r) for r in rows]
 
@@ -293,33 +293,33 @@ class Queries(StoreBase):
     def audit(self, conn: Connection, run_id: int) -> Audit:
         """Check the run's bookkeeping from the rows themselves (see `Audit`)."""
         ledger = _ledger(conn, run_id)
-        run = Episode.run_id == run_id
-        count = lambda *cond: int(conn.scalar(select(func.count()).select_from(Episode).where(run, *cond)))  # noqa: E731
+        run = EpisodeRow.run_id == run_id
+        count = lambda *cond: int(conn.scalar(select(func.count()).select_from(EpisodeRow).where(run, *cond)))  # noqa: E731
         sizes = conn.execute(
-            select(Group.size, func.count(Episode.id)).select_from(Group)
-            .outerjoin(Episode, Episode.group_id == Group.id)
-            .where(Group.run_id == run_id, Group.status != "open").group_by(Group.id, Group.size)
+            select(GroupRow.size, func.count(EpisodeRow.id)).select_from(GroupRow)
+            .outerjoin(EpisodeRow, EpisodeRow.group_id == GroupRow.id)
+            .where(GroupRow.run_id == run_id, GroupRow.status != "open").group_by(GroupRow.id, GroupRow.size)
         ).all()
         published = 0
         for (metrics,) in conn.execute(
-            select(PolicyVersion.metrics).where(PolicyVersion.run_id == run_id)
+            select(PolicyVersionRow.metrics).where(PolicyVersionRow.run_id == run_id)
         ):
             published += int((metrics or {}).get("episodes", 0))
         return Audit(
             ledger=ledger,
             lost=sum(max(size - n, 0) for size, n in sizes),
             not_terminal=ledger.waiting + ledger.running,
-            failed_without_cause=count(Episode.status == "failed",
-                                       or_(Episode.error_type.is_(None), Episode.error_cause.is_(None))),
-            filtered_without_reason=count(Episode.status == "filtered", Episode.filter_reason.is_(None)),
-            trained_without_step=count(Episode.status == "trained", Episode.trained_step.is_(None)),
+            failed_without_cause=count(EpisodeRow.status == "failed",
+                                       or_(EpisodeRow.error_type.is_(None), EpisodeRow.error_cause.is_(None))),
+            filtered_without_reason=count(EpisodeRow.status == "filtered", EpisodeRow.filter_reason.is_(None)),
+            trained_without_step=count(EpisodeRow.status == "trained", EpisodeRow.trained_step.is_(None)),
             trained_by_steps=published,
         )
 
     @read
     def get_group(self, conn: Connection, group_id: int) -> dict[str, Any]:
         """A group row: task, env, size, status, filter reason, claim, trained step, times."""
-        row = conn.execute(select(Group).where(Group.id == group_id)).mappings().one_or_none()
+        row = conn.execute(select(GroupRow).where(GroupRow.id == group_id)).mappings().one_or_none()
         if row is None:
             raise NotFoundError(f"group {group_id} does not exist")
         return dict(row)
@@ -329,21 +329,21 @@ class Queries(StoreBase):
         """Every run (id, name, created_at, kind and, for an evaluation, the run and version it
         evaluated) with its latest policy version and episode count."""
         latest = (
-            select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == Run.id)
+            select(func.max(PolicyVersionRow.version)).where(PolicyVersionRow.run_id == RunRow.id)
             .scalar_subquery()
         )
-        episodes = select(func.count(Episode.id)).where(Episode.run_id == Run.id).scalar_subquery()
+        episodes = select(func.count(EpisodeRow.id)).where(EpisodeRow.run_id == RunRow.id).scalar_subquery()
         rows = conn.execute(
-            select(Run.id, Run.name, Run.created_at, latest.label("latest_version"),
-                   episodes.label("num_episodes"), Run.kind, Run.evaluates_run_id,
-                   Run.evaluates_version).order_by(Run.id)
+            select(RunRow.id, RunRow.name, RunRow.created_at, latest.label("latest_version"),
+                   episodes.label("num_episodes"), RunRow.kind, RunRow.evaluates_run_id,
+                   RunRow.evaluates_version).order_by(RunRow.id)
         ).mappings().all()
         return [dict(r) for r in rows]
 
     @read
     def get_run(self, conn: Connection, run_id: int) -> dict[str, Any]:
         """A run row with its config."""
-        row = conn.execute(select(Run).where(Run.id == run_id)).mappings().one_or_none()
+        row = conn.execute(select(RunRow).where(RunRow.id == run_id)).mappings().one_or_none()
         if row is None:
             raise NotFoundError(f"run {run_id} does not exist")
         return dict(row)
@@ -355,14 +355,14 @@ class Queries(StoreBase):
         failed episode scores 0: the policy earned nothing), their mean and its standard error
         over tasks."""
         rows = conn.execute(
-            select(Run.id, Run.name, Run.evaluates_version, Run.created_at, Episode.task_id,
-                   func.avg(func.coalesce(Episode.reward, 0.0)), func.count(),
-                   func.sum(case((Episode.status == "failed", 1), else_=0)))
-            .join(Episode, Episode.run_id == Run.id)
-            .where(Run.kind == "eval", Run.evaluates_run_id == run_id,
-                   Episode.status.in_(TERMINAL_EPISODE_STATUSES))
-            .group_by(Run.id, Run.name, Run.evaluates_version, Run.created_at, Episode.task_id)
-            .order_by(Run.id, Episode.task_id)
+            select(RunRow.id, RunRow.name, RunRow.evaluates_version, RunRow.created_at, EpisodeRow.task_id,
+                   func.avg(func.coalesce(EpisodeRow.reward, 0.0)), func.count(),
+                   func.sum(case((EpisodeRow.status == "failed", 1), else_=0)))
+            .join(EpisodeRow, EpisodeRow.run_id == RunRow.id)
+            .where(RunRow.kind == "eval", RunRow.evaluates_run_id == run_id,
+                   EpisodeRow.status.in_(TERMINAL_EPISODE_STATUSES))
+            .group_by(RunRow.id, RunRow.name, RunRow.evaluates_version, RunRow.created_at, EpisodeRow.task_id)
+            .order_by(RunRow.id, EpisodeRow.task_id)
         ).all()
         out: dict[int, dict[str, Any]] = {}
         for rid, name, version, created, _, mean, n, failed in rows:
@@ -384,26 +384,26 @@ class Queries(StoreBase):
     def endings(self, conn: Connection, run_id: int | None = None, *, owner: str | None = None) -> Endings:
         """How the run's episodes ended, counted by reason (see `Endings`); with `owner`, only
         those that process ran."""
-        cond = [] if run_id is None else [Episode.run_id == run_id]
+        cond = [] if run_id is None else [EpisodeRow.run_id == run_id]
         if owner is not None:
-            cond.append(Episode.owner == owner)
-        truncated = Episode.reward_details["truncated"].as_string()
+            cond.append(EpisodeRow.owner == owner)
+        truncated = EpisodeRow.reward_details["truncated"].as_string()
         out = Endings()
         for reason, n in conn.execute(
             select(truncated, func.count()).where(
-                *cond, Episode.status.in_(("completed", "trained", "filtered")),
+                *cond, EpisodeRow.status.in_(("completed", "trained", "filtered")),
                 truncated.is_not(None), truncated.not_in(("false", "0")),  # SQLite: false is 0
             ).group_by(truncated)
         ):
             out.truncated[str(reason)] = int(n)
         for kind, n in conn.execute(
-            select(FILTER_KIND, func.count()).where(*cond, Episode.status == "filtered")
+            select(FILTER_KIND, func.count()).where(*cond, EpisodeRow.status == "filtered")
             .group_by(FILTER_KIND)
         ):
             out.filtered[str(kind)] = int(n)
         for error_type, n in conn.execute(
-            select(Episode.error_type, func.count()).where(*cond, Episode.status == "failed")
-            .group_by(Episode.error_type)
+            select(EpisodeRow.error_type, func.count()).where(*cond, EpisodeRow.status == "failed")
+            .group_by(EpisodeRow.error_type)
         ):
             out.failed[str(error_type)] = int(n)
         return out
@@ -413,23 +413,23 @@ class Queries(StoreBase):
                         limit: int = 5000) -> dict[str, list[dict[str, Any]]]:
         """The newest `limit` finished episodes and tool calls (for throughput, staleness and
         latency statistics), and the run's policy versions with the step that made each."""
-        ep_cond = [Episode.finished_at.is_not(None)]
+        ep_cond = [EpisodeRow.finished_at.is_not(None)]
         if run_id is not None:
-            ep_cond.append(Episode.run_id == run_id)
+            ep_cond.append(EpisodeRow.run_id == run_id)
         episodes = conn.execute(
-            select(Episode.run_id, Episode.env_id, Episode.status, Episode.started_at, Episode.finished_at,
-                   Episode.num_tokens, Episode.num_model_tokens, Episode.min_version,
-                   Episode.trained_step, Episode.staleness)
-            .where(*ep_cond).order_by(Episode.finished_at.desc()).limit(limit)
+            select(EpisodeRow.run_id, EpisodeRow.env_id, EpisodeRow.status, EpisodeRow.started_at,
+                   EpisodeRow.finished_at, EpisodeRow.num_tokens, EpisodeRow.num_model_tokens,
+                   EpisodeRow.min_version, EpisodeRow.trained_step, EpisodeRow.staleness)
+            .where(*ep_cond).order_by(EpisodeRow.finished_at.desc()).limit(limit)
         ).mappings().all()
-        calls = select(ToolCall.name, ToolCall.status, ToolCall.duration_s)
+        calls = select(ToolCallRow.name, ToolCallRow.status, ToolCallRow.duration_s)
         if run_id is not None:
-            calls = calls.join(Episode, Episode.id == ToolCall.episode_id).where(Episode.run_id == run_id)
-        tool_calls = conn.execute(calls.order_by(ToolCall.id.desc()).limit(limit)).mappings().all()
-        ver_cond = [] if run_id is None else [PolicyVersion.run_id == run_id]
+            calls = calls.join(EpisodeRow, EpisodeRow.id == ToolCallRow.episode_id).where(EpisodeRow.run_id == run_id)
+        tool_calls = conn.execute(calls.order_by(ToolCallRow.id.desc()).limit(limit)).mappings().all()
+        ver_cond = [] if run_id is None else [PolicyVersionRow.run_id == run_id]
         versions = conn.execute(
-            select(PolicyVersion.run_id, PolicyVersion.version, PolicyVersion.trainer_step)
-            .where(*ver_cond).order_by(PolicyVersion.version)
+            select(PolicyVersionRow.run_id, PolicyVersionRow.version, PolicyVersionRow.trainer_step)
+            .where(*ver_cond).order_by(PolicyVersionRow.version)
         ).mappings().all()
         return {
             "episodes": [dict(r) for r in episodes],
@@ -439,12 +439,12 @@ class Queries(StoreBase):
 
 
 def _ledger(conn: Connection, run_id: int | None, owner: str | None = None) -> Ledger:
-    cond = [] if run_id is None else [Episode.run_id == run_id]
+    cond = [] if run_id is None else [EpisodeRow.run_id == run_id]
     if owner is not None:
-        cond.append(Episode.owner == owner)
+        cond.append(EpisodeRow.owner == owner)
     rows = conn.execute(
-        select(Episode.status, Run.kind, func.count(), func.avg(Episode.reward))
-        .join(Run, Run.id == Episode.run_id).where(*cond).group_by(Episode.status, Run.kind)
+        select(EpisodeRow.status, RunRow.kind, func.count(), func.avg(EpisodeRow.reward))
+        .join(RunRow, RunRow.id == EpisodeRow.run_id).where(*cond).group_by(EpisodeRow.status, RunRow.kind)
     ).all()
     counts: dict[str, int] = {}
     for status, kind, n, _ in rows:
@@ -456,8 +456,8 @@ def _ledger(conn: Connection, run_id: int | None, owner: str | None = None) -> L
     mean = sum(n * r for n, r in rewarded) / total if total else None
     if owner is None:
         # Counted from the groups as admitted, not from the episode rows: a lost row shows.
-        group_cond = [] if run_id is None else [Group.run_id == run_id]
-        admitted = int(conn.scalar(select(func.coalesce(func.sum(Group.size), 0)).where(*group_cond)))
+        group_cond = [] if run_id is None else [GroupRow.run_id == run_id]
+        admitted = int(conn.scalar(select(func.coalesce(func.sum(GroupRow.size), 0)).where(*group_cond)))
     else:
         admitted = sum(counts.values())  # the episodes it ran: its share of admission
     return Ledger(admitted=admitted, mean_reward=mean, **counts)
@@ -472,10 +472,10 @@ def episode_streams(
     import numpy as np
 
     rows = conn.execute(
-        select(Turn.episode_id, Turn.codec, Turn.token_ids, Turn.logprobs, Turn.loss_mask,
-               Turn.versions, Turn.routed_experts, Turn.experts_shape, Turn.trainer_logprobs,
-               Turn.span_start, Turn.segment)
-        .where(Turn.episode_id.in_(episode_ids)).order_by(Turn.episode_id, Turn.index)
+        select(TurnRow.episode_id, TurnRow.codec, TurnRow.token_ids, TurnRow.logprobs, TurnRow.loss_mask,
+               TurnRow.versions, TurnRow.routed_experts, TurnRow.experts_shape, TurnRow.trainer_logprobs,
+               TurnRow.span_start, TurnRow.segment)
+        .where(TurnRow.episode_id.in_(episode_ids)).order_by(TurnRow.episode_id, TurnRow.index)
     ).all()
     turns: dict[int, list[Any]] = {eid: [] for eid in episode_ids}
     for t in rows:

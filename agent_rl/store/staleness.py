@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy import ColumnElement
 
-from agent_rl.store.models import Group
+from agent_rl.store.models import GroupRow
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,7 +34,7 @@ Measure = Literal["tokens", "oldest"]
 
 def group_version(measure: Measure) -> ColumnElement[int]:
     """The group column the staleness floor is compared with."""
-    return Group.newest_version if measure == "tokens" else Group.min_version  # type: ignore[return-value]
+    return GroupRow.newest_version if measure == "tokens" else GroupRow.min_version  # type: ignore[return-value]
 
 
 def trained_tokens(versions: np.ndarray, floor: int | None, measure: Measure) -> np.ndarray:

@@ -17,7 +17,15 @@ from sqlalchemy import Connection, case, func, insert, select
 
 from agent_rl.kernel.errors import NotFoundError
 from agent_rl.store.base import StoreBase, read, write
-from agent_rl.store.models import EngineSample, Episode, PolicyVersion, Run, Timing, ToolCall, Turn
+from agent_rl.store.models import (
+    EngineSampleRow,
+    EpisodeRow,
+    PolicyVersionRow,
+    RunRow,
+    TimingRow,
+    ToolCallRow,
+    TurnRow,
+)
 from agent_rl.store.queries import FILTER_KIND
 
 TIMING_KINDS = ("wait", "step", "export", "sync", "eval")
@@ -91,7 +99,7 @@ class TimelineStore(StoreBase):
     def record_timings(self, conn: Connection, run_id: int, spans: list[Span]) -> None:
         """Record spans of a process's time (kinds: TIMING_KINDS)."""
         if spans:
-            conn.execute(insert(Timing), [
+            conn.execute(insert(TimingRow), [
                 {"run_id": run_id, "source": s.source, "kind": s.kind,
                  "started_at": s.started_at, "finished_at": s.finished_at} for s in spans
             ])  # fmt: skip
@@ -99,7 +107,7 @@ class TimelineStore(StoreBase):
     @write(durable=False)
     def record_engine_samples(self, conn: Connection, run_id: int, samples: list[EngineLoad]) -> None:
         if samples:
-            conn.execute(insert(EngineSample), [
+            conn.execute(insert(EngineSampleRow), [
                 {"run_id": run_id, "engine": s.engine, "sampled_at": s.sampled_at,
                  "running": s.running, "waiting": s.waiting, "token_usage": s.token_usage,
                  "gen_tokens_per_s": s.gen_tokens_per_s,
@@ -109,57 +117,57 @@ class TimelineStore(StoreBase):
     @read
     def run_timeline(self, conn: Connection, run_id: int) -> RunTimeline:
         """Everything the audit of run `run_id` reads, in one read transaction."""
-        run = conn.execute(select(Run.id, Run.name, Run.kind, Run.evaluates_run_id,
-                                  Run.evaluates_version, Run.created_at)
-                           .where(Run.id == run_id)).mappings().one_or_none()
+        run = conn.execute(select(RunRow.id, RunRow.name, RunRow.kind, RunRow.evaluates_run_id,
+                                  RunRow.evaluates_version, RunRow.created_at)
+                           .where(RunRow.id == run_id)).mappings().one_or_none()
         if run is None:
             raise NotFoundError(f"run {run_id} does not exist")
         out = RunTimeline(run=dict(run))
         turn_s = (
-            select(Turn.episode_id.label("eid"),
-                   func.sum(Turn.finished_at - Turn.started_at).label("s"))
-            .join(Episode, Episode.id == Turn.episode_id).where(Episode.run_id == run_id)
-            .group_by(Turn.episode_id).subquery()
+            select(TurnRow.episode_id.label("eid"),
+                   func.sum(TurnRow.finished_at - TurnRow.started_at).label("s"))
+            .join(EpisodeRow, EpisodeRow.id == TurnRow.episode_id).where(EpisodeRow.run_id == run_id)
+            .group_by(TurnRow.episode_id).subquery()
         )
         tool_s = (
-            select(ToolCall.episode_id.label("eid"), func.sum(ToolCall.duration_s).label("s"))
-            .join(Episode, Episode.id == ToolCall.episode_id).where(Episode.run_id == run_id)
-            .group_by(ToolCall.episode_id).subquery()
+            select(ToolCallRow.episode_id.label("eid"), func.sum(ToolCallRow.duration_s).label("s"))
+            .join(EpisodeRow, EpisodeRow.id == ToolCallRow.episode_id).where(EpisodeRow.run_id == run_id)
+            .group_by(ToolCallRow.episode_id).subquery()
         )
         rows = conn.execute(
-            select(Episode.id, Episode.status, Episode.created_at, Episode.started_at,
-                   Episode.finished_at, Episode.num_turns, Episode.num_tokens,
-                   Episode.num_model_tokens,
-                   case((Episode.status == "filtered", FILTER_KIND),
-                        (Episode.status == "failed", Episode.error_type), else_=None),
+            select(EpisodeRow.id, EpisodeRow.status, EpisodeRow.created_at, EpisodeRow.started_at,
+                   EpisodeRow.finished_at, EpisodeRow.num_turns, EpisodeRow.num_tokens,
+                   EpisodeRow.num_model_tokens,
+                   case((EpisodeRow.status == "filtered", FILTER_KIND),
+                        (EpisodeRow.status == "failed", EpisodeRow.error_type), else_=None),
                    func.coalesce(turn_s.c.s, 0.0), func.coalesce(tool_s.c.s, 0.0))
-            .outerjoin(turn_s, turn_s.c.eid == Episode.id)
-            .outerjoin(tool_s, tool_s.c.eid == Episode.id)
-            .where(Episode.run_id == run_id).order_by(Episode.id)
+            .outerjoin(turn_s, turn_s.c.eid == EpisodeRow.id)
+            .outerjoin(tool_s, tool_s.c.eid == EpisodeRow.id)
+            .where(EpisodeRow.run_id == run_id).order_by(EpisodeRow.id)
         ).all()
         out.episodes = [EpisodeTiming(*r[:8], r[8], float(r[9]), float(r[10])) for r in rows]
         turns = conn.execute(
-            select(Turn.finished_at, Turn.finished_at - Turn.started_at,
-                   Turn.num_tokens - Turn.num_prompt_tokens, Turn.span_start + Turn.num_prompt_tokens)
-            .join(Episode, Episode.id == Turn.episode_id).where(Episode.run_id == run_id)
-            .order_by(Turn.finished_at)
+            select(TurnRow.finished_at, TurnRow.finished_at - TurnRow.started_at,
+                   TurnRow.num_tokens - TurnRow.num_prompt_tokens, TurnRow.span_start + TurnRow.num_prompt_tokens)
+            .join(EpisodeRow, EpisodeRow.id == TurnRow.episode_id).where(EpisodeRow.run_id == run_id)
+            .order_by(TurnRow.finished_at)
         ).all()
         out.turns = [TurnTiming(float(a), float(b), int(c), int(d)) for a, b, c, d in turns]
         out.spans = [Span(k, float(a), float(b), s) for k, a, b, s in conn.execute(
-            select(Timing.kind, Timing.started_at, Timing.finished_at, Timing.source)
-            .where(Timing.run_id == run_id).order_by(Timing.started_at)
+            select(TimingRow.kind, TimingRow.started_at, TimingRow.finished_at, TimingRow.source)
+            .where(TimingRow.run_id == run_id).order_by(TimingRow.started_at)
         )]
         out.samples = [EngineLoad(*r) for r in conn.execute(
-            select(EngineSample.engine, EngineSample.sampled_at, EngineSample.running,
-                   EngineSample.waiting, EngineSample.token_usage, EngineSample.gen_tokens_per_s,
-                   EngineSample.prefill_tokens_total)
-            .where(EngineSample.run_id == run_id).order_by(EngineSample.sampled_at)
+            select(EngineSampleRow.engine, EngineSampleRow.sampled_at, EngineSampleRow.running,
+                   EngineSampleRow.waiting, EngineSampleRow.token_usage, EngineSampleRow.gen_tokens_per_s,
+                   EngineSampleRow.prefill_tokens_total)
+            .where(EngineSampleRow.run_id == run_id).order_by(EngineSampleRow.sampled_at)
         )]
         out.steps = [
             {"version": v, "created_at": t, **(m or {})} for v, t, m in conn.execute(
-                select(PolicyVersion.version, PolicyVersion.created_at, PolicyVersion.metrics)
-                .where(PolicyVersion.run_id == run_id, PolicyVersion.version > 0)
-                .order_by(PolicyVersion.version)
+                select(PolicyVersionRow.version, PolicyVersionRow.created_at, PolicyVersionRow.metrics)
+                .where(PolicyVersionRow.run_id == run_id, PolicyVersionRow.version > 0)
+                .order_by(PolicyVersionRow.version)
             )
         ]
         return out

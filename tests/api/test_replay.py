@@ -19,7 +19,7 @@ from agent_rl.app.api.tokens import load_tokenizer
 from agent_rl.config import SandboxConfig
 from agent_rl.store import Store
 from agent_rl.store.db import engine_url
-from agent_rl.store.models import Message
+from agent_rl.store.models import MessageRow
 from tests.api.conftest import TOKEN, api_config
 from tests.api.fill import Filled, add_episode, play
 
@@ -37,8 +37,8 @@ def tamper(url: str, episode_id: int, position: int, content: str) -> None:
     engine = create_engine(engine_url(url))
     with engine.begin() as conn:
         conn.execute(
-            update(Message)
-            .where(Message.episode_id == episode_id, Message.position == position)
+            update(MessageRow)
+            .where(MessageRow.episode_id == episode_id, MessageRow.position == position)
             .values(content=content)
         )
     engine.dispose()

@@ -16,7 +16,7 @@ from sqlalchemy import update
 
 from agent_rl.store import EngineLoad, EpisodeEnd, Span, Store, ToolCallRecord
 from agent_rl.store.audit import DecodeTable, compute_audit
-from agent_rl.store.models import Episode, PolicyVersion, Turn
+from agent_rl.store.models import EpisodeRow, PolicyVersionRow, TurnRow
 from tests.store.helpers import make_turn, migrated_store
 
 pytestmark = pytest.mark.anyio
@@ -57,16 +57,16 @@ async def _fill(store: Store) -> int:
     def schedule(conn) -> None:  # type: ignore[no-untyped-def]
         for name, eid in ids.items():
             c, s, f, ts, tf, _, _ = SCHEDULE[name]
-            conn.execute(update(Episode).where(Episode.id == eid).values(
+            conn.execute(update(EpisodeRow).where(EpisodeRow.id == eid).values(
                 created_at=T0 + c, started_at=T0 + s, finished_at=T0 + f))
-            conn.execute(update(Turn).where(Turn.episode_id == eid).values(
+            conn.execute(update(TurnRow).where(TurnRow.episode_id == eid).values(
                 started_at=T0 + ts, finished_at=T0 + tf))
         for name in ("e1", "e2"):
-            conn.execute(update(Episode).where(Episode.id == ids[name])
+            conn.execute(update(EpisodeRow).where(EpisodeRow.id == ids[name])
                          .values(status="trained", trained_step=1))
-        conn.execute(update(Episode).where(Episode.id == ids["e3"]).values(
+        conn.execute(update(EpisodeRow).where(EpisodeRow.id == ids["e3"]).values(
             status="filtered", filter_reason="zero reward variance in the group"))
-        conn.execute(PolicyVersion.__table__.insert().values(
+        conn.execute(PolicyVersionRow.__table__.insert().values(
             run_id=run, version=1, trainer_step=1, created_at=T0 + 30,
             metrics={"stale_tokens": 2, "episodes": 2}))
 

@@ -15,14 +15,14 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from agent_rl.store import Store
 from agent_rl.store.base import is_transient
 from agent_rl.store.driver import DriverStatement
-from agent_rl.store.models import Episode, Message
+from agent_rl.store.models import EpisodeRow, MessageRow
 from tests._databases import fresh_database
 from tests.store.helpers import migrated_store
 
 pytestmark = pytest.mark.anyio
 
 KEYS = ["episode_id", "turn_index", "position", "role", "content", "tool_calls", "name"]
-INSERT = insert(Message)
+INSERT = insert(MessageRow)
 ROWS = [
     dict(role="assistant", content="<tool_call>{}</tool_call>",
          tool_calls=[{"name": "calc", "arguments": '{"x":1}'}], name=None),
@@ -60,10 +60,10 @@ async def test_rows_equal_those_written_by_execute(db_url: str) -> None:
         await in_transaction(store, write)
 
         def read(conn: Connection) -> list[tuple]:
-            cols = [Message.role, Message.content, Message.tool_calls, Message.name,
-                    Message.position]
-            found = conn.execute(select(Message.turn_index, *cols).where(Message.episode_id == episode)
-                                 .order_by(Message.position)).all()
+            cols = [MessageRow.role, MessageRow.content, MessageRow.tool_calls, MessageRow.name,
+                    MessageRow.position]
+            found = conn.execute(select(MessageRow.turn_index, *cols).where(MessageRow.episode_id == episode)
+                                 .order_by(MessageRow.position)).all()
             raw = conn.execute(text("SELECT CAST(tool_calls AS TEXT) FROM messages "
                                     "WHERE episode_id = :e ORDER BY position"), {"e": episode}).all()
             return [tuple(r) for r in found] + [tuple(r) for r in raw]
@@ -78,9 +78,9 @@ async def test_rows_equal_those_written_by_execute(db_url: str) -> None:
 
         # A RETURNING update with literals of its own and a float/None processed.
         bump = DriverStatement(
-            update(Episode).where(Episode.id == bindparam("eid"), Episode.status == "waiting")
-            .values(num_turns=Episode.num_turns + 1, heartbeat_at=bindparam("t"))
-            .returning(Episode.num_turns, Episode.heartbeat_at)
+            update(EpisodeRow).where(EpisodeRow.id == bindparam("eid"), EpisodeRow.status == "waiting")
+            .values(num_turns=EpisodeRow.num_turns + 1, heartbeat_at=bindparam("t"))
+            .returning(EpisodeRow.num_turns, EpisodeRow.heartbeat_at)
         )
         assert await in_transaction(store, lambda c: bump.one_or_none(c, {"eid": episode, "t": 1.5})) \
             == (1, 1.5)  # fmt: skip
@@ -106,7 +106,7 @@ async def test_driver_errors_are_sqlalchemys_and_roll_back(db_url: str) -> None:
             await in_transaction(store, write)
         assert not is_transient(caught.value)
         count = await in_transaction(
-            store, lambda c: c.scalar(select(Message.id).where(Message.episode_id == episode)))
+            store, lambda c: c.scalar(select(MessageRow.id).where(MessageRow.episode_id == episode)))
         assert count is None  # the first insert went with the transaction
     finally:
         await store.close()
@@ -123,7 +123,7 @@ async def _lost_connection(url: str) -> None:
     try:
         episode = await one_episode(store)
         start = DriverStatement(
-            update(Episode).where(Episode.id == bindparam("eid")).values(owner=bindparam("owner")))
+            update(EpisodeRow).where(EpisodeRow.id == bindparam("eid")).values(owner=bindparam("owner")))
 
         def killed_midway(conn: Connection) -> None:
             pid = conn.scalar(text("SELECT pg_backend_pid()"))
@@ -145,6 +145,6 @@ def test_statements_it_cannot_run_faithfully_are_refused() -> None:
     from sqlalchemy import create_engine
 
     expanding = DriverStatement(
-        update(Episode).where(Episode.status.in_(("waiting", "running"))).values(owner="x"))
+        update(EpisodeRow).where(EpisodeRow.status.in_(("waiting", "running"))).values(owner="x"))
     with pytest.raises(TypeError, match="Connection.execute"):
         expanding._for(create_engine("sqlite://").dialect)

@@ -18,7 +18,7 @@ from sqlalchemy import update
 
 from agent_rl.kernel.errors import LeaseLostError, StoreError
 from agent_rl.store import Claim, EpisodeEnd, Store
-from agent_rl.store.models import Group
+from agent_rl.store.models import GroupRow
 from tests.store.helpers import make_turn, migrated_store
 
 ENDINGS = ["completed", "completed", "truncated", "failed"]  # mostly trainable
@@ -131,7 +131,7 @@ class Lifecycle(RuleBasedStateMachine):
         claim = data.draw(st.sampled_from(self.claims))
         self.call(self.store.run_in_transaction(
             lambda conn: conn.execute(
-                update(Group).where(Group.claim_id == claim.claim_id)
+                update(GroupRow).where(GroupRow.claim_id == claim.claim_id)
                 .values(lease_expires_at=0.0)
             ), write=True,
         ))
