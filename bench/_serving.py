@@ -135,7 +135,8 @@ def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, *,
     """The quickstart's recipe as one named run of a benchmark: its store a file in `work`
     (or `store_url`),
     rollouts and weight syncs through `router`, checkpoints and exports under `work / run`,
-    no TensorBoard, and `trainer` on top of the recipe's trainer settings. Every group trains,
+    no TensorBoard, and `trainer` on top of the recipe's trainer settings (a section's
+    settings as a dict: `mtp={"layers": 1}`). Every group trains,
     equal rewards or not, so a short run's pace does not depend on how many have signal."""
     from agent_rl.app.quickstart.recipe import Options, recipe
 
@@ -147,9 +148,15 @@ def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, *,
     raw["rollout"]["router_url"] = router.url
     raw["rollout"]["filter_zero_variance"] = False
     raw["trainer"].update(
-        model=str(model), router_url=router.url, checkpoint_every=10_000, tensorboard_dir=None,
-        checkpoint_dir=str(work / run / "ckpt"), export_dir=str(work / run / "exports"), **trainer,
+        model=str(model), checkpoint_every=10_000, tensorboard_dir=None,
+        checkpoint_dir=str(work / run / "ckpt"), export_dir=str(work / run / "exports"),
     )
+    raw["trainer"].setdefault("weight_sync", {})["router_url"] = router.url
+    for key, value in trainer.items():  # a section's settings join the recipe's
+        if isinstance(value, dict):
+            raw["trainer"].setdefault(key, {}).update(value)
+        else:
+            raw["trainer"][key] = value
     return Config(**raw)
 
 

@@ -97,11 +97,12 @@ def config(work: Path, url: str, model: Path, run: str, weight_sync: str = "disk
                               max_new_tokens=32, max_tokens=1024, stop=STOP,
                               filter_zero_variance=False, max_concurrent_episodes=64,
                               heartbeat_s=1.0),
-        trainer=TrainerConfig(groups_per_step=GROUPS_PER_STEP, micro_batch_size=8, lr=3e-5,
-                              max_staleness=ETA, router_url=url, data_poll_s=0.05,
+        trainer=TrainerConfig(groups_per_step=GROUPS_PER_STEP, micro_batch_size=8,
+                              optim={"lr": 3e-5}, max_staleness=ETA, data_poll_s=0.05,
                               checkpoint_every=10_000, export_every=1,
                               checkpoint_dir=work / run / "ckpt", export_dir=work / run / "exports",
-                              tensorboard_dir=None, weight_sync=weight_sync),
+                              tensorboard_dir=None,
+                              weight_sync={"mode": weight_sync, "router_url": url}),
     )
 
 
@@ -174,7 +175,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--weight-sync", choices=("disk", "distributed", "tensor"), default="disk",
-                        help="trainer.weight_sync of both phases (in memory: through a router)")
+                        help="trainer.weight_sync.mode of both phases (in memory: through a router)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     register(ENV_ID, LognormalToolEnv)

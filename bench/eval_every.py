@@ -1,14 +1,14 @@
-"""What `trainer.eval_every` costs the trainer: its step rate with and without evaluations
+"""What `trainer.eval.every` costs the trainer: its step rate with and without evaluations
 running beside it, side by side in one run.
 
 Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter model, random-init,
 the `calculator` env, groups of 8, 8 groups a step), one SGLang engine behind a router for
 training, `serve` writing into a SQLite store, the Megatron trainer loop (trainer/loop.py)
-stepping, exporting and syncing weights every step. With `eval_every` on, every EVAL_EVERY
+stepping, exporting and syncing weights every step. With `trainer.eval.every` on, every EVAL_EVERY
 versions the trainer has its evaluator (one `agent-rl eval --from-stdin` process for the phase,
-started when the loop opens, trainer/evals.py, at `trainer.eval_nice`, under SCHED_IDLE by
-`trainer.eval_cpu_idle`, its session's scheduling group niced to match) evaluate that version on
-an evaluation engine of its own behind a second router (`trainer.eval_router_url`, `agent-rl
+started when the loop opens, trainer/evals.py, at `trainer.eval.nice`, under SCHED_IDLE by
+`trainer.eval.cpu_idle`, its session's scheduling group niced to match) evaluate that version on
+an evaluation engine of its own behind a second router (`trainer.eval.router_url`, `agent-rl
 router` in a process of its own), both at the same priority, as a deployment with an
 evaluation fleet runs it. Phases run off / on / on / off, each RUN_S seconds of training after
 its first step (the first step fills the pipeline and is not counted).
@@ -69,8 +69,8 @@ def config(work: Path, model: Path, train: RouterThread, evals: RouterProcess, p
     # rewards; `quickstart_run` trains those too, so steps cost what they cost with signal.
     return quickstart_run(
         work, model, train, f"phase{phase}-{'on' if eval_on else 'off'}",
-        eval_every=EVAL_EVERY if eval_on else 0, eval_tasks=EVAL_TASKS,
-        eval_samples=EVAL_SAMPLES, eval_router_url=evals.url, store_url=store_url,
+        eval={"every": EVAL_EVERY if eval_on else 0, "tasks": EVAL_TASKS,
+              "samples": EVAL_SAMPLES, "router_url": evals.url}, store_url=store_url,
     )
 
 
@@ -214,12 +214,12 @@ def main(store: str) -> None:
         evals = RouterProcess([engines[1].url], token, work / "eval-router.log")
         evals.start()
         # The evaluation engine and its router run at the evaluations' priority
-        # (`trainer.eval_nice` and `eval_cpu_idle`, which an engine an evaluation starts itself
-        # inherits), as a host shared with training would run its evaluation fleet.
+        # (`trainer.eval.nice` and `trainer.eval.cpu_idle`, which an engine an evaluation starts
+        # itself inherits), as a host shared with training would run its evaluation fleet.
         defaults = TrainerConfig()
         fleet = [engines[1].pid or 0, evals.pid]
         for pid in fleet:
-            renice(pid, defaults.eval_nice, defaults.eval_cpu_idle)
+            renice(pid, defaults.eval.nice, defaults.eval.cpu_idle)
         try:
             for i, phase in enumerate(PHASES):
                 cfg = config(work, model, train, evals, i, phase == "on", store_url)

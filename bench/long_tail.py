@@ -77,8 +77,9 @@ def config(work: Path, router: RouterThread, model: Path, run: str, load: str, d
             max_queued_groups=choice["max_queued_groups"],
         ),  # fmt: skip
         trainer=TrainerConfig(
-            groups_per_step=groups, micro_batch_size=8, lr=1e-5, max_staleness=ETA,
-            staleness_measure=choice["staleness_measure"], router_url=router.url,
+            groups_per_step=groups, micro_batch_size=8, optim={"lr": 1e-5}, max_staleness=ETA,
+            staleness_measure=choice["staleness_measure"],
+            weight_sync={"router_url": router.url},
             data_poll_s=0.05, checkpoint_every=10_000, export_every=1,
             checkpoint_dir=work / run / "ckpt", export_dir=work / run / "exports",
             tensorboard_dir=None,

@@ -4,16 +4,16 @@ MTP loss (issue 21).
 
 Real pieces, quickstart-sized: the quickstart's recipe (its 1M-parameter Qwen2 model,
 random-init, the `calculator` env, groups of 8, 8 groups a step, lr 1e-4), an SFT warm start
-with `trainer.mtp_layers = 1` (a dense model's draft: SGLang's EAGLE layout, docs/trainer.md,
-its MLP DRAFT_FFN wide, a third of the model's: `trainer.mtp_ffn_hidden_size`, `--draft-ffn`,
-its attention with the model's heads unless `--draft-heads` (`trainer.mtp_num_attention_heads`)
+with `trainer.mtp.layers = 1` (a dense model's draft: SGLang's EAGLE layout, docs/trainer.md,
+its MLP DRAFT_FFN wide, a third of the model's: `trainer.mtp.ffn_hidden_size`, `--draft-ffn`,
+its attention with the model's heads unless `--draft-heads` (`trainer.mtp.num_attention_heads`)
 says fewer; SFT_STEPS steps on the calculator's demonstrations: the draft is trained with
 the policy on the SFT data), then two RL runs from that export, one after the other, each
 with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT weights as
 version 0 before each) and the trainer loop (trainer/loop.py) for VERSIONS versions:
 - online: `mtp_train = true`, the draft trains on every RL batch at `--mtp-lr`
-  (`trainer.mtp_lr`, default MTP_LR) to `--objective`
-  (`trainer.mtp_objective`, default tv: the total variation from the policy's distribution,
+  (`trainer.mtp.lr`, default MTP_LR) to `--objective`
+  (`trainer.mtp.objective`, default tv: the total variation from the policy's distribution,
   one minus the expected acceptance; nll is slime's loss, the cross-entropy of the sampled
   tokens);
 - frozen: `mtp_train = false`, the draft stays the SFT one. Its loss is not added, and the
@@ -81,14 +81,14 @@ from bench._serving import RouterThread, ServeThread, quickstart_run  # noqa: E4
 
 SFT_STEPS = 150
 MTP_LR = 1e-3
-"""The online draft's learning rate (`trainer.mtp_lr`), 10x the policy's RL lr: the best of a
+"""The online draft's learning rate (`trainer.mtp.lr`), 10x the policy's RL lr: the best of a
 sweep on one run's batches (1e-4 / 1e-3 / 3e-3 / 1e-2; docs/trainer.md)."""
 DRAFT_FFN = 128
-"""The draft layer's MLP width (`trainer.mtp_ffn_hidden_size`), a third of the model's 384: the
+"""The draft layer's MLP width (`trainer.mtp.ffn_hidden_size`), a third of the model's 384: the
 draft is one decoder layer beside the model's four, and at the model's width it cost the
 learner 0.20-0.23 of a step; at 128, 0.12-0.18 (docs/benchmarks.md)."""
 DRAFT_HEADS = 0
-"""The draft layer's attention heads (`trainer.mtp_num_attention_heads`; 0: the model's 2). One
+"""The draft layer's attention heads (`trainer.mtp.num_attention_heads`; 0: the model's 2). One
 head cut the overhead by 0.01-0.03 and the online draft's lead over the frozen one by about
 half (docs/benchmarks.md), so the default keeps the model's."""
 VERSIONS = 24
@@ -103,18 +103,18 @@ OBJECTIVES = ("nll", "kl", "tv")
 
 def config(work: Path, sft: Path, router: RouterThread, arm: str, objective: str,
            mtp_lr: float | None, draft: dict[str, Any]) -> Config:
-    return quickstart_run(work, sft, router, f"mtp-{arm}", mtp_layers=1, mtp_lr=mtp_lr,
-                          mtp_train=arm == "online", mtp_objective=objective, **draft)
+    return quickstart_run(work, sft, router, f"mtp-{arm}", mtp={
+        "layers": 1, "lr": mtp_lr, "train": arm == "online", "objective": objective, **draft})
 
 
 def variant(item: str) -> dict[str, Any]:
-    """A `--compare` item as trainer settings: an objective's name, or `lr=X` (`mtp_lr`;
+    """A `--compare` item as `trainer.mtp` settings: an objective's name, or `lr=X` (`mtp.lr`;
     `lr=policy`: the policy's lr)."""
     if item in OBJECTIVES:
-        return {"mtp_objective": item}
+        return {"objective": item}
     if item.startswith("lr="):
         value = item.removeprefix("lr=")
-        return {"mtp_lr": None if value == "policy" else float(value)}
+        return {"lr": None if value == "policy" else float(value)}
     raise ValueError(f"{item!r}: use one of {', '.join(OBJECTIVES)} or lr=X")
 
 
@@ -125,9 +125,9 @@ def sft(work: Path, model: Path, steps: int, draft: dict[str, Any]) -> Path:
     from trainer.sft import run_sft
 
     qs = recipe(Options())["trainer"]
-    keys = ("seed", "sft_lr", "sft_batch_size", "micro_batch_size")
-    cfg = TrainerConfig(mtp_layers=1, **draft, **{k: qs[k] for k in keys})
-    data = asyncio.run(demonstration_sequences(ENV_ID, cfg.sft_batch_size * steps, model,
+    keys = ("seed", "sft", "micro_batch_size")
+    cfg = TrainerConfig(mtp={"layers": 1, **draft}, **{k: qs[k] for k in keys})
+    data = asyncio.run(demonstration_sequences(ENV_ID, cfg.sft.batch_size * steps, model,
                                                seed=cfg.seed, env_kwargs=ENV_KWARGS))
     out = work / "sft"
     result = run_sft(cfg, model, out, data.sequences, steps=steps, log=lambda line: None)
@@ -189,12 +189,12 @@ def versions(cfg: Config) -> list[dict[str, Any]]:
 
 
 def paired(cfg: Config, batches: list[Any], **update: Any) -> list[dict[str, float]]:
-    """The online run's batches replayed in order with the trainer settings `update`d (the
+    """The online run's batches replayed in order with the `trainer.mtp` settings `update`d (the
     draft frozen at the SFT one, or trained to another objective): each step's metrics (see
     the module docstring)."""
     from trainer.learner import learner
 
-    replay = cfg.trainer.model_copy(update=update)
+    replay = cfg.trainer.model_copy(update={"mtp": cfg.trainer.mtp.model_copy(update=update)})
     with learner(replay.model, replay) as e:
         return [e.rl_step(batch) for batch in batches]
 
@@ -211,9 +211,8 @@ def step_times(model: Path, batches: list[Any], objective: str,
     for r in range(ROUNDS):
         times: dict[int, list[float]] = {}
         for layers in (0, 1) if r % 2 == 0 else (1, 0):
-            cfg = TrainerConfig(lr=1e-4, micro_batch_size=32, mtp_layers=layers,
-                                mtp_objective=objective,  # type: ignore[arg-type]
-                                **(draft if layers else {}))
+            cfg = TrainerConfig(optim={"lr": 1e-4}, micro_batch_size=32, mtp={
+                "layers": layers, "objective": objective, **(draft if layers else {})})
             with learner(model, cfg) as e:
                 e.rl_step(batches[0])  # optimizer state, first allocations: not timed
                 times[layers] = []
@@ -248,15 +247,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objective", default="tv", choices=OBJECTIVES,
-                        help="trainer.mtp_objective of the online run (default: tv)")
+                        help="trainer.mtp.objective of the online run (default: tv)")
     parser.add_argument("--mtp-lr", default=str(MTP_LR),
-                        help=f"trainer.mtp_lr of the online run (default {MTP_LR:g}; "
+                        help=f"trainer.mtp.lr of the online run (default {MTP_LR:g}; "
                         "'policy': the policy's lr)")
     parser.add_argument("--draft-ffn", type=int, default=DRAFT_FFN,
-                        help=f"trainer.mtp_ffn_hidden_size, the draft layer's MLP width (default "
+                        help=f"trainer.mtp.ffn_hidden_size, the draft layer's MLP width (default "
                         f"{DRAFT_FFN}; 0: the model's, {PRESETS[MODEL_PRESET].intermediate_size})")
     parser.add_argument("--draft-heads", type=int, default=DRAFT_HEADS,
-                        help="trainer.mtp_num_attention_heads, the draft layer's attention heads "
+                        help="trainer.mtp.num_attention_heads, the draft layer's attention heads "
                         f"(default {DRAFT_HEADS}; 0: the model's, "
                         f"{PRESETS[MODEL_PRESET].num_attention_heads})")
     parser.add_argument("--compare", default="", help="other draft settings, comma-separated, "
@@ -271,11 +270,11 @@ def main() -> None:
     args = parser.parse_args()
     try:
         compare = {o: variant(o) for o in args.compare.split(",") if o}
-        mtp_lr = variant(f"lr={args.mtp_lr}")["mtp_lr"]
+        mtp_lr = variant(f"lr={args.mtp_lr}")["lr"]
     except ValueError as e:
         parser.error(str(e))
-    draft = {"mtp_ffn_hidden_size": args.draft_ffn or None,
-             "mtp_num_attention_heads": args.draft_heads or None}
+    draft = {"ffn_hidden_size": args.draft_ffn or None,
+             "num_attention_heads": args.draft_heads or None}
     torch.set_num_threads(1)
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -311,7 +310,7 @@ def main() -> None:
         finally:
             engine.stop()
         load_runs = os.getloadavg()[0]
-        frozen_pair = paired(configs["online"], batches, mtp_train=False)
+        frozen_pair = paired(configs["online"], batches, train=False)
         others = {o: paired(configs["online"], batches, **update)
                   for o, update in compare.items()}
         step = step_times(sft_model, batches, args.objective, draft)

@@ -49,7 +49,7 @@ def heavy_tailed_batch(vocab: int, n: int, seed: int = 0) -> Any:
     import torch
 
     from trainer.batch import Batch
-    from trainer.loss import grpo_advantages
+    from trainer.advantages import grpo
 
     g = torch.Generator().manual_seed(seed)
     lengths = [min(MAX_LEN, max(MIN_LEN, round(math.exp(math.log(MEDIAN) + SIGMA * float(z)))))
@@ -58,7 +58,7 @@ def heavy_tailed_batch(vocab: int, n: int, seed: int = 0) -> Any:
     masks = [[0.0] * (L // 4) + [1.0] * (L - L // 4) for L in lengths]
     rollout = [[0.0] * (L // 4) + (-torch.rand(L - L // 4, generator=g) * 3 - 1).tolist() for L in lengths]
     rewards = torch.randint(0, 2, (n,), generator=g).float()
-    return Batch.from_sequences(tokens, masks, rollout, grpo_advantages(rewards, torch.arange(n) // 4).tolist())
+    return Batch.from_sequences(tokens, masks, rollout, grpo(rewards, torch.arange(n) // 4).tolist())
 
 
 def longest_first(lengths: list[int]) -> list[int]:
@@ -72,7 +72,7 @@ def measure(model: Path, batch: Any, warm: Any, **cfg: Any) -> float:
     from agent_rl.config import TrainerConfig
     from trainer.learner import learner
 
-    with learner(model, TrainerConfig(lr=1e-5, threads=torch.get_num_threads(), **cfg)) as e:
+    with learner(model, TrainerConfig(optim={"lr": 1e-5}, threads=torch.get_num_threads(), **cfg)) as e:
         e.rl_step(warm)
         t0 = time.perf_counter()
         e.rl_step(batch)
@@ -101,7 +101,7 @@ def rank_role(model: Path, out: Path) -> None:
 
     vocab = ModelArch.from_hf_dir(model).vocab_size
     batch, warm = heavy_tailed_batch(vocab, BATCH), heavy_tailed_batch(vocab, 2, seed=1)
-    cfg = TrainerConfig(lr=1e-5, threads=1, max_tokens_per_micro_batch=MAX_LEN)
+    cfg = TrainerConfig(optim={"lr": 1e-5}, threads=1, max_tokens_per_micro_batch=MAX_LEN)
     with learner(model, cfg) as e:
         rank, world = dist.get_rank(), dist.get_world_size()
         mine = torch.tensor(deal([int(n) for n in batch.lengths], world)[rank])

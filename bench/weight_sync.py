@@ -88,7 +88,7 @@ def measure_size(name: str, work: Path, venv: Path) -> dict[str, Any]:
     from trainer.weight_sync import make_sync
 
     model = init_model(work / name, "tiny-dense", seed=0, **SIZES[name])
-    cfg = TrainerConfig(lr=1e-4, micro_batch_size=2)
+    cfg = TrainerConfig(optim={"lr": 1e-4}, micro_batch_size=2)
     seqs = [[5, 6, 7, 8, 9, 10], [40, 41, 42, 43]]
     batch = Batch.from_sequences(seqs, loss_masks=[[0.0, 1, 1, 1, 1, 1], [0.0, 1, 1, 1]],
                                  rollout_logprobs=[[-5.0] * 6, [-5.0] * 4], advantages=[1.0, -1.0])
@@ -104,7 +104,8 @@ def measure_size(name: str, work: Path, venv: Path) -> dict[str, Any]:
             rcfg = RouterConfig(port=0, health_interval_s=0, admin_token="bench")
             async with Router(rcfg, [engine.url]) as router:
                 client = EngineClient(router.url, token="bench")
-                syncs = {m: make_sync(client, cfg.model_copy(update={"weight_sync": m}))
+                syncs = {m: make_sync(client, cfg.model_copy(
+                    update={"weight_sync": cfg.weight_sync.model_copy(update={"mode": m})}))
                          for m in ("distributed", "tensor")}
                 version = 0
                 for mode in ("distributed", "tensor"):

@@ -46,7 +46,7 @@ class ModelArch:
 
     @property
     def eagle_draft(self) -> bool:
-        """Whether the MTP draft (`trainer.mtp_layers`) takes the EAGLE layout SGLang serves for
+        """Whether the MTP draft (`trainer.mtp.layers`) takes the EAGLE layout SGLang serves for
         a dense model (`Qwen2ForCausalLMEagle`: no norms around the draft's projection or after
         its layer, the layer without its input norm or a q/k norm) rather than the MTP one its
         `Qwen3MoeForCausalLMMTP` serves for Qwen3-MoE (trainer.mtp_model)."""
@@ -124,7 +124,7 @@ class Parallel:
 
 def draft_heads(arch: ModelArch, heads: int | None) -> tuple[int, int] | None:
     """The query and key/value heads of a dense model's EAGLE draft layer with
-    `trainer.mtp_num_attention_heads` = `heads` (None: the model's own, so None): as many
+    `trainer.mtp.num_attention_heads` = `heads` (None: the model's own, so None): as many
     key/value heads as the model has, or as the draft has query heads where those are fewer,
     each head the model's head_dim wide. Raise ConfigError when the key/value heads do not
     divide them."""
@@ -133,7 +133,7 @@ def draft_heads(arch: ModelArch, heads: int | None) -> tuple[int, int] | None:
     groups = min(heads, arch.num_kv_heads)
     if heads % groups:
         raise ConfigError(
-            f"trainer.mtp_num_attention_heads = {heads}: the draft's {groups} key/value heads "
+            f"trainer.mtp.num_attention_heads = {heads}: the draft's {groups} key/value heads "
             f"(the model's {arch.num_kv_heads}, or fewer) must divide its query heads"
         )
     return heads, groups
@@ -149,8 +149,8 @@ def check_parallel(
     """Raise ConfigError when the model cannot be split as asked (with `mtp_layers` MTP draft
     modules, their MLPs `mtp_ffn_hidden_size` wide and their attention
     `mtp_num_attention_heads` heads), or its draft cannot be built so."""
-    own = {"mtp_ffn_hidden_size": mtp_ffn_hidden_size,
-           "mtp_num_attention_heads": mtp_num_attention_heads}  # fmt: skip
+    own = {"mtp.ffn_hidden_size": mtp_ffn_hidden_size,
+           "mtp.num_attention_heads": mtp_num_attention_heads}  # fmt: skip
     for name, value in own.items():
         if mtp_layers and value is not None and not arch.eagle_draft:
             raise ConfigError(
@@ -167,15 +167,16 @@ def check_parallel(
         raise ConfigError(
             "mtp_layers > 0 with pp > 1 is not supported: the MTP drafts would run on the last "
             "pipeline stage with a copy of the embedding, which the trainer does not load, "
-            "train or export; set pp=1 or mtp_layers=0"
+            "train or export; set trainer.parallel.pp = 1 or trainer.mtp.layers = 0"
         )
     for what, n in (
         ("attention heads", arch.num_heads),
         ("kv heads", arch.num_kv_heads),
         ("vocab size", arch.vocab_size),
         ("ffn size", arch.ffn_hidden_size),
-        ("draft ffn size (mtp_ffn_hidden_size)", mtp_ffn_hidden_size if mtp_layers else None),
-        ("draft attention heads (mtp_num_attention_heads)", heads),
+        ("draft ffn size (trainer.mtp.ffn_hidden_size)",
+         mtp_ffn_hidden_size if mtp_layers else None),
+        ("draft attention heads (trainer.mtp.num_attention_heads)", heads),
         ("draft kv heads", groups),
     ):
         if n is None:

@@ -4,9 +4,10 @@ Contract: `load_batch(store, claim, version, floor, ...)` reads the claim's comp
 ONE store transaction (`store.claimed_episodes`: the engine's token ids, behaviour logprobs, loss
 mask, sampling versions and, for MoE, routed experts, plus each episode's reward); nothing is
 re-tokenized. Tokens sampled below the staleness floor keep their place in the context but get
-loss mask 0 (`agent_rl.store.staleness`). Advantages are GRPO's, normalised within each group. Routed experts keep the
-store's encoding of an unknown row (-1, e.g. a turn's last token, never fed back to the engine
-in that turn) into the batch, where routing replay leaves such rows to free routing.
+loss mask 0 (`agent_rl.store.staleness`). Advantages come from the estimator `advantage` names
+(trainer/advantages.py), over all the claim's episodes. Routed experts keep the store's
+encoding of an unknown row (-1, e.g. a turn's last token, never fed back to the engine in that
+turn) into the batch, where routing replay leaves such rows to free routing.
 An episode whose conversation was rewritten (an agent's history summarised or edited, through
 the gateway) has more than one segment: each is a batch row of its own, with the episode's
 advantage, so no segment's tokens attend to another's (`ClaimedEpisode.segments`).
@@ -24,7 +25,7 @@ from agent_rl.store import Claim, Store, TokenArrays
 from agent_rl.store.staleness import Measure, trained_tokens
 from agent_rl.store.staleness import staleness as staleness_of
 from trainer.batch import Batch
-from trainer.loss import grpo_advantages
+from trainer.advantages import get_estimator
 
 
 @dataclass
@@ -55,15 +56,16 @@ class TrainingData:
 def to_batch(
     arrays: list[TokenArrays], advantages: list[float], use_experts: bool = True
 ) -> Batch:
-    """Pad token arrays into a Batch; experts only when every episode carries them."""
+    """Pad token arrays into a Batch; experts only when every episode carries them. The arrays
+    go into the batch's tensors as they are (no round trip through Python lists)."""
     experts = [a.routed_experts for a in arrays]
     routed = None
     if use_experts and experts and all(e is not None for e in experts):
         routed = [torch.from_numpy(np.asarray(e, dtype=np.int64)) for e in experts]
     return Batch.from_sequences(
-        [a.token_ids.tolist() for a in arrays],
-        [a.loss_mask.astype(np.float32).tolist() for a in arrays],
-        [a.logprobs.astype(np.float32).tolist() for a in arrays],
+        [a.token_ids for a in arrays],
+        [a.loss_mask for a in arrays],
+        [a.logprobs for a in arrays],
         advantages,
         routed_experts=routed,
         topk=int(routed[0].shape[2]) if routed else 0,
@@ -77,7 +79,7 @@ async def load_batch(
     floor: int | None = None,
     *,
     measure: Measure = "tokens",
-    std_normalize: bool = True,
+    advantage: str = "grpo",
     use_experts: bool = True,
 ) -> TrainingData:
     """Read the claim's completed episodes and build the step's batch (see module docstring)."""
@@ -93,9 +95,8 @@ async def load_batch(
             tokens, loss_mask=np.where(keep, tokens.loss_mask, 0).astype(tokens.loss_mask.dtype))))
         staleness.append(staleness_of(version, tokens.versions[keep]))
     rewards = [e.reward for e in episodes]
-    adv = grpo_advantages(
-        torch.tensor(rewards), torch.tensor([e.group_id for e in episodes]),
-        std_normalize=std_normalize,
+    adv = get_estimator(advantage)(
+        torch.tensor(rewards), torch.tensor([e.group_id for e in episodes])
     ).tolist()
     arrays, row_adv, row_episodes = [], [], []
     for e, a in zip(kept, adv):

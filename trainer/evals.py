@@ -1,16 +1,16 @@
-"""`trainer.eval_every`: evaluations at pinned policy versions while training goes on.
+"""`trainer.eval.every`: evaluations at pinned policy versions while training goes on.
 
 Every k published versions the trainer asks its evaluator for that version's evaluation. The
 evaluator is one `agent-rl eval --from-stdin` process, started when the trainer opens and kept
 for the run (agent_rl/app/evaluation.py `evaluate_each`): a process started per evaluation spent
 most of what the evaluation cost the host importing itself, and without
-`trainer.eval_router_url` starting an engine. At most one evaluation runs at a time: a version
+`trainer.eval.router_url` starting an engine. At most one evaluation runs at a time: a version
 that comes up while one runs is skipped, and said so. Each is of the version's export
 hard-linked aside (the trainer keeps only its two newest exports, and the evaluator may load
 them later than that). The evaluation runs on the evaluator's own engine, or on
-`trainer.eval_router_url`'s, so the training fleet keeps serving the newest policy and the
-trainer never waits for it; under SCHED_IDLE (`trainer.eval_cpu_idle`) and at
-`trainer.eval_nice` it takes only the CPU that rollout and training leave. The evaluator reads
+`trainer.eval.router_url`'s, so the training fleet keeps serving the newest policy and the
+trainer never waits for it; under SCHED_IDLE (`trainer.eval.cpu_idle`) and at
+`trainer.eval.nice` it takes only the CPU that rollout and training leave. The evaluator reads
 the trainer's effective configuration from a private file (secrets included, mode 0600), so it
 evaluates the run the trainer trains, with the same store. An evaluator that dies is started
 again for the next evaluation due; its log is `engine.log_dir/evals.log`.
@@ -58,13 +58,13 @@ class Evaluations:
 
     def open(self) -> None:
         """Start the evaluator if this run evaluates (its start-up then overlaps the trainer's)."""
-        if self.tcfg.eval_every and self.proc is None:
+        if self.tcfg.eval.every and self.proc is None:
             self._start()
 
     def after_publish(self, version: int) -> None:
         """Ask for the evaluation of `version` if it is due and none is running."""
         self.poll()
-        if not self.tcfg.eval_every or version % self.tcfg.eval_every:
+        if not self.tcfg.eval.every or version % self.tcfg.eval.every:
             return
         if self.version is not None:
             self.log(f"evaluation of v{version} skipped: v{self.version}'s is still running")
@@ -135,16 +135,16 @@ class Evaluations:
 
     def _start(self) -> None:
         argv = [sys.executable, "-m", "agent_rl.app.cli", "--config", str(self._config_file()),
-                "eval", "--from-stdin", "--split", self.tcfg.eval_split,
-                "--seed", str(self.tcfg.eval_seed), "--tasks", str(self.tcfg.eval_tasks),
-                "--samples", str(self.tcfg.eval_samples)]
-        if self.tcfg.eval_env:
-            argv += ["--env", self.tcfg.eval_env]
-        if self.tcfg.eval_router_url:
-            argv += ["--router-url", self.tcfg.eval_router_url]
+                "eval", "--from-stdin", "--split", self.tcfg.eval.split,
+                "--seed", str(self.tcfg.eval.seed), "--tasks", str(self.tcfg.eval.tasks),
+                "--samples", str(self.tcfg.eval.samples)]
+        if self.tcfg.eval.env:
+            argv += ["--env", self.tcfg.eval.env]
+        if self.tcfg.eval.router_url:
+            argv += ["--router-url", self.tcfg.eval.router_url]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as err:
-            nice, idle = self.tcfg.eval_nice, self.tcfg.eval_cpu_idle
+            nice, idle = self.tcfg.eval.nice, self.tcfg.eval.cpu_idle
             lower = (lambda: spare_cpu_only(nice, idle)) if nice or idle else None
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=err, start_new_session=True, preexec_fn=lower)

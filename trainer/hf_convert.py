@@ -12,7 +12,7 @@ Layouts on the megatron side (local spec):
 - `linear_fc1` is [gate; up] stacked on dim 0 (SwiGLU), per expert for MoE.
 Conversion is pure reshaping and concatenation, so HF -> mcore -> HF is bit-exact.
 
-MTP draft modules (`trainer.mtp_layers`, megatron `mtp.layers.{j}.*`) map to the names SGLang's
+MTP draft modules (`trainer.mtp.layers`, megatron `mtp.layers.{j}.*`) map to the names SGLang's
 draft for the model loads (`mtp_prefix`; their decoder layer as the trunk's layers map):
 - Qwen3-MoE: `mtp.*` (`_MTP_MODULE`), read by its `Qwen3MoeForCausalLMMTP` from the target's own
   directory;
@@ -122,7 +122,7 @@ def hf_to_mcore(
         raise ConfigError(
             "these weights carry an MTP-layout draft (mtp.*), but a dense model's draft is an "
             "EAGLE one (fc.*, layers.0.*, as agent-rl exports it since SGLang serves that): "
-            "start from weights without the draft, or with trainer.mtp_layers = 0"
+            "start from weights without the draft, or with trainer.mtp.layers = 0"
         )
     for j in range(mtp_layers if has_mtp else 0):
         src, dst = mtp_prefix(j, eagle), f"mtp.layers.{j}."
@@ -153,7 +153,7 @@ def _zero(t: torch.Tensor, name: str) -> None:
 
 def _hf_heads(hf: dict[str, torch.Tensor], attn: str, head_dim: int) -> tuple[int, int]:
     """The (query, key/value) heads of the HF attention under `attn`, read from its
-    projections' shapes: an EAGLE draft's may be its own (`trainer.mtp_num_attention_heads`),
+    projections' shapes: an EAGLE draft's may be its own (`trainer.mtp.num_attention_heads`),
     each head the model's `head_dim` wide."""
     q, k = hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"]
     return q.shape[0] // head_dim, k.shape[0] // head_dim
@@ -334,8 +334,8 @@ def _write_eagle_draft(draft: dict[str, torch.Tensor], out_dir: Path) -> None:
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "config.json":
             (draft_dir / f.name).write_bytes(f.read_bytes())
     config = json.loads((out_dir / "config.json").read_text())
-    # The draft's MLP may be narrower than the target's (trainer.mtp_ffn_hidden_size), its
-    # attention have fewer heads (trainer.mtp_num_attention_heads), each as wide as the
+    # The draft's MLP may be narrower than the target's (trainer.mtp.ffn_hidden_size), its
+    # attention have fewer heads (trainer.mtp.num_attention_heads), each as wide as the
     # target's: read from the tensors, so the config cannot disagree with them.
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     heads, kv_heads = _hf_heads(draft, "layers.0.self_attn.", head_dim)

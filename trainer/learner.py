@@ -40,10 +40,11 @@ from trainer import checkpoint, dist_env, hf_convert, mtp, packing, pipeline, sh
 from trainer.arch import ModelArch, Parallel, check_parallel, draft_heads
 from trainer.batch import Batch
 from trainer.logprobs import token_entropy, token_logprobs
-from trainer.loss import PolicyLossConfig, policy_loss, sft_loss
+from trainer.advantages import get_estimator
+from trainer.loss import get_policy_loss, policy_loss, sft_loss
 from trainer.model import build_gpt_model
 from trainer.packing import MicroBatch, per_token_rope
-from trainer.replay import Mismatch
+from trainer.routing_replay import Mismatch
 
 
 class Learner:
@@ -58,28 +59,31 @@ class Learner:
             get_standard_config_overrides,
         )
 
+        # A misspelt loss or estimator fails before anything is built.
+        get_policy_loss(cfg.loss.policy_loss)
+        get_estimator(cfg.loss.advantage)
         torch.set_num_threads(cfg.threads)
         self.cfg, self.model_dir = cfg, Path(model_dir)
-        self.par = Parallel(cfg.tp, cfg.pp, cfg.ep)
+        self.par = Parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep)
         self.arch = ModelArch.from_hf_dir(self.model_dir)
         # Before any process group forms.
-        check_parallel(self.arch, self.par, cfg.mtp_layers, cfg.mtp_ffn_hidden_size,
-                       cfg.mtp_num_attention_heads)
+        check_parallel(self.arch, self.par, cfg.mtp.layers, cfg.mtp.ffn_hidden_size,
+                       cfg.mtp.num_attention_heads)
         dist_env.init(self.par, cfg.seed)
         bf16 = cfg.dtype == "bf16"
         module = build_gpt_model(
             self.arch,
             self.par,
             torch.bfloat16 if bf16 else torch.float32,
-            mtp_layers=cfg.mtp_layers,
-            mtp_detach=cfg.mtp_detach,
-            mtp_ffn_hidden_size=cfg.mtp_ffn_hidden_size,
-            mtp_attention_heads=draft_heads(self.arch, cfg.mtp_num_attention_heads),
+            mtp_layers=cfg.mtp.layers,
+            mtp_detach=cfg.mtp.detach,
+            mtp_ffn_hidden_size=cfg.mtp.ffn_hidden_size,
+            mtp_attention_heads=draft_heads(self.arch, cfg.mtp.num_attention_heads),
         )
         # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
         module.config.calculate_per_token_loss = True
-        load_hf_weights(module, self.arch, self.model_dir, cfg.mtp_layers)
-        if cfg.mtp_layers and not cfg.mtp_train:
+        load_hf_weights(module, self.arch, self.model_dir, cfg.mtp.layers)
+        if cfg.mtp.layers and not cfg.mtp.train:
             # A frozen draft: out of the DDP buffers and the optimizer, so no step moves it.
             for param in module.mtp.parameters():
                 param.requires_grad_(False)
@@ -90,45 +94,37 @@ class Learner:
             # bf16 parameters and activations; logits come out in fp32 (losses and logprobs
             # are computed there), the optimizer keeps fp32 master weights and state.
             module = Float16Module(module.config, module)
-        self.lr = lr if lr is not None else cfg.lr
+        self.lr = lr if lr is not None else cfg.optim.lr
         self.model = DistributedDataParallel(
             module.config,
             DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True,
                 overlap_grad_reduce=False,
-                use_distributed_optimizer=cfg.distributed_optimizer,
+                use_distributed_optimizer=cfg.parallel.distributed_optimizer,
             ),
             module,
         )
         optimizer = OptimizerConfig(
             optimizer="adam",
             lr=self.lr,
-            adam_beta1=cfg.adam_beta1,
-            adam_beta2=cfg.adam_beta2,
-            adam_eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
-            clip_grad=cfg.grad_clip,
-            use_distributed_optimizer=cfg.distributed_optimizer,
+            adam_beta1=cfg.optim.beta1,
+            adam_beta2=cfg.optim.beta2,
+            adam_eps=cfg.optim.eps,
+            weight_decay=cfg.optim.weight_decay,
+            clip_grad=cfg.optim.grad_clip,
+            use_distributed_optimizer=cfg.parallel.distributed_optimizer,
             bf16=bf16,
             params_dtype=torch.bfloat16 if bf16 else torch.float32,
         )
         # Megatron's parameter groups: no weight decay on biases and 1-d weights (norms), and
         # the draft at its own learning rate (RL steps; SFT passes `lr` and trains all at it).
         groups = get_standard_config_overrides(optimizer)
-        if cfg.mtp_lr is not None and lr is None and cfg.mtp_layers and cfg.mtp_train:
-            groups[ParamKey(name="*mtp.*")] = {"max_lr": cfg.mtp_lr}
+        if cfg.mtp.lr is not None and lr is None and cfg.mtp.layers and cfg.mtp.train:
+            groups[ParamKey(name="*mtp.*")] = {"max_lr": cfg.mtp.lr}
         self.optimizer = get_megatron_optimizer(optimizer, [self.model], config_overrides=groups)
-        self.loss_cfg = PolicyLossConfig(
-            cfg.loss_type,
-            cfg.clip_eps_low,
-            cfg.clip_eps_high,
-            cfg.tis_cap,
-            cfg.kl_coef,
-            cfg.aggregation,
-        )
         self.replay = None
         if self.arch.is_moe:
-            from trainer.replay import RoutingReplay
+            from trainer.routing_replay import RoutingReplay
 
             self.replay = RoutingReplay(
                 sequence_parallel=module.config.sequence_parallel,
@@ -136,7 +132,8 @@ class Learner:
                 num_layers=self.arch.num_layers,
             )
         # The KL reference is the starting policy; kept as a copy of this rank's shard.
-        self._ref = [p.detach().clone() for p in self._gpt.parameters()] if cfg.kl_coef else None
+        self._ref = ([p.detach().clone() for p in self._gpt.parameters()]
+                     if cfg.loss.kl_coef else None)
         self.step = 0
 
     # ----- forward ---------------------------------------------------------------------------
@@ -244,17 +241,17 @@ class Learner:
         mask = batch.loss_mask[:, 1:]
         counts = torch.tensor([float(mask.sum()), float(batch.size)], dtype=torch.float64)
         self._dp_sum(counts)
-        denominator = float(counts[0] if self.cfg.aggregation == "token-mean" else counts[1])
+        denominator = float(counts[0] if self.cfg.loss.aggregation == "token-mean" else counts[1])
         # Tokens each MTP depth is scored on, over the whole batch (all DP ranks).
-        depths = range(1, self.cfg.mtp_layers + 1)
+        depths = range(1, self.cfg.mtp.layers + 1)
         mtp_counts = torch.tensor([float(mtp.shifted_mask(mask, j).sum()) for j in depths],
                                   dtype=torch.float64)  # fmt: skip
-        if self.cfg.mtp_layers:
+        if self.cfg.mtp.layers:
             self._dp_sum(mtp_counts)
         sums: dict[str, float] = {}
+        micros = self._micro_batches(batch)  # planned once: the reference pass runs the same
         # Reference logprobs first: swapping weights after a forward would break its backward.
-        refs = self._reference_logprobs(batch) if self._ref is not None and not sft else None
-        micros = self._micro_batches(batch)
+        refs = self._reference_logprobs(micros) if self._ref is not None and not sft else None
 
         def loss_of(index: int, micro: MicroBatch, output: Any) -> torch.Tensor:
             """The last stage's loss of one micro-batch (its metrics added to `sums`)."""
@@ -264,14 +261,14 @@ class Learner:
             assert entropy is not None
             mb_mask = mb.loss_mask[:, 1:]
             if sft:
-                out = sft_loss(lp, mb_mask, self.cfg.aggregation, denominator)
+                out = sft_loss(lp, mb_mask, self.cfg.loss.aggregation, denominator)
             else:
                 out = policy_loss(
                     lp,
                     lp.detach(),
                     mb.advantages,
                     mb_mask,
-                    self.loss_cfg,
+                    self.cfg.loss,
                     rollout_logprobs=mb.rollout_logprobs[:, 1:],
                     ref_logprobs=refs[index] if refs is not None else None,
                     denominator=denominator,
@@ -280,12 +277,12 @@ class Learner:
             if drafts:
                 # SFT steps train the draft on the demonstrations' tokens: from a fresh draft
                 # that learns faster than following the policy's distribution (docs/trainer.md).
-                objective = "nll" if sft else self.cfg.mtp_objective
+                objective = "nll" if sft else self.cfg.mtp.objective
                 draft_loss, draft_metrics = self._mtp_terms(
                     micro, logits, drafts, mtp_counts, objective
                 )
-                if self.cfg.mtp_train:
-                    loss = loss + self.cfg.mtp_loss_coef * draft_loss
+                if self.cfg.mtp.train:
+                    loss = loss + self.cfg.mtp.loss_coef * draft_loss
                 for key, value in draft_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
             out.metrics["entropy"] = float((entropy * mb_mask).sum() / max(out.tokens, 1))
@@ -376,11 +373,11 @@ class Learner:
         """Each parameter group's learning rate (its `max_lr`: the policy's, or the draft's
         `mtp_lr`) after the warm-up ramp, and its weight decay (`wd_mult`: 0 for biases and
         norms), as megatron's OptimizerParamScheduler would set them."""
-        warm = self.cfg.lr_warmup_steps
+        warm = self.cfg.optim.lr_warmup_steps
         ramp = min(1.0, (self.step + 1) / warm) if warm else 1.0
         for group in self.optimizer.param_groups:
             group["lr"] = group["max_lr"] * ramp
-            group["weight_decay"] = self.cfg.weight_decay * group["wd_mult"]
+            group["weight_decay"] = self.cfg.optim.weight_decay * group["wd_mult"]
 
     def _dp_sum(self, t: torch.Tensor) -> torch.Tensor:
         from megatron.core import parallel_state as ps
@@ -415,9 +412,9 @@ class Learner:
         return metrics
 
     @torch.no_grad()
-    def _reference_logprobs(self, batch: Batch) -> list[torch.Tensor]:
-        """Per micro-batch logprobs [b, T-1] under the starting weights (swapped in, then back);
-        on the last pipeline stage (the only one that uses them)."""
+    def _reference_logprobs(self, micros: list[MicroBatch]) -> list[torch.Tensor]:
+        """Per micro-batch logprobs [b, T-1] of the step's `micros` under the starting weights
+        (swapped in, then back); on the last pipeline stage (the only one that uses them)."""
         params = list(self.module.parameters())
         current = [p.detach().clone() for p in params]
         refs: list[torch.Tensor] = []
@@ -429,9 +426,7 @@ class Learner:
             for p, ref in zip(params, self._ref or []):
                 p.copy_(ref)
             with self._drafts_off():
-                pipeline.run(
-                    self.model, self._micro_batches(batch), self._forward, keep, forward_only=True
-                )
+                pipeline.run(self.model, micros, self._forward, keep, forward_only=True)
             return refs
         finally:
             for p, cur in zip(params, current):

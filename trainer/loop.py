@@ -8,7 +8,7 @@ terminal; build the batch from the stored tokens (trainer/data.py);
 take one RL step; then ONE `store.commit` marks the groups' episodes trained and publishes the
 new policy version (with the step's metrics, read by the web API). Every `export_every` steps
 the weights are exported as HF safetensors and the router is asked to load them (and every
-`eval_every` versions one is evaluated in a process of its own, trainer/evals.py); every
+`eval.every` versions one is evaluated in a process of its own, trainer/evals.py); every
 `checkpoint_every` steps and at shutdown a dist_checkpointing checkpoint is written. A restart
 resumes from the latest checkpoint; versions continue from the store's latest, and groups a dead
 trainer held return to the store when its lease expires (commits are by claim id, so no episode
@@ -98,7 +98,7 @@ class TrainLoop:
     ) -> None:
         self.cfg, self.tcfg, self.learner = cfg, cfg.trainer, learner
         self.sync_mode = sync_mode
-        self.router_url = router_url or cfg.trainer.router_url or cfg.rollout.router_url
+        self.router_url = router_url or cfg.trainer.weight_sync.router_url or cfg.rollout.router_url
         self.log = log
         self.rank0 = not dist.is_initialized() or dist.get_rank() == 0
         self.trainer_id = f"trainer-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -108,13 +108,13 @@ class TrainLoop:
         self._engines: EngineClient | None = None
         """The router (or SGLang server) that loads each export: one pooled client, rank 0."""
         self._memory: InMemorySync | None = None
-        """`weight_sync` distributed / tensor: the in-memory sync through `_engines`."""
+        """`weight_sync.mode` distributed / tensor: the in-memory sync through `_engines`."""
         self._tb: Any = None
         self._last_checkpoint_step = -1
         self._spans: list[Span] = []
         """This step's spans of time, recorded once it is done."""
         self.evaluations = Evaluations(cfg, log)
-        """`trainer.eval_every`: evaluations of published versions, in a process of their own."""
+        """`trainer.eval.every`: evaluations of published versions, in a process of their own."""
         self.stopping = False
         """Set by `request_stop` (a signal handler): the loop ends at its next safe point."""
 
@@ -291,7 +291,7 @@ class TrainLoop:
                 data = self._call(
                     load_batch(self.store, claim, self.stats.version, self.floor,
                                measure=self.tcfg.staleness_measure,
-                               std_normalize=self.tcfg.advantage_std_normalize,
+                               advantage=self.tcfg.loss.advantage,
                                use_experts=self.learner.replay is not None)
                 )
         data = self._broadcast(data)
@@ -425,7 +425,7 @@ class TrainLoop:
         """Disk: export every `export_every` steps, then every engine loads it. In memory: every
         step a push, then the export every `export_every` steps, named to the router as the
         weights a returning engine loads before it serves."""
-        in_memory = self.tcfg.weight_sync != "disk"
+        in_memory = self.tcfg.weight_sync.mode != "disk"
         if in_memory:
             self._push(step, self._broadcast(self.stats.version))
         if step % self.tcfg.export_every:

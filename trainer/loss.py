@@ -14,10 +14,14 @@ Three logprobs meet in the policy loss:
   min(pi_old / mu, tis_cap): it corrects both staleness and train/inference numerics mismatch
   without letting one rare token dominate the gradient.
 
-`loss_type`: "grpo" and "ppo" are the same token-level PPO-clip objective (they differ only in
-where the advantages come from: group-normalised rewards vs. given ones); "gspo" uses GSPO's
-sequence-level ratio exp(mean_t log(pi_theta/pi_old)), clipped per sequence, with a
-sequence-level TIS weight (geometric mean of the token ratios pi_old/mu, truncated).
+The policy loss (`trainer.loss.policy_loss`) is one function of `POLICY_LOSSES` that turns the
+step's logprobs and per-sequence advantages into a per-token loss; `policy_loss` around it adds
+what every loss shares (the k3 KL to the reference, aggregation, the policy's drift metric).
+- "grpo": token-level PPO-clip, ratio pi_theta / pi_old per token, TIS per token;
+- "gspo": GSPO's sequence-level ratio exp(mean_t log(pi_theta/pi_old)), clipped per sequence,
+  with a sequence-level TIS weight (geometric mean of the token ratios pi_old/mu, truncated).
+Where the advantages come from is chosen apart (`trainer.loss.advantage`, trainer/advantages.py).
+A new loss is a function here with `@loss("name")` and a test in tests/trainer/test_loss.py.
 
 Aggregation (`aggregate`): "token-mean" = sum over all loss tokens / their count;
 "seq-mean-token-sum" = mean over sequences of each sequence's token sum; "seq-mean-token-mean" =
@@ -27,37 +31,145 @@ micro-batches and data-parallel ranks sum to the exact global value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-LossType = Literal["grpo", "gspo", "ppo"]
+from agent_rl.config.trainer import LossConfig
+from agent_rl.kernel.errors import ConfigError
+
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 
 
-def grpo_advantages(
-    rewards: torch.Tensor, group_ids: torch.Tensor, std_normalize: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
-    """Group-normalised advantages: (r - mean_group) / (std_group + eps), or r - mean_group.
+@dataclass
+class LossOutput:
+    """The loss to backpropagate and token-mean metrics (floats) over this batch's loss tokens."""
 
-    `rewards` [N] float, `group_ids` [N] int (samples of one prompt share an id). The std is the
-    unbiased sample std; a group of one sample gets advantage 0 (it carries no comparison).
-    """
-    rewards = rewards.double()
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    groups = int(inverse.max()) + 1
-    count = torch.zeros(groups, dtype=torch.float64).index_add_(
-        0, inverse, torch.ones_like(rewards)
-    )
-    mean = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, rewards) / count
-    centered = rewards - mean[inverse]
-    if std_normalize:
-        sq = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, centered**2)
-        std = (sq / (count - 1).clamp(min=1)).sqrt()
-        centered = centered / (std[inverse] + eps)
-    centered = torch.where(count[inverse] > 1, centered, torch.zeros_like(centered))
-    return centered.float()
+    loss: torch.Tensor
+    metrics: dict[str, float]
+    tokens: int
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """What a policy loss sees; every tensor [B, T] but `advantages`, [B, 1]."""
+
+    logprobs: torch.Tensor
+    """pi_theta, with grad."""
+    old_logprobs: torch.Tensor
+    """pi_old, detached."""
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    """The loss mask, float."""
+    behaviour_gap: torch.Tensor | None
+    """log pi_old - log mu (the rollout's), detached; None without rollout logprobs."""
+
+
+PolicyLoss = Callable[[PolicyInputs, LossConfig, dict[str, float]], torch.Tensor]
+"""(inputs, knobs, metrics to add to) -> the per-token loss [B, T] before KL and aggregation."""
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+"""Every policy loss by its `trainer.loss.policy_loss` name."""
+
+
+def loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Register the decorated function as policy loss `name`."""
+
+    def register(fn: PolicyLoss) -> PolicyLoss:
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return register
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The loss `trainer.loss.policy_loss` names; ConfigError listing them if none."""
+    if name not in POLICY_LOSSES:
+        raise ConfigError(f"trainer.loss.policy_loss = {name!r} is not a policy loss: "
+                          f"write one of {', '.join(sorted(POLICY_LOSSES))}")
+    return POLICY_LOSSES[name]
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    rollout_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    denominator: float | None = None,
+) -> LossOutput:
+    """`cfg.policy_loss`'s per-token loss, plus the k3 KL to a reference policy when given,
+    aggregated; with the step's metrics."""
+    fn = get_policy_loss(cfg.policy_loss)
+    mask = mask.to(logprobs.dtype)
+    old = old_logprobs.detach()
+    tokens = mask.sum().clamp(min=1)
+    metrics: dict[str, float] = {}
+    gap = None
+    if rollout_logprobs is not None:
+        gap = old - rollout_logprobs.detach()
+        metrics["train_rollout_logprob_abs_diff"] = float((gap.abs() * mask).sum() / tokens)
+    adv = advantages.detach().to(logprobs.dtype)[:, None]
+    per_token = fn(PolicyInputs(logprobs, old, adv, mask, gap), cfg, metrics)
+    if ref_logprobs is not None and cfg.kl_coef:
+        kl = k3_kl(logprobs, ref_logprobs.detach())
+        metrics["ref_kl"] = float((kl.detach() * mask).sum() / tokens)
+        per_token = per_token + cfg.kl_coef * kl
+    total = aggregate(per_token, mask, cfg.aggregation, denominator)
+    metrics["policy_kl"] = float((k3_kl(old, logprobs.detach()) * mask).sum() / tokens)
+    return LossOutput(loss=total, metrics=metrics, tokens=int(mask.sum()))
+
+
+@loss("grpo")
+def ppo_clip(x: PolicyInputs, cfg: LossConfig, metrics: dict[str, float]) -> torch.Tensor:
+    """Token-level PPO-clip: max(-A r_t, -A clip(r_t)), r_t = pi_theta / pi_old per token."""
+    ratio = torch.exp(x.logprobs - x.old_logprobs)
+    return _clipped(x, cfg, ratio, x.behaviour_gap, metrics)
+
+
+@loss("gspo")
+def gspo(x: PolicyInputs, cfg: LossConfig, metrics: dict[str, float]) -> torch.Tensor:
+    """GSPO: `ppo_clip`'s clip on the sequence's ratio (the geometric mean of its tokens')."""
+    seq_log_ratio = _seq_mean(x.logprobs - x.old_logprobs, x.mask)
+    # s_i,t = sg[s_i] * pi/sg[pi]: equals s_i in value, carries the sequence ratio's gradient.
+    ratio = torch.exp(seq_log_ratio.detach()[:, None] + x.logprobs - x.logprobs.detach())
+    gap = x.behaviour_gap
+    if gap is not None:
+        gap = _seq_mean(gap, x.mask)[:, None].expand_as(x.logprobs)
+    return _clipped(x, cfg, ratio, gap, metrics)
+
+
+def _clipped(x: PolicyInputs, cfg: LossConfig, ratio: torch.Tensor,
+             log_tis: torch.Tensor | None, metrics: dict[str, float]) -> torch.Tensor:
+    """PPO's pessimistic clip of -A * ratio, weighted by TIS; adds its metrics."""
+    unclipped = -x.advantages * ratio
+    clipped = -x.advantages * ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+    per_token = torch.maximum(unclipped, clipped)
+    tokens = x.mask.sum().clamp(min=1)
+    metrics["clip_fraction"] = clip_fraction(unclipped.detach(), clipped.detach(), x.mask)
+    metrics["ratio_mean"] = float((ratio.detach() * x.mask).sum() / tokens)
+    if log_tis is not None and cfg.tis_cap:
+        per_token = per_token * tis_weight(log_tis, x.mask, cfg.tis_cap, metrics)
+    return per_token
+
+
+def tis_weight(log_weight: torch.Tensor, mask: torch.Tensor, cap: float,
+               metrics: dict[str, float]) -> torch.Tensor:
+    """Truncated importance weights min(exp(log_weight), cap); adds their metrics."""
+    tokens = mask.sum().clamp(min=1)
+    weight = torch.exp(log_weight)
+    metrics["tis_capped_fraction"] = float(((weight > cap).to(mask.dtype) * mask).sum() / tokens)
+    weight = weight.clamp(max=cap)
+    metrics["tis_weight_mean"] = float((weight * mask).sum() / tokens)
+    return weight
+
+
+def _seq_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 def aggregate(
@@ -75,86 +187,6 @@ def aggregate(
         raise ValueError(f"unknown aggregation {mode!r}")
     return per_seq.sum() / (denominator if denominator is not None else max(values.shape[0], 1))
 
-
-@dataclass(frozen=True)
-class PolicyLossConfig:
-    """The knobs of `policy_loss` (TrainerConfig carries the user-facing copies)."""
-
-    loss_type: LossType = "grpo"
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    tis_cap: float | None = 2.0
-    kl_coef: float = 0.0
-    aggregation: Aggregation = "token-mean"
-
-
-@dataclass
-class LossOutput:
-    """The loss to backpropagate and token-mean metrics (floats) over this batch's loss tokens."""
-
-    loss: torch.Tensor
-    metrics: dict[str, float]
-    tokens: int
-
-
-def policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: PolicyLossConfig,
-    rollout_logprobs: torch.Tensor | None = None,
-    ref_logprobs: torch.Tensor | None = None,
-    denominator: float | None = None,
-) -> LossOutput:
-    """Clipped policy-gradient loss (PPO/GRPO token ratios or GSPO sequence ratios) with
-    optional TIS against the rollout's logprobs and optional k3 KL to a reference policy."""
-    mask = mask.to(logprobs.dtype)
-    old = old_logprobs.detach()
-    adv = advantages.detach().to(logprobs.dtype)[:, None]
-    log_ratio = logprobs - old
-    tokens = mask.sum().clamp(min=1)
-    if cfg.loss_type == "gspo":
-        seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        # s_i,t = sg[s_i] * pi/sg[pi]: equals s_i in value, carries the sequence ratio's gradient.
-        ratio = torch.exp(seq_log_ratio.detach()[:, None] + logprobs - logprobs.detach())
-    elif cfg.loss_type in ("grpo", "ppo"):
-        ratio = torch.exp(log_ratio)
-    else:
-        raise ValueError(f"unknown loss_type {cfg.loss_type!r}")
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
-    per_token = torch.maximum(unclipped, clipped)
-
-    metrics: dict[str, float] = {}
-    if rollout_logprobs is not None:
-        behaviour_gap = old - rollout_logprobs.detach()
-        metrics["train_rollout_logprob_abs_diff"] = float(
-            (behaviour_gap.abs() * mask).sum() / tokens
-        )
-        if cfg.tis_cap:
-            if cfg.loss_type == "gspo":
-                seq_gap = (behaviour_gap * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-                weight = torch.exp(seq_gap)[:, None].expand_as(per_token)
-            else:
-                weight = torch.exp(behaviour_gap)
-            metrics["tis_capped_fraction"] = float(
-                ((weight > cfg.tis_cap).to(mask.dtype) * mask).sum() / tokens
-            )
-            weight = weight.clamp(max=cfg.tis_cap)
-            metrics["tis_weight_mean"] = float((weight * mask).sum() / tokens)
-            per_token = per_token * weight
-    if ref_logprobs is not None and cfg.kl_coef:
-        kl = k3_kl(logprobs, ref_logprobs.detach())
-        metrics["ref_kl"] = float((kl.detach() * mask).sum() / tokens)
-        per_token = per_token + cfg.kl_coef * kl
-
-    loss = aggregate(per_token, mask, cfg.aggregation, denominator)
-    with torch.no_grad():
-        metrics["clip_fraction"] = clip_fraction(unclipped, clipped, mask)
-        metrics["policy_kl"] = float((k3_kl(old, logprobs.detach()) * mask).sum() / tokens)
-        metrics["ratio_mean"] = float((ratio.detach() * mask).sum() / tokens)
-    return LossOutput(loss=loss, metrics=metrics, tokens=int(mask.sum()))
 
 
 def sft_loss(

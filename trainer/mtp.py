@@ -1,4 +1,4 @@
-"""Multi-token prediction (MTP) draft losses in the learner's layout (`trainer.mtp_layers`).
+"""Multi-token prediction (MTP) draft losses in the learner's layout (`trainer.mtp.layers`).
 
 The draft of depth j (trainer.mtp_model) predicts, at position t, token t+1+j. The learner
 scores it at its anchors only, the positions whose depth-j target is a policy token (the loss
@@ -32,7 +32,7 @@ def draft_terms(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per anchor [N], from the draft's logits at the anchors [N, V/tp] (vocab-parallel), the
     policy's logits of the same tokens [N, V/tp] and the sampled `targets` [N]:
-    - the loss to `objective` (`trainer.mtp_objective`), differentiable in the draft's logits
+    - the loss to `objective` (`trainer.mtp.objective`), differentiable in the draft's logits
       only (the draft follows the policy): nll, the sampled tokens' cross-entropy; kl, the
       forward KL divergence from the policy's distribution; tv, the total variation distance to
       it, one minus the acceptance;

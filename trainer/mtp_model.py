@@ -1,4 +1,4 @@
-"""Multi-token prediction (MTP) draft layers trained with the policy (`trainer.mtp_layers`).
+"""Multi-token prediction (MTP) draft layers trained with the policy (`trainer.mtp.layers`).
 
 megatron-core's MTP block (`transformer/multi_token_prediction.py`) chains k modules after the
 decoder: module j takes the previous hidden state at position t (the decoder's, post final norm,
@@ -159,9 +159,9 @@ def eagle_block(
     decoder layer without its input norm (and without a q/k norm: the draft is a Qwen2 layer),
     and no norm before the shared head. Every norm it drops becomes megatron's IdentityOp, so
     the module computes what that draft computes and exports to it weight for weight.
-    `ffn_hidden_size`: the layer's MLP that wide (`trainer.mtp_ffn_hidden_size`), and
+    `ffn_hidden_size`: the layer's MLP that wide (`trainer.mtp.ffn_hidden_size`), and
     `attention_heads`: its attention with these (query, key/value) heads, each the trunk's
-    head_dim wide (`trainer.mtp_num_attention_heads`, `trainer.arch.draft_heads`), not the
+    head_dim wide (`trainer.mtp.num_attention_heads`, `trainer.arch.draft_heads`), not the
     trunk's: the EAGLE draft has a config of its own, which says so."""
     import dataclasses
 

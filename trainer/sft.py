@@ -2,9 +2,10 @@
 
 `run_sft` takes `(token ids, loss mask)` sequences (for demonstrations, made by
 `agent_rl.rollout.sft_data`: loss on each completion and the `<|im_end|>` that ends it),
-takes `steps` optimizer steps of `sft_batch_size` sequences (cycling through them), then writes
-a dist_checkpointing checkpoint to `out/checkpoint` and an HF export to `out` (start RL from it
-with `--model out`). It knows nothing of environments: the application layer brings the data.
+takes `steps` optimizer steps of `trainer.sft.batch_size` sequences (cycling through them),
+then writes a dist_checkpointing checkpoint to `out/checkpoint` and an HF export to `out` (start
+RL from it with `--model out`). It knows nothing of environments: the application layer brings
+the data.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def run_sft(
 
     if not sequences:
         raise ConfigError("SFT needs at least one token sequence")
-    size = cfg.sft_batch_size
+    size = cfg.sft.batch_size
     metrics: dict[str, float] = {}
-    with learner(model_dir, cfg, lr=cfg.sft_lr) as e:
+    with learner(model_dir, cfg, lr=cfg.sft.lr) as e:
         for step in range(steps):
             rows = [sequences[(step * size + i) % len(sequences)] for i in range(size)]
             batch = Batch.from_sequences([r[0] for r in rows], [r[1] for r in rows])

@@ -114,10 +114,10 @@ def load_full_state_dict(
             if tuple(tensor.shape) != tuple(param.shape):
                 hint = ""
                 if key.startswith("mtp.") and ".mlp." in key:
-                    hint = ("; the draft's MLP width is trainer.mtp_ffn_hidden_size (the "
+                    hint = ("; the draft's MLP width is trainer.mtp.ffn_hidden_size (the "
                             "weights' draft/config.json gives theirs as intermediate_size)")
                 elif key.startswith("mtp.") and ".self_attention." in key:
-                    hint = ("; the draft's attention heads are trainer.mtp_num_attention_heads "
+                    hint = ("; the draft's attention heads are trainer.mtp.num_attention_heads "
                             "(the weights' draft/config.json gives theirs as "
                             "num_attention_heads)")
                 raise ConfigError(

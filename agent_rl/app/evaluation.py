@@ -1,4 +1,4 @@
-"""Evaluation at a pinned policy version: `agent-rl eval`, `trainer.eval_every`, the quickstart.
+"""Evaluation at a pinned policy version: `agent-rl eval`, `trainer.eval.every`, the quickstart.
 
 `evaluate` scores the weights of one policy version of a training run: the engines serve them
 under that version's label (so every stored token says which policy made it), and `samples`
@@ -12,9 +12,9 @@ score is the policy's expected reward: the quantity RL optimises.
 
 Engines: with a router URL, every engine behind it loads the weights (the quickstart's way,
 between its stages); without one, the evaluation starts an engine of its own on them, so a
-running `serve` and `train` carry on undisturbed (`trainer.eval_every`).
+running `serve` and `train` carry on undisturbed (`trainer.eval.every`).
 
-`evaluate_each` is the long-lived form `trainer.eval_every` runs (`agent-rl eval --from-stdin`):
+`evaluate_each` is the long-lived form `trainer.eval.every` runs (`agent-rl eval --from-stdin`):
 one process, and without a router URL one engine, for every evaluation of a training run, each
 version's weights loaded onto that engine in turn. Starting `agent-rl eval` costs seconds of CPU
 (importing it: transformers' tokenizer classes import torch) and its engine more; paid once per
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.config import Config
+from agent_rl.kernel.encoding import version_label
 from agent_rl.kernel.errors import ConfigError
 from agent_rl.store import Span, Store
 
@@ -156,7 +157,7 @@ async def evaluate(
         eval_cfg = _eval_config(cfg, run, env, split, seed, tasks, samples, weights, router_url)
         await store.ensure_run(run, eval_cfg.model_dump(mode="json"), kind="eval",
                                evaluates_run_id=train_id, evaluates_version=version)
-    label_version = str(version if version is not None else 0)
+    label_version = version_label(version if version is not None else 0)
     engine = None
     try:
         if router_url is None:

@@ -18,11 +18,13 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
 from agent_rl.config.base import Section
 from agent_rl.config.engine import EngineConfig
+from agent_rl.config.moved import moved_in_environment
 from agent_rl.config.router import RouterConfig
 from agent_rl.config.sandbox import SandboxConfig, SandboxLimits
 from agent_rl.config.serving import ApiConfig, RolloutConfig
@@ -117,6 +119,11 @@ def load_config(path: Path | None = None, **overrides: Any) -> Config:
         return Config(**overrides)
     except ValidationError as e:
         raise ConfigError(_describe(e, path)) from e
+    except SettingsError as e:  # a variable that is not the JSON its section needs
+        moved = moved_in_environment(dict(os.environ))
+        if moved is not None:
+            raise ConfigError(f"{moved} (in the environment (AGENT_RL_*))") from e
+        raise ConfigError(f"{e}: {e.__cause__}") from e
     except Exception as e:  # a TOML syntax error surfaces as tomllib.TOMLDecodeError
         if type(e).__name__ == "TOMLDecodeError":
             raise ConfigError(f"{path}: invalid TOML: {e}") from e
@@ -132,6 +139,8 @@ def _describe(e: ValidationError, path: Path | None) -> str:
         key = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             problems.append(f"unknown key '{key}' {where}")
+        elif err["type"] == "moved_key":  # agent_rl/config/moved.py: the message names both keys
+            problems.append(f"{err['msg']} ({where})")
         else:
             problems.append(f"invalid value for '{key}' {where}: {err['msg']}")
     return "; ".join(problems)

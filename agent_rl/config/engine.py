@@ -59,7 +59,7 @@ class EngineConfig(Section):
     """Where each engine's output goes (`engine-PORT.log`), relative to the working directory."""
 
     speculative: bool = False
-    """Serve the model's own MTP draft (the `mtp.*` weights of a `trainer.mtp_layers` export of
+    """Serve the model's own MTP draft (the `mtp.*` weights of a `trainer.mtp.layers` export of
     a Qwen3-MoE model) with SGLang's speculative decoding (EAGLE, top-1 chain). GPU only: on
     CPU the engine refuses to start."""
 

@@ -1,6 +1,6 @@
 """SGLang's speculative decoding with the model's own MTP draft (`engine.speculative_steps`).
 
-An export of a learner with `trainer.mtp_layers` carries its draft (trainer/hf_convert.py):
+An export of a learner with `trainer.mtp.layers` carries its draft (trainer/hf_convert.py):
 - Qwen3-MoE: as `mtp.*` weights. SGLang serves it as `Qwen3MoeForCausalLMMTP` when the same
   directory is passed as `--speculative-draft-model-path` (its model config rewrites the draft's
   architecture), and every `update_weights_from_disk` then loads the target and the draft
@@ -12,7 +12,7 @@ An export of a learner with `trainer.mtp_layers` carries its draft (trainer/hf_c
   under the in-memory syncs only.
 Either is served under `--speculative-algorithm EAGLE` (NEXTN is an alias of it): a chain
 (top-1) of `steps` tokens drafted with its one module, `steps + 1` verified per pass. The
-in-memory syncs send the draft its weights with `selector: "draft"` (trainer/weight_sync.py).
+in-memory syncs send the draft its weights with `selector: "draft"` (trainer/weight_sync/memory.py).
 
 Only on a GPU: SGLang 0.5.23 starts no speculative algorithm on the CPU engine (EAGLE needs
 sgl-kernel's CUDA kernels for the KV copy and tree verification and an attention backend other
@@ -53,14 +53,14 @@ def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) ->
         if not _has_draft(model):
             raise EngineError(
                 f"{model} has no mtp.* draft weights: serve an export of a learner with "
-                "trainer.mtp_layers >= 1, or start without --speculative"
+                "trainer.mtp.layers >= 1, or start without --speculative"
             )
     elif architecture in EAGLE_TARGETS:
         draft = model / EAGLE_DRAFT_DIR
         if _architecture(draft) != EAGLE_DRAFT_ARCHITECTURE:
             raise EngineError(
                 f"{model} has no EAGLE draft in {EAGLE_DRAFT_DIR}/: serve an export of a "
-                "learner with trainer.mtp_layers >= 1, or start without --speculative"
+                "learner with trainer.mtp.layers >= 1, or start without --speculative"
             )
     else:
         raise EngineError(

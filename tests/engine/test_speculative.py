@@ -34,7 +34,7 @@ print(json.dumps({k: v for k, v in vars(args).items() if k.startswith("speculati
 @pytest.fixture
 def drafted_moe(tiny_moe_model: Path, tmp_path: Path) -> Path:
     """The tiny MoE with an `mtp.*` tensor in a second safetensors file (the launcher reads
-    tensor names from the files' headers, as an export with `trainer.mtp_layers` has them)."""
+    tensor names from the files' headers, as an export with `trainer.mtp.layers` has them)."""
     out = tmp_path / "drafted"
     shutil.copytree(tiny_moe_model, out)
     save_file({"mtp.fc.weight": torch.zeros(2, 2)}, str(out / "mtp.safetensors"))
@@ -94,10 +94,10 @@ def test_refused_on_cpu_and_without_a_draft(
     assert cpu.startswith("speculative decoding needs a GPU")
     missing = _refusal(EngineServer(tiny_moe_model, venv=engine_venv, device="cuda",
                                     speculative_steps=3))  # fmt: skip
-    assert "no mtp.* draft weights" in missing and "trainer.mtp_layers" in missing
+    assert "no mtp.* draft weights" in missing and "trainer.mtp.layers" in missing
     dense = _refusal(EngineServer(tiny_dense_model, venv=engine_venv, device="cuda",
                                   speculative_steps=3))  # fmt: skip
-    assert "no EAGLE draft in draft/" in dense and "trainer.mtp_layers" in dense
+    assert "no EAGLE draft in draft/" in dense and "trainer.mtp.layers" in dense
     other = tmp_path / "llama"
     shutil.copytree(tiny_dense_model, other)
     config = json.loads((other / "config.json").read_text())

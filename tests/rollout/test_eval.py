@@ -41,7 +41,7 @@ def _eval(db: Path, url: str, model: Path, *args: str) -> dict[str, Any]:
 
 
 def _eval_each(db: Path, url: str, requests: list[str]) -> list[dict[str, Any]]:
-    """`agent-rl eval --from-stdin` (what `trainer.eval_every` runs): one process for all."""
+    """`agent-rl eval --from-stdin` (what `trainer.eval.every` runs): one process for all."""
     res = subprocess.run(
         [AGENT_RL, "eval", "--from-stdin", "--router-url", url, "--tasks", "4", "--samples", "2"],
         input="".join(r + "\n" for r in requests), capture_output=True, text=True, env=_env(db),

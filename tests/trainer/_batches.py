@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from trainer.batch import Batch
-from trainer.loss import grpo_advantages
+from trainer.advantages import grpo
 
 
 def rl_batch(vocab: int, size: int = 8, length: int = 48, seed: int = 0, group: int = 4) -> Batch:
@@ -20,4 +20,4 @@ def rl_batch(vocab: int, size: int = 8, length: int = 48, seed: int = 0, group: 
     rollout = (-torch.rand(size, length, generator=g) * 3 - 4) * mask
     rewards = torch.randint(0, 2, (size,), generator=g).float()
     groups = torch.arange(size) // group
-    return Batch(tokens, mask, rollout, grpo_advantages(rewards, groups), lengths=lengths)
+    return Batch(tokens, mask, rollout, grpo(rewards, groups), lengths=lengths)

@@ -56,8 +56,8 @@ def train(
     from trainer.learner import Learner
 
     arch = ModelArch.from_hf_dir(model_dir)
-    cfg = TrainerConfig(tp=tp, pp=pp, ep=ep, lr=1e-3, micro_batch_size=2, mtp_layers=mtp_layers,
-                        mtp_objective=mtp_objective)  # type: ignore[arg-type]
+    cfg = TrainerConfig(parallel={"tp": tp, "pp": pp, "ep": ep}, optim={"lr": 1e-3},
+                        micro_batch_size=2, mtp={"layers": mtp_layers, "objective": mtp_objective})
     # The process group stays up between runs (re-creating it under torchrun hangs); each
     # Learner re-initialises megatron's parallel groups for its sizes.
     e = Learner(model_dir, cfg)

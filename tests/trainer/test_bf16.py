@@ -23,12 +23,12 @@ def test_a_bf16_step_trains_with_fp32_master_weights_and_reports_the_rollout_gap
 ) -> None:
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     batch = rl_batch(vocab, size=4)
-    with learner(tiny_moe_model, TrainerConfig(lr=1e-3, micro_batch_size=4)) as e:
+    with learner(tiny_moe_model, TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=4)) as e:
         fp32 = e.logprobs(batch)["logprobs"]
     # The rollout's logprobs are the fp32 policy's, as an fp32 engine's would be.
     rollout = type(batch)(batch.tokens, batch.loss_mask, fp32 * batch.loss_mask, batch.advantages,
                           None, batch.lengths)  # fmt: skip
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, dtype="bf16")
+    cfg = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=2, dtype="bf16")
     with learner(tiny_moe_model, cfg) as e:
         assert {p.dtype for p in e.module.parameters()} == {torch.bfloat16}
         masters = [p for group in e.optimizer.param_groups for p in group["params"]]

@@ -71,6 +71,27 @@ async def test_a_step_reads_its_batch_in_one_transaction(
         assert sorted(np.sign(list(data.advantages.values()))) == [-1.0] * groups + [1.0] * groups
 
 
+@pytest.mark.parametrize("advantage,magnitude", [
+    ("grpo", 0.5 / (0.5**0.5 + 1e-6)), ("dr_grpo", 0.5), ("rloo", 1.0),
+    # batch of rewards {0, 1} x 3: mean 0.5, unbiased std sqrt(6 / 4 / 5)
+    ("reinforce_pp", 0.5 / ((1.5 / 5) ** 0.5 + 1e-6)),
+])  # fmt: skip
+async def test_the_configured_estimator_gives_the_batch_its_advantages(
+    db_url: str, advantage: str, magnitude: float
+) -> None:
+    """`trainer.loss.advantage` reaches the batch: each episode's advantage, and its rows', are
+    the estimator's over the claim's rewards (groups of two, rewards 0 and 1)."""
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("data")
+        await _fill(store, run, 3, 1)
+        claim = await store.claim(run, "trainer", 3)
+        data = await load_batch(store, claim, version=1, advantage=advantage)
+        for row, eid in enumerate(data.episode_ids):
+            reward = data.rewards[row]
+            assert data.advantages[eid] == pytest.approx(magnitude * (1 if reward else -1))
+            assert float(data.batch.advantages[row]) == pytest.approx(data.advantages[eid])
+
+
 async def test_a_rewritten_conversation_trains_as_sequences_of_its_own(db_url: str) -> None:
     """An episode of two segments (an agent rewrote its history: `TurnRecord.segment`) is two
     batch rows with the episode's advantage, each holding exactly its segment's tokens; the

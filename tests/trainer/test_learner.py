@@ -37,7 +37,7 @@ def test_micro_batching_does_not_change_the_step(tiny_dense_model: Path) -> None
     batch = rl_batch(vocab)
     results = []
     for micro in (8, 3):
-        with learner(tiny_dense_model, TrainerConfig(micro_batch_size=micro, lr=1e-3)) as e:
+        with learner(tiny_dense_model, TrainerConfig(micro_batch_size=micro, optim={"lr": 1e-3})) as e:
             first = e.rl_step(batch)
             results.append((first["loss"], first["grad_norm"], e.logprobs(batch)["logprobs"]))
     assert abs(results[0][0] - results[1][0]) < 1e-6
@@ -48,7 +48,7 @@ def test_micro_batching_does_not_change_the_step(tiny_dense_model: Path) -> None
 def test_rl_steps_report_metrics_and_move_the_policy(tiny_dense_model: Path) -> None:
     vocab = ModelArch.from_hf_dir(tiny_dense_model).vocab_size
     batch = rl_batch(vocab)
-    with learner(tiny_dense_model, TrainerConfig(lr=1e-3, micro_batch_size=4)) as e:
+    with learner(tiny_dense_model, TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=4)) as e:
         before = e.logprobs(batch)["logprobs"]
         metrics = e.rl_step(batch)
         after = e.logprobs(batch)["logprobs"]
@@ -76,8 +76,8 @@ def test_weight_decay_skips_biases_and_norms(tiny_dense_model: Path, distributed
     batch = rl_batch(ModelArch.from_hf_dir(tiny_dense_model).vocab_size, size=4)
     after = []
     for decay in (0.0, 0.5):
-        cfg = TrainerConfig(lr=1e-2, micro_batch_size=4, weight_decay=decay,
-                            distributed_optimizer=distributed)  # fmt: skip
+        cfg = TrainerConfig(optim={"lr": 1e-2, "weight_decay": decay}, micro_batch_size=4,
+                            parallel={"distributed_optimizer": distributed})  # fmt: skip
         with learner(tiny_dense_model, cfg) as e:
             e.rl_step(batch)
             after.append({n: p.detach().clone() for n, p in e.module.named_parameters()})
@@ -100,7 +100,8 @@ def test_sft_steps_lower_the_nll(tiny_dense_model: Path) -> None:
     "options",
     [
         {},
-        {"distributed_optimizer": False, "loss_type": "gspo", "aggregation": "seq-mean-token-mean"},
+        {"parallel": {"distributed_optimizer": False},
+         "loss": {"policy_loss": "gspo", "aggregation": "seq-mean-token-mean"}},
     ],
 )
 def test_checkpoint_resume_gives_identical_steps(
@@ -109,7 +110,7 @@ def test_checkpoint_resume_gives_identical_steps(
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     batches = [rl_batch(vocab, size=4, seed=s) for s in range(4)]
     # Weight decay: the optimizer's groups (decayed or not) resume with their own settings.
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, weight_decay=0.1, **options)
+    cfg = TrainerConfig(optim={"lr": 1e-3, "weight_decay": 0.1}, micro_batch_size=4, **options)
     with learner(tiny_moe_model, cfg) as e:
         # Two steps before the checkpoint: Adam's step count (its bias correction) must resume
         # as 2, not as the placeholder state's 1 that loading starts from.
@@ -133,7 +134,7 @@ def test_export_is_loaded_by_transformers_with_the_trained_weights(
 ) -> None:
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     batch = rl_batch(vocab, size=4)
-    with learner(tiny_moe_model, TrainerConfig(lr=1e-3, micro_batch_size=4)) as e:
+    with learner(tiny_moe_model, TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=4)) as e:
         e.rl_step(batch)
         ours = e.logprobs(batch)["logprobs"]
         out = e.export_hf(tmp_path / "export")
@@ -148,12 +149,12 @@ def test_export_is_loaded_by_transformers_with_the_trained_weights(
 def test_kl_to_the_starting_policy_grows_from_zero(tiny_dense_model: Path) -> None:
     vocab = ModelArch.from_hf_dir(tiny_dense_model).vocab_size
     batch = rl_batch(vocab, size=4)
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, kl_coef=0.1)
+    cfg = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=4, loss={"kl_coef": 0.1})
     with learner(tiny_dense_model, cfg) as e:
         start = e.logprobs(batch)["logprobs"]
         first, second = e.rl_step(batch), e.rl_step(batch)
         trained = e.logprobs(batch)["logprobs"]
-        reference = e._reference_logprobs(batch)[0]
+        reference = e._reference_logprobs(e._micro_batches(batch))[0]
         assert torch.equal(e.logprobs(batch)["logprobs"], trained)  # weights swapped back
     assert first["ref_kl"] == 0.0 and second["ref_kl"] > 0  # the reference is the start
     assert torch.equal(reference, start[:, 1:]) and not torch.equal(trained, start)
@@ -171,7 +172,7 @@ def test_a_closed_learner_frees_its_model_and_process_groups(tiny_moe_model: Pat
     and their threads (a CI session reached 1,700 threads polling)."""
     vocab = ModelArch.from_hf_dir(tiny_moe_model).vocab_size
     before = _gloo_threads()
-    with learner(tiny_moe_model, TrainerConfig(lr=1e-3, routing_replay=True)) as e:
+    with learner(tiny_moe_model, TrainerConfig(optim={"lr": 1e-3}, routing_replay=True)) as e:
         e.rl_step(rl_batch(vocab, size=4, length=24))
         model = weakref.ref(e.model)
         assert _gloo_threads() > before + 10  # the groups this test is about

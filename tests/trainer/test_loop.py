@@ -29,7 +29,8 @@ from trainer.loop import TrainLoop
 def trainer_config(db: Path, tmp: Path, server_url: str, model: Path, **trainer: Any) -> Config:
     cfg = served_config(db, server_url, model)
     values: dict[str, Any] = dict(
-        groups_per_step=2, micro_batch_size=4, lr=3e-5, router_url=server_url,
+        groups_per_step=2, micro_batch_size=4, optim={"lr": 3e-5},
+        weight_sync={"router_url": server_url},
         checkpoint_dir=tmp / "ckpt", export_dir=tmp / "exports", tensorboard_dir=tmp / "tb",
         data_poll_s=0.2,
     )
@@ -141,7 +142,8 @@ def test_routing_replay_uses_rollout_experts(
 ) -> None:
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
-    cfg = trainer_config(served_db, tmp_path, sglang_moe_server.url, tiny_moe_model, lr=1e-2)
+    cfg = trainer_config(served_db, tmp_path, sglang_moe_server.url, tiny_moe_model,
+                         optim={"lr": 1e-2})
     data = _batch(cfg)
     used: list[torch.Tensor] = []
     original = RouterReplay.get_replay_topk
@@ -160,7 +162,8 @@ def test_routing_replay_uses_rollout_experts(
         e.logprobs(batch)
         replayed = [u.clone() for u in used]
         monkeypatch.setattr(RouterReplay, "get_replay_topk", original)
-        e.cfg = e.cfg.model_copy(update={"routing_replay": False, "lr": 0.0})
+        e.cfg = e.cfg.model_copy(update={"routing_replay": False,
+                                         "optim": e.cfg.optim.model_copy(update={"lr": 0.0})})
         assert e.replay is not None
         positions = torch.arange(batch.length).unsqueeze(0).expand(batch.size, -1)
         assert batch.routed_experts is not None and batch.routed_valid is not None
@@ -183,13 +186,13 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
     store_copy: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path,
     restore_engine: None,
 ) -> None:
-    """`trainer.eval_every = 1`: after v1 the trainer has its evaluator (`agent-rl eval
+    """`trainer.eval.every = 1`: after v1 the trainer has its evaluator (`agent-rl eval
     --from-stdin`, started when it opened) evaluate v1 in a process of its own (its own engine,
-    on v1's export, at `eval_nice` and SCHED_IDLE) and goes on training; v2 comes while it runs
+    on v1's export, at `eval.nice` and SCHED_IDLE) and goes on training; v2 comes while it runs
     and is skipped, with a line saying so. The evaluation run
     records v1 as the version it scored, and every token it sampled says v1."""
     cfg = trainer_config(store_copy, tmp_path, sglang_moe_server.url, tiny_moe_model,
-                         eval_every=1, eval_tasks=2, eval_samples=2, eval_env="calculator")
+                         eval={"every": 1, "tasks": 2, "samples": 2, "env": "calculator"})
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"log_dir": tmp_path / "logs"})})
     lines: list[str] = []
     niceness: list[tuple[int, int, int]] = []
@@ -209,8 +212,8 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
         stats = loop.run(max_steps=2)
     print("\n".join(lines))
     assert stats.steps == 2 and loop.evaluations.started == [1]
-    # Spare CPU only: niced and under SCHED_IDLE (trainer.eval_cpu_idle), its session group too.
-    nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + cfg.trainer.eval_nice)
+    # Spare CPU only: niced and under SCHED_IDLE (trainer.eval.cpu_idle), its session group too.
+    nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + cfg.trainer.eval.nice)
     assert niceness == [(nice, os.SCHED_IDLE, 19)]
     assert any("evaluating v1 in the background" in ln for ln in lines)
     assert any("evaluation of v2 skipped: v1's is still running" in ln for ln in lines)
@@ -242,13 +245,13 @@ def test_one_evaluator_serves_every_evaluation_and_a_dead_one_is_replaced(
     restore_engine: None,
 ) -> None:
     """The trainer's evaluator is one process for version after version (here on
-    `eval_router_url`'s engine). SIGKILLed during an evaluation, that evaluation is reported
+    `eval.router_url`'s engine). SIGKILLed during an evaluation, that evaluation is reported
     failed with how it ended and its weights are removed; the next version due starts a new
     evaluator, which evaluates it. (Versions are published to `Evaluations` directly, with
     exports copied by hand: the trainer loop adds nothing to this.)"""
     cfg = trainer_config(store_copy, tmp_path, sglang_moe_server.url, tiny_moe_model,
-                         eval_every=1, eval_tasks=2, eval_samples=2, eval_env="calculator",
-                         eval_router_url=sglang_moe_server.url)
+                         eval={"every": 1, "tasks": 2, "samples": 2, "env": "calculator",
+                               "router_url": sglang_moe_server.url})
     logs = tmp_path / "logs"
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"log_dir": logs})})
     for version in (1, 2, 3):

@@ -7,30 +7,9 @@ import math
 import pytest
 import torch
 
-from trainer.loss import (
-    PolicyLossConfig,
-    aggregate,
-    grpo_advantages,
-    k3_kl,
-    policy_loss,
-    sft_loss,
-)
-
-
-def test_grpo_advantages_group_normalised_and_centred_only() -> None:
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 5.0])
-    groups = torch.tensor([7, 7, 7, 7, 3, 9])
-    adv = grpo_advantages(rewards, groups, eps=0.0)
-    # group 7: mean 0.5, unbiased std sqrt(1/3); group 3 and 9 are singletons -> 0
-    s = math.sqrt(1 / 3)
-    assert adv.tolist() == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0.0, 0.0])
-    centred = grpo_advantages(rewards, groups, std_normalize=False)
-    assert centred.tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.0, 0.0])
-
-
-def test_grpo_advantages_all_equal_rewards_give_zero() -> None:
-    adv = grpo_advantages(torch.ones(4), torch.zeros(4, dtype=torch.long))
-    assert adv.tolist() == [0.0] * 4
+from agent_rl.config.trainer import LossConfig
+from agent_rl.kernel.errors import ConfigError
+from trainer.loss import POLICY_LOSSES, aggregate, get_policy_loss, k3_kl, policy_loss, sft_loss
 
 
 def test_aggregations() -> None:
@@ -44,9 +23,9 @@ def test_aggregations() -> None:
         aggregate(v, m, "nope")  # type: ignore[arg-type]
 
 
-def _cfg(**kw: object) -> PolicyLossConfig:
+def _cfg(**kw: object) -> LossConfig:
     base = {
-        "loss_type": "ppo",
+        "policy_loss": "grpo",
         "clip_eps_low": 0.2,
         "clip_eps_high": 0.3,
         "tis_cap": None,
@@ -54,10 +33,10 @@ def _cfg(**kw: object) -> PolicyLossConfig:
         "aggregation": "token-mean",
     }
     base.update(kw)
-    return PolicyLossConfig(**base)  # type: ignore[arg-type]
+    return LossConfig(**base)  # type: ignore[arg-type]
 
 
-def test_ppo_clip_token_level() -> None:
+def test_grpo_is_ppo_clip_token_level() -> None:
     # ratios 1.5 (A=+1: clipped to 1.3), 0.5 (A=+1: unclipped, min picks 0.5), 0.5 (A=-1: clipped
     # to 0.8 -> loss 0.8), 1.1 (A=-1: inside the range -> 1.1)
     old = torch.zeros(2, 2)
@@ -74,7 +53,7 @@ def test_ppo_clip_token_level() -> None:
 def test_grpo_on_policy_gradient_is_advantage_weighted_logprob() -> None:
     lp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
     mask = torch.tensor([[0.0, 1.0, 1.0]])
-    out = policy_loss(lp, lp.detach(), torch.tensor([2.0]), mask, _cfg(loss_type="grpo"))
+    out = policy_loss(lp, lp.detach(), torch.tensor([2.0]), mask, _cfg())
     assert out.loss.item() == pytest.approx(-2.0)  # ratio 1: -A per token, mean over 2 tokens
     out.loss.backward()
     assert lp.grad.flatten().tolist() == pytest.approx([0.0, -1.0, -1.0])
@@ -87,7 +66,7 @@ def test_gspo_sequence_ratio_and_clip() -> None:
     lp = torch.tensor([[0.1, 0.3], [0.0002, -0.0002]], requires_grad=True)
     old = torch.zeros(2, 2)
     cfg = _cfg(
-        loss_type="gspo", clip_eps_low=0.001, clip_eps_high=0.001, aggregation="seq-mean-token-mean"
+        policy_loss="gspo", clip_eps_low=0.001, clip_eps_high=0.001, aggregation="seq-mean-token-mean"
     )
     out = policy_loss(lp, old, torch.tensor([1.0, 2.0]), torch.ones(2, 2), cfg)
     assert out.loss.item() == pytest.approx((-1.001 + -2.0) / 2, rel=1e-6)
@@ -133,3 +112,13 @@ def test_sft_loss_is_masked_nll() -> None:
     out = sft_loss(lp, torch.tensor([[0.0, 1.0, 1.0]]))
     assert out.loss.item() == pytest.approx(3.0)
     assert out.tokens == 2
+
+
+def test_the_registry_names_each_loss_and_refuses_others() -> None:
+    assert {"grpo", "gspo"} <= set(POLICY_LOSSES)
+    with pytest.raises(ConfigError, match="trainer.loss.policy_loss = 'nope' is not a policy "
+                                          "loss: write one of"):
+        get_policy_loss("nope")
+    with pytest.raises(ConfigError, match="is not a policy loss"):
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1),
+                    _cfg().model_copy(update={"policy_loss": "nope"}))

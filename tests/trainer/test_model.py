@@ -112,4 +112,4 @@ def test_parallel_sizes_are_checked(tiny_dense_model: Path) -> None:
     with pytest.raises(ConfigError, match="mtp_layers > 0 with pp > 1 is not supported"):
         check_parallel(arch, Parallel(pp=2), mtp_layers=1)
     with pytest.raises(ConfigError, match="mtp_layers > 0 with pp > 1 is not supported"):
-        Learner(tiny_dense_model, TrainerConfig(pp=2, mtp_layers=1))  # before any process group
+        Learner(tiny_dense_model, TrainerConfig(parallel={"pp": 2}, mtp={"layers": 1}))  # before any process group

@@ -1,4 +1,4 @@
-"""`trainer.mtp_layers`: megatron-core MTP draft modules trained on every step with the policy
+"""`trainer.mtp.layers`: megatron-core MTP draft modules trained on every step with the policy
 (real megatron-core on CPU, one process). Detached (the default), the draft learns and the
 policy's weights are bit-for-bit those of a run without MTP; joint, the MTP loss moves the
 policy too. Packed and padded micro-batches give the same MTP loss; checkpoints resume the
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from agent_rl.config import TrainerConfig
+from agent_rl.config.trainer import MtpConfig
 from agent_rl.kernel.errors import ConfigError
 from tests.trainer._batches import rl_batch
 from trainer import hf_convert
@@ -27,9 +28,19 @@ def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-def _run(model: Path, steps: int, **cfg: object) -> tuple[dict[str, torch.Tensor], list[dict]]:
+def _mtp(cfg: TrainerConfig, **update: object) -> TrainerConfig:
+    """`cfg` with its `trainer.mtp` settings `update`d (unvalidated, as a config file could
+    not give them: the learner's own checks are the subject)."""
+    return cfg.model_copy(update={"mtp": cfg.mtp.model_copy(update=update)})
+
+
+def _run(model: Path, steps: int, lr_warmup_steps: int = 0,
+         **mtp: object) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """`steps` RL steps on one batch with the `trainer.mtp` settings `mtp`."""
     batch = rl_batch(ModelArch.from_hf_dir(model).vocab_size, size=4)
-    with learner(model, TrainerConfig(lr=1e-3, micro_batch_size=2, **cfg)) as e:
+    cfg = TrainerConfig(optim={"lr": 1e-3, "lr_warmup_steps": lr_warmup_steps},
+                        micro_batch_size=2, mtp=mtp)
+    with learner(model, cfg) as e:
         before = _params(e.module)
         metrics = [e.rl_step(batch) for _ in range(steps)]
         after = _params(e.module)
@@ -38,7 +49,7 @@ def _run(model: Path, steps: int, **cfg: object) -> tuple[dict[str, torch.Tensor
 
 def test_a_detached_draft_learns_and_leaves_the_policy_bit_exact(tiny_moe_model: Path) -> None:
     plain, plain_metrics = _run(tiny_moe_model, 3)
-    drafted, metrics = _run(tiny_moe_model, 3, mtp_layers=2, mtp_loss_coef=0.5)
+    drafted, metrics = _run(tiny_moe_model, 3, layers=2, loss_coef=0.5)
     # Gradient clipping is active, so the drafts' grads would change the policy's step if the
     # global norm counted them.
     assert all(m["grad_norm"] > 1.0 for m in plain_metrics)
@@ -63,7 +74,7 @@ def test_a_detached_draft_learns_and_leaves_the_policy_bit_exact(tiny_moe_model:
 
 def test_joint_training_lets_the_mtp_loss_move_the_policy(tiny_moe_model: Path) -> None:
     plain, _ = _run(tiny_moe_model, 1)
-    joint, _ = _run(tiny_moe_model, 1, mtp_layers=1, mtp_detach=False)
+    joint, _ = _run(tiny_moe_model, 1, layers=1, detach=False)
     changed = [n for n, p in plain["after"].items() if not torch.equal(p, joint["after"][n])]
     assert "embedding.word_embeddings.weight" in changed
     assert any(n.startswith("decoder.layers.") for n in changed)
@@ -72,9 +83,9 @@ def test_joint_training_lets_the_mtp_loss_move_the_policy(tiny_moe_model: Path) 
 def test_the_draft_learns_at_its_own_rate_and_the_policy_at_its_own(tiny_moe_model: Path) -> None:
     """`mtp_lr`: the draft's Adam steps are its learning rate's, the policy's are bit-exact
     those of a run whose draft learns at the policy's rate; with a warm-up both ramp."""
-    same, _ = _run(tiny_moe_model, 1, mtp_layers=1)
-    fast, _ = _run(tiny_moe_model, 1, mtp_layers=1, mtp_lr=1e-2)
-    warm, _ = _run(tiny_moe_model, 1, mtp_layers=1, mtp_lr=1e-2, lr_warmup_steps=4)
+    same, _ = _run(tiny_moe_model, 1, layers=1)
+    fast, _ = _run(tiny_moe_model, 1, layers=1, lr=1e-2)
+    warm, _ = _run(tiny_moe_model, 1, layers=1, lr=1e-2, lr_warmup_steps=4)
     draft = [n for n in same["after"] if n.startswith("mtp.")]
     assert draft
     for name, value in same["after"].items():
@@ -105,7 +116,7 @@ def test_a_frozen_draft_stays_bit_exact_and_is_still_measured(
     are those it started with, its loss and acceptance are reported, and the policy trains as
     without MTP, joint training or not (a frozen draft's loss is not added)."""
     plain, plain_metrics = _run(tiny_moe_model, 2)
-    frozen, metrics = _run(tiny_moe_model, 2, mtp_layers=1, mtp_train=False, mtp_detach=detach)
+    frozen, metrics = _run(tiny_moe_model, 2, layers=1, train=False, detach=detach)
     draft = [n for n in frozen["after"] if n.startswith("mtp.")]
     assert draft
     for name in draft:
@@ -124,8 +135,8 @@ def test_logprob_forwards_skip_the_drafts(tiny_moe_model: Path) -> None:
     """`logprobs()` and the KL reference forward do not run the MTP modules (their drafts go
     unused), and give the logprobs of a learner without MTP."""
     batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
-    cfg = TrainerConfig(micro_batch_size=2, kl_coef=0.1)
-    with learner(tiny_moe_model, cfg.model_copy(update={"mtp_layers": 1})) as e:
+    cfg = TrainerConfig(micro_batch_size=2, loss={"kl_coef": 0.1})
+    with learner(tiny_moe_model, cfg.model_copy(update={"mtp": MtpConfig(layers=1)})) as e:
         calls: list[int] = []
         e.module.mtp.register_forward_hook(lambda *args: calls.append(1))
         drafted = e.logprobs(batch)["logprobs"]
@@ -144,7 +155,7 @@ def test_packed_micro_batches_give_the_padded_mtp_loss(
     batch = rl_batch(ModelArch.from_hf_dir(path).vocab_size, size=6)
     out = []
     for packing in (None, 64):
-        cfg = TrainerConfig(mtp_layers=2, micro_batch_size=2, max_tokens_per_micro_batch=packing)
+        cfg = TrainerConfig(mtp={"layers": 2}, micro_batch_size=2, max_tokens_per_micro_batch=packing)
         with learner(path, cfg) as e:
             out.append(e.rl_step(batch))
     keys = ("mtp_nll_1", "mtp_nll_2", "mtp_loss", "loss", "mtp_acceptance_1",
@@ -157,7 +168,7 @@ def test_checkpoint_resume_and_export_carry_the_draft(tiny_moe_model: Path, tmp_
     arch = ModelArch.from_hf_dir(tiny_moe_model)
     batch = rl_batch(arch.vocab_size, size=4)
     # The draft at its own learning rate: the optimizer's two parameter groups resume too.
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2, mtp_lr=3e-3)
+    cfg = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=2, mtp={"layers": 2, "lr": 3e-3})
     with learner(tiny_moe_model, cfg) as e:
         initial = _params(e.module)
         e.rl_step(batch)
@@ -229,7 +240,7 @@ def test_a_dense_models_draft_is_an_eagle_module_exported_beside_and_as_its_own_
     model = tiny_dense_model if kind == "qwen2" else _qwen3_dense(tiny_dense_model, tmp_path / "m")
     arch = ModelArch.from_hf_dir(model)
     assert arch.eagle_draft and arch.qk_norm == (kind == "qwen3")
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2)
+    cfg = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=2, mtp={"layers": 2})
     with learner(model, cfg) as e:
         e.rl_step(rl_batch(arch.vocab_size, size=4))
         weights = _params(e.module)
@@ -267,7 +278,7 @@ def test_a_dense_models_draft_is_an_eagle_module_exported_beside_and_as_its_own_
 def test_a_dense_models_draft_may_be_narrower_than_the_model(
     tiny_dense_model: Path, tiny_moe_model: Path, tmp_path: Path
 ) -> None:
-    """`trainer.mtp_ffn_hidden_size` and `trainer.mtp_num_attention_heads`: the EAGLE draft's
+    """`trainer.mtp.ffn_hidden_size` and `trainer.mtp.num_attention_heads`: the EAGLE draft's
     MLP that wide and its attention with that many heads, each the model's head_dim wide (the
     trunk's stay the model's), trained, resumed from a checkpoint and exported with
     `draft/config.json` saying so (`intermediate_size`, `num_attention_heads`,
@@ -280,8 +291,8 @@ def test_a_dense_models_draft_may_be_narrower_than_the_model(
     arch = ModelArch.from_hf_dir(tiny_dense_model)
     width, d = arch.ffn_hidden_size // 4, arch.head_dim
     assert arch.num_heads > 2 and arch.num_kv_heads == 2
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=1, mtp_ffn_hidden_size=width,
-                        mtp_num_attention_heads=1)  # fmt: skip
+    cfg = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=2,
+                        mtp={"layers": 1, "ffn_hidden_size": width, "num_attention_heads": 1})
     batch = rl_batch(arch.vocab_size, size=4)
     with learner(tiny_dense_model, cfg) as e:
         before = _params(e.module)
@@ -328,11 +339,11 @@ def test_a_dense_models_draft_may_be_narrower_than_the_model(
     assert target["intermediate_size"] == arch.ffn_hidden_size
     assert target["num_attention_heads"] == arch.num_heads
     _assert_loads_back(export, cfg, weights)
-    with pytest.raises(ConfigError, match="draft's MLP width is trainer.mtp_ffn_hidden_size"):
-        with learner(export, cfg.model_copy(update={"mtp_ffn_hidden_size": None})):
+    with pytest.raises(ConfigError, match="draft's MLP width is trainer.mtp.ffn_hidden_size"):
+        with learner(export, _mtp(cfg, ffn_hidden_size=None)):
             pass
-    with pytest.raises(ConfigError, match="attention heads are trainer.mtp_num_attention_heads"):
-        with learner(export, cfg.model_copy(update={"mtp_num_attention_heads": None})):
+    with pytest.raises(ConfigError, match="attention heads are trainer.mtp.num_attention_heads"):
+        with learner(export, _mtp(cfg, num_attention_heads=None)):
             pass
     with pytest.raises(ConfigError, match=r"tp=2 does not divide the model's draft ffn size"):
         check_parallel(arch, Parallel(tp=2), mtp_layers=1, mtp_ffn_hidden_size=width + 1)
@@ -341,9 +352,9 @@ def test_a_dense_models_draft_may_be_narrower_than_the_model(
     with pytest.raises(ConfigError, match="2 key/value heads .* must divide its query heads"):
         check_parallel(arch, Parallel(), mtp_layers=1, mtp_num_attention_heads=3)
     check_parallel(arch, Parallel(tp=2), mtp_layers=1, mtp_num_attention_heads=2)
-    for setting in ("mtp_ffn_hidden_size", "mtp_num_attention_heads"):
-        moe = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=1, **{setting: 1})
-        with pytest.raises(ConfigError, match=f"{setting} needs a dense model"):
+    for setting in ("ffn_hidden_size", "num_attention_heads"):
+        moe = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=2, mtp={"layers": 1, setting: 1})
+        with pytest.raises(ConfigError, match=f"trainer.mtp.{setting} needs a dense model"):
             with learner(tiny_moe_model, moe):
                 pass
 
@@ -366,9 +377,9 @@ def test_the_trained_eagle_draft_computes_what_its_export_does_in_the_eagle_layo
     from transformers.models.qwen2 import modeling_qwen2
 
     arch = ModelArch.from_hf_dir(tiny_dense_model)
-    own = ({"mtp_ffn_hidden_size": arch.ffn_hidden_size // 4, "mtp_num_attention_heads": 2}
+    own = ({"ffn_hidden_size": arch.ffn_hidden_size // 4, "num_attention_heads": 2}
            if shape == "narrow" else {})  # fmt: skip
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=1, **own)
+    cfg = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=2, mtp={"layers": 1, **own})
     batch = rl_batch(arch.vocab_size, size=4)
     with learner(tiny_dense_model, cfg) as e:
         e.rl_step(batch)  # a trained draft, not its initialisation
@@ -417,15 +428,16 @@ def _sglang_draft_loads(
     each source of weights: `disk` (the export: what a disk sync loads into target and draft),
     for an EAGLE draft `launch` (its `draft/` directory) and `target` (SGLang's target model on
     the export), and the buckets an in-memory sync sends with `selector: "draft"`
-    (trainer.weight_sync.parts), received and reconstructed by SGLang's own flattened bucket as
-    a `distributed` and a `tensor` update hand them to the draft."""
+    (trainer.weight_sync.memory.parts), received and reconstructed by SGLang's own flattened
+    bucket as a `distributed` and a `tensor` update hand them to the draft."""
     from safetensors.torch import load_file
 
     from agent_rl.engine.install import engine_env, engine_python
-    from trainer.weight_sync import Buffer, broadcast_meta, parts
+    from trainer.weight_sync.distributed import broadcast_meta
+    from trainer.weight_sync.memory import Buffer, parts
 
     batch = rl_batch(ModelArch.from_hf_dir(model).vocab_size, size=4)
-    config = TrainerConfig(lr=1e-3, micro_batch_size=2, mtp_layers=2, **cfg)
+    config = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=2, mtp={"layers": 2, **cfg})
     with learner(model, config) as e:
         e.rl_step(batch)
         export = e.export_hf(tmp_path / "export")
@@ -475,16 +487,16 @@ def test_sglang_s_own_eagle_draft_loads_a_dense_models_draft_from_every_source(
     from it); a Qwen3 export does not carry the draft, so a disk sync leaves it as it was. Its
     `fc` bias is zero (the learner's projection has none). SGLang's target (Qwen2, Qwen3) fills
     every one of its parameters from the same export, skipping the draft's. `qwen2-narrow`: a
-    draft whose MLP is narrower than the model's (`trainer.mtp_ffn_hidden_size`) and whose
-    attention has fewer heads (`trainer.mtp_num_attention_heads`), built by SGLang at the shape
+    draft whose MLP is narrower than the model's (`trainer.mtp.ffn_hidden_size`) and whose
+    attention has fewer heads (`trainer.mtp.num_attention_heads`), built by SGLang at the shape
     its `draft/` config gives."""
     qwen3 = kind == "qwen3"
     model = _qwen3_dense(tiny_dense_model, tmp_path / "m") if qwen3 else tiny_dense_model
     arch = ModelArch.from_hf_dir(model)
     narrow = arch.ffn_hidden_size // 4 if kind.endswith("narrow") else None
     heads = 2 if narrow else None  # the model's 4 query heads, 2 key/value heads
-    ours, loaded = _sglang_draft_loads(model, engine_venv, tmp_path, mtp_ffn_hidden_size=narrow,
-                                       mtp_num_attention_heads=heads)  # fmt: skip
+    ours, loaded = _sglang_draft_loads(model, engine_venv, tmp_path, ffn_hidden_size=narrow,
+                                       num_attention_heads=heads)  # fmt: skip
     if narrow:
         launch = loaded["launch"]
         assert launch["model.layers.0.mlp.down_proj.weight"].shape[1] == narrow
@@ -566,7 +578,7 @@ def test_acceptance_is_the_overlap_of_policy_and_draft_and_chains_into_a_length(
 def test_the_draft_objectives_are_the_samples_nll_the_kl_and_one_minus_the_acceptance(
     solo: None,
 ) -> None:
-    """`trainer.mtp_objective` per anchor, against direct computations: nll of the sampled
+    """`trainer.mtp.objective` per anchor, against direct computations: nll of the sampled
     token, forward KL from the policy's distribution, and total variation, which is one minus
     the acceptance the step reports; only the draft gets a gradient."""
     from trainer import mtp
@@ -605,7 +617,7 @@ def test_a_draft_distilled_from_the_policy_learns_and_leaves_the_policy_bit_exac
     tiny_moe_model: Path, objective: str
 ) -> None:
     plain, _ = _run(tiny_moe_model, 3)
-    drafted, metrics = _run(tiny_moe_model, 3, mtp_layers=1, mtp_objective=objective)
+    drafted, metrics = _run(tiny_moe_model, 3, layers=1, objective=objective)
     for name, value in plain["after"].items():
         assert torch.equal(value, drafted["after"][name]), name
     losses = [m["mtp_loss"] for m in metrics]
@@ -615,7 +627,7 @@ def test_a_draft_distilled_from_the_policy_learns_and_leaves_the_policy_bit_exac
                    for m in metrics)  # fmt: skip
     # SFT steps train the draft on the demonstrations' tokens, whatever the RL objective.
     batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
-    cfg = TrainerConfig(micro_batch_size=2, mtp_layers=1, mtp_objective=objective)
+    cfg = TrainerConfig(micro_batch_size=2, mtp={"layers": 1, "objective": objective})
     with learner(tiny_moe_model, cfg) as e:
         sft = e.sft_step(batch)
     assert sft["mtp_loss"] == pytest.approx(sft["mtp_nll_1"], rel=1e-6)
@@ -628,7 +640,7 @@ def test_the_drafts_head_at_the_anchors_is_the_output_layer_there(tiny_moe_model
     from trainer import mtp
 
     batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
-    with learner(tiny_moe_model, TrainerConfig(mtp_layers=2)) as e, torch.no_grad():
+    with learner(tiny_moe_model, TrainerConfig(mtp={"layers": 2})) as e, torch.no_grad():
         model = e.module
         positions = torch.arange(batch.length).unsqueeze(0).expand(batch.size, -1)
         _, drafts = model(batch.tokens, positions, None)
@@ -647,10 +659,10 @@ def test_the_drafts_head_at_the_anchors_is_the_output_layer_there(tiny_moe_model
 
 
 def test_a_step_reports_the_drafts_acceptance(tiny_moe_model: Path) -> None:
-    _, one = _run(tiny_moe_model, 1, mtp_layers=1)
+    _, one = _run(tiny_moe_model, 1, layers=1)
     # With one draft, the expected accepted length is its acceptance.
     assert one[0]["mtp_accept_length"] == pytest.approx(one[0]["mtp_acceptance_1"], rel=1e-6)
-    _, two = _run(tiny_moe_model, 1, mtp_layers=2)
+    _, two = _run(tiny_moe_model, 1, layers=2)
     a1, a2 = two[0]["mtp_acceptance_1"], two[0]["mtp_acceptance_2"]
     assert 0 < a2 and 0 < a1 < 1 and a1 < two[0]["mtp_accept_length"] < a1 + a2
 
@@ -667,7 +679,7 @@ def test_tp2_and_ep2_train_the_draft_as_one_process_does(
     from tests.trainer.test_parallel import _compare, _launch, _metrics
     from trainer import dist_env
 
-    with learner(tiny_moe_model, TrainerConfig(mtp_layers=1)) as e:
+    with learner(tiny_moe_model, TrainerConfig(mtp={"layers": 1})) as e:
         start = e.export_hf(tmp_path / "start")
     try:
         train(start, tmp_path / "one", mtp_layers=1)
@@ -692,7 +704,8 @@ def test_tp2_and_ep2_train_the_draft_as_one_process_does(
 
 def test_bf16_packed_rl_and_sft_steps_train_the_draft(tiny_moe_model: Path, tmp_path: Path) -> None:
     batch = rl_batch(ModelArch.from_hf_dir(tiny_moe_model).vocab_size, size=4)
-    cfg = TrainerConfig(lr=1e-3, mtp_layers=1, dtype="bf16", max_tokens_per_micro_batch=64)
+    cfg = TrainerConfig(optim={"lr": 1e-3}, mtp={"layers": 1}, dtype="bf16",
+                        max_tokens_per_micro_batch=64)
     with learner(tiny_moe_model, cfg) as e:
         before = _params(e.module)
         rl = e.rl_step(batch)

@@ -43,7 +43,7 @@ def test_a_packed_row_keeps_each_sequence_to_itself() -> None:
 
 
 def _step(model: Path, batch: Batch, **cfg: Any) -> dict[str, Any]:
-    config = TrainerConfig(lr=1e-3, routing_replay=True, **cfg)
+    config = TrainerConfig(optim={"lr": 1e-3}, routing_replay=True, **cfg)
     with learner(model, config) as e:
         logprobs = e.logprobs(batch)["logprobs"]
         metrics = e.rl_step(batch)

@@ -11,7 +11,7 @@ from tests.trainer._batches import rl_batch
 from trainer.arch import ModelArch
 from trainer.batch import Batch
 from trainer.learner import learner
-from trainer.replay import RoutingReplay, from_sglang
+from trainer.routing_replay import RoutingReplay, from_sglang
 
 
 def test_sglang_layout_is_shifted_and_padded() -> None:
@@ -49,7 +49,7 @@ def _used_experts(module: torch.nn.Module, sink: list[torch.Tensor]) -> list:
 def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path) -> None:
     arch = ModelArch.from_hf_dir(tiny_moe_model)
     base = rl_batch(arch.vocab_size, size=4, length=32)
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=4, routing_replay=True)
+    cfg = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=4, routing_replay=True)
     with learner(tiny_moe_model, cfg) as e:
         assert e.replay is not None
         # What free routing picks for these tokens, as SGLang would report it ([n-1, L, k]).
@@ -96,7 +96,7 @@ def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path
         on = e.rl_step(with_experts(rotated))
         assert on["routing_mismatch_fraction"] == 1.0
 
-    cfg_off = TrainerConfig(lr=1e-3, micro_batch_size=4, routing_replay=False)
+    cfg_off = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=4, routing_replay=False)
     with learner(tiny_moe_model, cfg_off) as e:
         same = e.rl_step(with_experts(recorded))
         print(f"replay off, recorded experts: mismatch {same['routing_mismatch_fraction']:.3f}")

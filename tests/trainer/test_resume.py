@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from agent_rl.config import load_config
 from agent_rl.store import Store
 from tests.trainer._served import served_db  # noqa: F401 (fixture)
@@ -35,11 +37,8 @@ def _config(tmp: Path, db: Path, model: Path, **trainer: Any) -> Path:
         tensorboard_dir=str(tmp / "tb"), claim_lease_s=3.0, data_poll_s=0.2,
     )
     values.update(trainer)
-    lines = ["[store]", f'url = "sqlite:///{db}"', "[trainer]"]
-    for k, v in values.items():
-        lines.append(f"{k} = {v!r}".replace("'", '"'))
     path = tmp / "agent-rl.toml"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(tomli_w.dumps({"store": {"url": f"sqlite:///{db}"}, "trainer": values}))
     return path
 
 

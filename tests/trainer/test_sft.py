@@ -39,7 +39,7 @@ def test_transcript_mask_covers_completions_and_their_end(tiny_dense_model: Path
 
 
 def test_sft_lowers_loss_and_exports(tiny_dense_model: Path, tmp_path: Path) -> None:
-    cfg = TrainerConfig(sft_lr=1e-3, sft_batch_size=2, micro_batch_size=2,
+    cfg = TrainerConfig(sft={"lr": 1e-3, "batch_size": 2}, micro_batch_size=2,
                         checkpoint_dir=tmp_path / "unused")
     lines: list[str] = []
     out = tmp_path / "sft"

@@ -40,7 +40,8 @@ STEPS = 3
 def config(url: str, tmp: Path, server_url: str, model: Path) -> Config:
     cfg = serve_config(url, server_url, model, filter_zero_variance=False, env=ENV_ID, stop=STOP)
     trainer = TrainerConfig(
-        groups_per_step=2, micro_batch_size=4, lr=3e-5, router_url=server_url,
+        groups_per_step=2, micro_batch_size=4, optim={"lr": 3e-5},
+        weight_sync={"router_url": server_url},
         checkpoint_dir=tmp / "ckpt", export_dir=tmp / "exports", tensorboard_dir=tmp / "tb",
         data_poll_s=0.2, max_staleness=4,
     )

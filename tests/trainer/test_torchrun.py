@@ -55,7 +55,7 @@ def test_two_tensor_parallel_ranks_train_the_store(served_db: Path, tmp_path: Pa
     """TP = 2 (and sequence parallelism, which MoE with TP needs) over two ranks."""
     db = tmp_path / "store.db"
     db.write_bytes(served_db.read_bytes())
-    config = _config(tmp_path, db, tiny_moe_model, groups_per_step=2, tp=2)
+    config = _config(tmp_path, db, tiny_moe_model, groups_per_step=2, parallel={"tp": 2})
     done = subprocess.run(_torchrun(config, "--max-steps", "2"), env=_env(), capture_output=True,
                           text=True, timeout=420)  # fmt: skip
     print(done.stdout[-2000:])

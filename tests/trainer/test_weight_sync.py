@@ -135,11 +135,11 @@ def test_the_drafts_weights_go_to_the_draft_in_buckets_of_their_own() -> None:
 def test_bucket_size_by_mode_unless_set() -> None:
     client = EngineClient("http://127.0.0.1:9")  # never called
     size = lambda mode, **kw: make_sync(  # noqa: E731
-        client, TrainerConfig(weight_sync=mode, **kw)).limit_bytes  # type: ignore[union-attr]
+        client, TrainerConfig(weight_sync={"mode": mode, **kw})).limit_bytes  # type: ignore[union-attr]
     assert size("distributed") == 64 << 20  # gloo on CPU: bench/weight_sync.py's fastest
     assert size("tensor") == 256 << 20
     for mode in ("distributed", "tensor"):
-        assert size(mode, weight_sync_bucket_mb=8) == 8 << 20
+        assert size(mode, bucket_mb=8) == 8 << 20
 
 
 @pytest.mark.parametrize("mode", ["distributed", "tensor"])
@@ -148,8 +148,8 @@ def test_push_serves_the_trainers_weights_on_both_engines(
 ) -> None:
     """With an MTP draft: its buckets go with `selector: "draft"`, which SGLang takes (and,
     serving no draft on CPU, loads nowhere; test_mtp.py loads them into SGLang's draft)."""
-    cfg = TrainerConfig(weight_sync=mode, weight_sync_bucket_mb=0.5, weight_sync_timeout_s=60,
-                        lr=1e-2, micro_batch_size=4, mtp_layers=1)
+    cfg = TrainerConfig(weight_sync={"mode": mode, "bucket_mb": 0.5, "timeout_s": 60},
+                        optim={"lr": 1e-2}, micro_batch_size=4, mtp={"layers": 1})
     for e in _stepped(tiny_moe_model, cfg):
         ours = _trainer_logprobs(e)
         weights = e.hf_state_dict()
@@ -184,7 +184,7 @@ def test_a_new_trainer_joins_engines_that_kept_a_dead_trainers_group(
 ) -> None:
     """A trainer that dies leaves its group on the engines (nobody destroys it); its successor
     must form a group of its own at its first push, not meet "group name already created"."""
-    cfg = TrainerConfig(weight_sync="distributed", weight_sync_timeout_s=60, micro_batch_size=4)
+    cfg = TrainerConfig(weight_sync={"mode": "distributed", "timeout_s": 60}, micro_batch_size=4)
     for e in _stepped(tiny_moe_model, cfg):
         weights = e.hf_state_dict()
 
@@ -242,9 +242,9 @@ def test_train_loop_pushes_every_step_and_names_exports(
         cfg = cfg.model_copy(update={
             "router": cfg.router.model_copy(update={"admin_token": SecretStr("secret")}),
             "trainer": TrainerConfig(
-                groups_per_step=2, micro_batch_size=4, router_url=thread.router.url,
-                checkpoint_dir=tmp_path / "ckpt", export_dir=tmp_path / "exports",
-                tensorboard_dir=None, data_poll_s=0.2, weight_sync="distributed",
+                groups_per_step=2, micro_batch_size=4, checkpoint_dir=tmp_path / "ckpt",
+                export_dir=tmp_path / "exports", tensorboard_dir=None, data_poll_s=0.2,
+                weight_sync={"mode": "distributed", "router_url": thread.router.url},
                 export_every=2)})
         lines: list[str] = []
         with learner(tiny_moe_model, cfg.trainer) as e:
@@ -265,8 +265,8 @@ def test_engine_killed_mid_broadcast_is_dropped_and_catches_up_after_restart(
     engines: list[str], second_engine: EngineServer, tiny_moe_model: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    cfg = TrainerConfig(weight_sync="distributed", weight_sync_bucket_mb=0.25,
-                        weight_sync_timeout_s=20, lr=1e-2, micro_batch_size=4)
+    cfg = TrainerConfig(weight_sync={"mode": "distributed", "bucket_mb": 0.25, "timeout_s": 20},
+                        optim={"lr": 1e-2}, micro_batch_size=4)
     original = Broadcast._broadcast_bucket
     sent: list[int] = []
 
@@ -314,7 +314,7 @@ def test_engine_killed_mid_broadcast_is_dropped_and_catches_up_after_restart(
           f"restarted engine restored at {restored}; then {third}")
     assert not first.ok and list(first.dropped) == [engines[1]]
     assert first.updated == [engines[0]]
-    assert took < 3 * cfg.weight_sync_timeout_s
+    assert took < 3 * cfg.weight_sync.timeout_s
     assert second.ok and second.updated == [engines[0]]
     assert restored == ("9", False)
     assert third.ok and sorted(third.updated) == sorted(engines)

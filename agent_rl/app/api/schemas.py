@@ -173,7 +173,7 @@ class EvaluationOut(Schema):
 
 
 class DraftAcceptanceOut(Schema):
-    """An MTP draft's (`trainer.mtp_layers`) expected acceptance at one policy version, as the
+    """An MTP draft's (`trainer.mtp.layers`) expected acceptance at one policy version, as the
     learner measured it without a speculative engine: on the policy tokens of the step that
     made the version, at the weights that step started from."""
 
@@ -202,7 +202,7 @@ class RunOut(Schema):
     )
     draft_acceptance: list[DraftAcceptanceOut] = Field(
         description="Per policy version whose step measured an MTP draft, its expected "
-        "acceptance (empty without `trainer.mtp_layers`).")
+        "acceptance (empty without `trainer.mtp.layers`).")
     ledger: dict[str, int]
 
 

@@ -46,7 +46,7 @@ def eval_cmd(
         "--from-stdin",
         help='Evaluate each request read from standard input, one JSON object per line '
              '({"version": V, "weights": DIR}), writing each result as one JSON line; one process '
-             '(and without --router-url one engine) serves them all. What trainer.eval_every '
+             '(and without --router-url one engine) serves them all. What trainer.eval.every '
              'runs.')] = False,
 ) -> None:
     """Evaluate the weights of one policy version into a run of its own that no trainer

@@ -69,20 +69,20 @@ def train(
 
         out = output or Path(cfg.trainer.export_dir) / "sft"
         env_id = env or cfg.rollout.env
-        count = min(cfg.trainer.sft_demos, cfg.trainer.sft_batch_size * (max_steps or cfg.trainer.sft_steps))
+        count = min(cfg.trainer.sft.demos, cfg.trainer.sft.batch_size * (max_steps or cfg.trainer.sft.steps))
         console.print(f"SFT: collecting {count} demonstrations of {env_id}")
         data = anyio.run(sft_sequences, cfg, model_dir, env_id, count)
         if data.skipped:
             console.print(f"SFT: skipped {data.skipped} transcripts the template does not render verbatim")
         result = run_sft(cfg.trainer, model_dir, out, data.sequences,
-                         steps=max_steps or cfg.trainer.sft_steps, log=console.print)
+                         steps=max_steps or cfg.trainer.sft.steps, log=console.print)
         console.print(f"SFT done: {result['steps']} steps, final loss {result['loss']:.4f}; "
                       f"checkpoint {result['checkpoint']}; HF export {out}")
         return
     from trainer.learner import learner
     from trainer.loop import TrainLoop
 
-    url = router_url or cfg.trainer.router_url or cfg.rollout.router_url
+    url = router_url or cfg.trainer.weight_sync.router_url or cfg.rollout.router_url
     if url:  # before the (slow) model build: a wrong URL fails in a second
         anyio.run(check_router, url)
     with learner(model_dir, cfg.trainer) as e:

@@ -84,11 +84,12 @@ def recipe(opts: Options) -> dict[str, Any]:
             "max_new_tokens": 48, "temperature": 1.0, "heartbeat_s": 2.0, "stale_after_s": 15.0,
         },  # fmt: skip
         "trainer": {
-            "model": str(SFT_MODEL), "seed": opts.seed, "lr": 1e-4, "groups_per_step": 8,
+            "model": str(SFT_MODEL), "seed": opts.seed, "groups_per_step": 8,
             "micro_batch_size": 32, "max_staleness": 2, "export_every": 1, "checkpoint_every": 5,
-            "claim_lease_s": 30.0, "data_poll_s": 0.5, "sft_lr": 3e-3, "sft_batch_size": 32,
-            "sft_steps": opts.sft_steps, "checkpoint_dir": "runs/checkpoints",
+            "claim_lease_s": 30.0, "data_poll_s": 0.5, "checkpoint_dir": "runs/checkpoints",
             "export_dir": "runs/exports", "tensorboard_dir": "runs/tensorboard",
+            "optim": {"lr": 1e-4},
+            "sft": {"lr": 3e-3, "batch_size": 32, "steps": opts.sft_steps},
         },  # fmt: skip
     }
 
