@@ -52,13 +52,12 @@ class LossConfig(Section):
     """`[trainer.loss]`: the RL objective, chosen in two independent parts."""
 
     policy_loss: str = "grpo"
-    """How a sequence's advantage becomes per-token loss (trainer/loss.py): grpo, token-level
-    PPO-clip; gspo, sequence-level ratios (GSPO)."""
+    """How a sequence's advantage becomes per-token loss: a name in trainer/loss.py's
+    `POLICY_LOSSES` (grpo: token-level PPO-clip; the others in docs/trainer.md)."""
 
     advantage: str = "grpo"
-    """How rewards become per-episode advantages (trainer/advantages.py): grpo, group mean and
-    std; dr_grpo, group mean only (Dr. GRPO); rloo, leave-one-out group mean (RLOO);
-    reinforce_pp, the step's batch mean and std (REINFORCE++)."""
+    """How rewards become per-episode advantages: a name in trainer/advantages.py's `ESTIMATORS`
+    (grpo: group mean and std; the others in docs/trainer.md)."""
 
     clip_eps_low: float = Field(default=0.2, ge=0)
     """Lower clip range: ratios below 1 - clip_eps_low stop pushing (GSPO: ~3e-4)."""
