@@ -19,7 +19,8 @@ step's logprobs and per-sequence advantages into a per-token loss; `policy_loss`
 what every loss shares (the k3 KL to the reference, aggregation, the policy's drift metric).
 - "grpo": token-level PPO-clip, ratio pi_theta / pi_old per token, TIS per token;
 - "gspo": GSPO's sequence-level ratio exp(mean_t log(pi_theta/pi_old)), clipped per sequence,
-  with a sequence-level TIS weight (geometric mean of the token ratios pi_old/mu, truncated).
+  with a sequence-level TIS weight (geometric mean of the token ratios pi_old/mu, truncated);
+- "cispo": CISPO's clipped importance weight on a REINFORCE term, TIS per token.
 Where the advantages come from is chosen apart (`trainer.loss.advantage`, trainer/advantages.py).
 A new loss is a function here with `@loss("name")` and a test in tests/trainer/test_loss.py.
 
@@ -141,6 +142,21 @@ def gspo(x: PolicyInputs, cfg: LossConfig, metrics: dict[str, float]) -> torch.T
     if gap is not None:
         gap = _seq_mean(gap, x.mask)[:, None].expand_as(x.logprobs)
     return _clipped(x, cfg, ratio, gap, metrics)
+
+
+@loss("cispo")
+def cispo(x: PolicyInputs, cfg: LossConfig, metrics: dict[str, float]) -> torch.Tensor:
+    """CISPO (MiniMax-M1): -sg(clip(r_t)) A log pi_theta per token. The importance weight is
+    clipped, not the update, so every token keeps its gradient, A clip(r_t) grad log pi."""
+    ratio = torch.exp(x.logprobs - x.old_logprobs).detach()
+    weight = ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+    tokens = x.mask.sum().clamp(min=1)
+    metrics["clip_fraction"] = float(((weight != ratio).to(x.mask.dtype) * x.mask).sum() / tokens)
+    metrics["ratio_mean"] = float((ratio * x.mask).sum() / tokens)
+    per_token = -x.advantages * weight * x.logprobs
+    if x.behaviour_gap is not None and cfg.tis_cap:
+        per_token = per_token * tis_weight(x.behaviour_gap, x.mask, cfg.tis_cap, metrics)
+    return per_token
 
 
 def _clipped(x: PolicyInputs, cfg: LossConfig, ratio: torch.Tensor,

@@ -76,6 +76,21 @@ def test_gspo_sequence_ratio_and_clip() -> None:
     assert lp.grad[1].tolist() == pytest.approx([-0.5, -0.5], rel=1e-3)
 
 
+def test_cispo_clips_the_weight_and_keeps_every_token_s_gradient() -> None:
+    # ratios 1.5 (weight clipped to 1.3), 0.5 (clipped to 0.8), 1.1 (inside: 1.1); A = +1, -1, +1
+    old = torch.zeros(1, 3)
+    lp = torch.log(torch.tensor([[1.5, 0.5, 1.1]])).requires_grad_()
+    adv = torch.tensor([[1.0, -1.0, 1.0]])  # per token here: three one-token sequences
+    out = policy_loss(lp.view(3, 1), old.view(3, 1), adv.view(3), torch.ones(3, 1),
+                      _cfg(policy_loss="cispo"))
+    lps = [math.log(1.5), math.log(0.5), math.log(1.1)]
+    assert out.loss.item() == pytest.approx((-1.3 * lps[0] + 0.8 * lps[1] - 1.1 * lps[2]) / 3)
+    assert out.metrics["clip_fraction"] == pytest.approx(2 / 3)
+    out.loss.backward()
+    # -A * weight / 3 tokens: the clipped tokens too (PPO-clip would give them 0)
+    assert lp.grad.flatten().tolist() == pytest.approx([-1.3 / 3, 0.8 / 3, -1.1 / 3])
+
+
 def test_tis_truncates_train_over_rollout_ratio() -> None:
     # pi_old/mu = e^1 = 2.718 (capped at 2) and e^-1 = 0.368; on-policy ratio 1, A = 1
     lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
