@@ -7,7 +7,7 @@ on the same model take one RL step; then, in interleaved rounds, each mode publi
 version the way trainer/loop.py does it:
 
 - `disk`: the learner's HF export (safetensors) then the router's `/update_weights_from_disk`;
-- `distributed`: the gathered HF weights broadcast over a gloo group (trainer/weight_sync.py);
+- `distributed`: the gathered HF weights broadcast over a gloo group (trainer/weight_sync/distributed.py);
 - `tensor`: the same weights through shared memory (`/update_weights_from_tensor`).
 
 A mode's time runs from the call after the step until the router reports the version on the
@@ -104,8 +104,7 @@ def measure_size(name: str, work: Path, venv: Path) -> dict[str, Any]:
             rcfg = RouterConfig(port=0, health_interval_s=0, admin_token="bench")
             async with Router(rcfg, [engine.url]) as router:
                 client = EngineClient(router.url, token="bench")
-                syncs = {m: make_sync(client, cfg.model_copy(
-                    update={"weight_sync": cfg.weight_sync.model_copy(update={"mode": m})}))
+                syncs = {m: make_sync(client, cfg.weight_sync.model_copy(update={"mode": m}))
                          for m in ("distributed", "tensor")}
                 version = 0
                 for mode in ("distributed", "tensor"):

@@ -61,7 +61,8 @@ class Batch:
         routed_experts: Sequence[torch.Tensor] | None = None,
         topk: int = 0,
     ) -> Batch:
-        """Right-pad ragged sequences (token-aligned lists of equal length per sequence)."""
+        """Right-pad ragged sequences (token-aligned lists or numpy arrays, of equal length
+        per sequence)."""
         from trainer.replay import from_sglang
 
         length = max(len(t) for t in tokens)

@@ -1,18 +1,24 @@
-"""The asynchronous training loop: claim ready groups, step, commit, export, sync, checkpoint.
+"""The asynchronous training loop: claim ready groups, step, commit, publish, checkpoint.
 
-Each step: claim `groups_per_step` ready groups within the staleness bound under a lease (the
-floor is the current version - max_staleness, `--sync`: the current version, only data of the
-current policy; tokens sampled below the floor do not train, `agent_rl.store.staleness`); if
-fewer are ready, give them back and wait, counting the wait as idle time and saying so on the
-terminal; build the batch from the stored tokens (trainer/data.py);
-take one RL step; then ONE `store.commit` marks the groups' episodes trained and publishes the
-new policy version (with the step's metrics, read by the web API). Every `export_every` steps
-the weights are exported as HF safetensors and the router is asked to load them (and every
-`eval.every` versions one is evaluated in a process of its own, trainer/evals.py); every
-`checkpoint_every` steps and at shutdown a dist_checkpointing checkpoint is written. A restart
-resumes from the latest checkpoint; versions continue from the store's latest, and groups a dead
-trainer held return to the store when its lease expires (commits are by claim id, so no episode
-is trained twice). If a commit loses its lease, the step's data is discarded (logged).
+Each step (`step_once`):
+1. claim `groups_per_step` ready groups within the staleness bound under a lease (the floor is
+   the current version - max_staleness, `--sync`: the current version, only data of the current
+   policy; tokens sampled below the floor do not train, `agent_rl.store.staleness`); if fewer
+   are ready, give them back and wait, counting the wait as idle time and saying so on the
+   terminal; the batch is built from the stored tokens (trainer/data.py `load_batch`);
+2. take one RL step (trainer/learner.py);
+3. ONE `store.commit` marks the groups' episodes trained and publishes the new policy version
+   (with the step's metrics, read by the web API);
+4. publish the weights through the `trainer.weight_sync.mode`'s `WeightSync`
+   (trainer/weight_sync/): an in-memory mode pushes them every step; every `export_every` steps
+   they are exported as HF safetensors and the sync takes the export (disk: every engine loads
+   it); every `eval.every` versions one is evaluated in a process of its own (trainer/evals.py).
+Every `checkpoint_every` steps and at shutdown a dist_checkpointing checkpoint is written. A
+restart resumes from the latest checkpoint; versions continue from the store's latest, and
+groups a dead trainer held return to the store when its lease expires (commits are by claim id,
+so no episode is trained twice). If a commit loses its lease, the step's data is discarded
+(logged), and while it waits for data the loop brings engines that lag back to the newest
+version.
 
 Multi-rank (torchrun): every rank steps; only rank 0 talks to the store and the router, and
 broadcasts each step's data to the others.
@@ -43,7 +49,8 @@ from trainer.data import TrainingData, load_batch
 from trainer.evals import Evaluations
 from trainer.checkpoint import latest_checkpoint
 from trainer.learner import Learner
-from trainer.weight_sync import InMemorySync, make_sync
+from trainer import weight_sync
+from trainer.weight_sync.base import WeightSync
 
 T = TypeVar("T")
 WAIT_LOG_S = 30.0  # repeat the "waiting for data" line this often
@@ -98,17 +105,18 @@ class TrainLoop:
     ) -> None:
         self.cfg, self.tcfg, self.learner = cfg, cfg.trainer, learner
         self.sync_mode = sync_mode
-        self.router_url = router_url or cfg.trainer.weight_sync.router_url or cfg.rollout.router_url
+        self.router_url = weight_sync.router_url(cfg, router_url)
         self.log = log
         self.rank0 = not dist.is_initialized() or dist.get_rank() == 0
         self.trainer_id = f"trainer-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stats = LoopStats()
         self._aio = asyncio.Runner()
         self._store: Store | None = None
-        self._engines: EngineClient | None = None
-        """The router (or SGLang server) that loads each export: one pooled client, rank 0."""
-        self._memory: InMemorySync | None = None
-        """`weight_sync.mode` distributed / tensor: the in-memory sync through `_engines`."""
+        self._router: EngineClient | None = None
+        """The router (or SGLang server) in front of the engines: one pooled client, rank 0."""
+        self.sync: WeightSync | None = None
+        """How each version reaches the engines (`trainer.weight_sync.mode`), through `_router`;
+        rank 0, None without a router."""
         self._tb: Any = None
         self._last_checkpoint_step = -1
         self._spans: list[Span] = []
@@ -177,11 +185,11 @@ class TrainLoop:
         self.stats.version = self._call(self.store.latest_version(self.run_id))
         if self.router_url:
             token = self.cfg.router.admin_token
-            self._engines = EngineClient(
+            self._router = EngineClient(
                 self.router_url, token=token.get_secret_value() if token is not None else None
             )
-            self._call(self._engines.model_info(timeout_s=5.0))  # a wrong URL fails now
-            self._memory = make_sync(self._engines, self.tcfg)
+            self._call(self._router.model_info(timeout_s=5.0))  # a wrong URL fails now
+            self.sync = weight_sync.make_sync(self._router, self.tcfg.weight_sync)
         else:
             self.log("no router configured: weights are exported but not synced to engines")
         if self.tcfg.tensorboard_dir is not None:
@@ -199,10 +207,10 @@ class TrainLoop:
             self.evaluations.close()
             if self._tb is not None:
                 self._tb.close()
-            if self._memory is not None:
-                self._call(self._memory.close())
-            if self._engines is not None:
-                self._call(self._engines.aclose())
+            if self.sync is not None:
+                self._call(self.sync.close())
+            if self._router is not None:
+                self._call(self._router.aclose())
             if self._store is not None:
                 self._call(self._store.close())
             self._aio.close()
@@ -272,12 +280,29 @@ class TrainLoop:
                 )
             time.sleep(self.tcfg.data_poll_s)
 
-    def step_once(self) -> dict[str, Any] | None:
-        """Claim, train, commit, export/sync, checkpoint; returns the step's metrics (rank 0).
-        Its spans of wall-clock time (waiting, stepping, exporting, syncing) go to the store
-        after the step, for the compute audit (`agent_rl.store.audit`)."""
-        claim, data, waited = None, None, 0.0
+    def step_once(self) -> dict[str, Any]:
+        """Claim, train, commit, publish, checkpoint; returns the step's metrics. Its spans of
+        wall-clock time (waiting, stepping, exporting, syncing) go to the store after the step,
+        for the compute audit (`agent_rl.store.audit`)."""
         self._spans = []
+        claim, data, waited = self._next_batch()
+        metrics = self._train(data, waited)
+        step = self.learner.step
+        checkpoint = self._checkpoint() if step % self.tcfg.checkpoint_every == 0 else None
+        # No new version after a lost lease: nothing to label an export with until the next one.
+        committed = self.rank0 and self._commit(claim, step, metrics, data, checkpoint)
+        if self._broadcast(committed):
+            self._publish(step)
+        if self.rank0 and self._spans:
+            self._call(self.store.record_timings(self.run_id, self._spans))
+        self.stats.steps += 1
+        return metrics
+
+    def _next_batch(self) -> tuple[Any, TrainingData, float]:
+        """Rank 0 claims a full batch of groups and loads it (trainer/data.py); every rank
+        gets the data. The claim (None on other ranks) and rank 0's idle seconds go with it.
+        `_StopRequested` when a stop came while waiting."""
+        claim, data, waited = None, None, 0.0
         if self.rank0:
             wait_started = time.time()
             try:
@@ -303,12 +328,15 @@ class TrainLoop:
             self.stopping = True
             raise _StopRequested
         assert isinstance(data, TrainingData)
+        return claim, data, waited
+
+    def _train(self, data: TrainingData, waited: float) -> dict[str, Any]:
+        """One RL step on the batch; the learner's metrics and the step's own."""
         t0, step_started = time.monotonic(), time.time()
-        self._record_trainer_logprobs(data, data.batch)
+        self._record_trainer_logprobs(data)
         metrics: dict[str, Any] = dict(self.learner.rl_step(data.batch))
         step_s = time.monotonic() - t0
         self._span("step", step_started)
-        step = self.learner.step
         self.stats.idle_s += waited
         metrics.update(
             idle_s=waited,
@@ -323,53 +351,14 @@ class TrainLoop:
             staleness_histogram={str(k): v for k, v in
                                  sorted(Counter(map(bucket, data.staleness)).items())},
         )
-        checkpoint = self._checkpoint() if step % self.tcfg.checkpoint_every == 0 else None
-        committed = False
-        if self.rank0:
-            assert claim is not None
-            committed = self._commit(claim, step, metrics, data, checkpoint)
-        # No new version after a lost lease: nothing to label an export with until the next one.
-        if self._broadcast(committed):
-            self._export_and_sync(step)
-            if self.rank0:
-                self.evaluations.after_publish(self.stats.version)
-        if self.rank0 and self._spans:
-            self._call(self.store.record_timings(self.run_id, self._spans))
-        self.stats.steps += 1
         return metrics
 
     def _span(self, kind: str, started: float) -> None:
         self._spans.append(Span(kind, started, time.time(), self.trainer_id))
 
-    def _reconcile_weights(self) -> None:
-        """While waiting for data: if an engine behind the router serves another version than
-        the newest published one (it restarted, or the router did and an engine with it), load
-        the newest export on every engine again. Otherwise the fleet could sit on weights too
-        stale for serve to admit anything, and this trainer would wait forever."""
-        version = self.stats.version
-        export = Path(self.tcfg.export_dir) / f"v{version:06d}"
-        # In memory only from a trainer of one rank: the weights are gathered collectively, and
-        # the other ranks are not in this loop. Otherwise the newest export, as for disk.
-        from_memory = self._memory is not None and not self._multi_rank
-        if self._engines is None or version == 0 or not (
-                from_memory or (export / "config.json").is_file()):
-            return
-        served = self._call(self._engines.served_versions())
-        behind = {url: v for url, v in served.items() if v != str(version)}
-        if not behind:
-            return
-        self.log(f"engines {behind} do not serve policy version {version}: loading it again")
-        if from_memory:
-            self._push(self.learner.step, version)
-            return
-        try:
-            self._sync(export, version)
-        except EngineError as e:
-            self.log(f"weight re-sync failed ({e}); will retry")
-
-    def _record_trainer_logprobs(self, data: TrainingData, batch: Any) -> None:
+    def _record_trainer_logprobs(self, data: TrainingData) -> None:
         """The trainer's (pre-step) logprobs of the first micro-batch, kept for inspection."""
-        mb = batch.rows(slice(0, self.tcfg.micro_batch_size))
+        mb = data.batch.rows(slice(0, self.tcfg.micro_batch_size))
         lp = self.learner.logprobs(mb)["logprobs"]
         if not self.rank0:
             return
@@ -421,57 +410,31 @@ class TrainLoop:
         self._last_checkpoint_step = self.learner.step
         return path
 
-    def _export_and_sync(self, step: int) -> None:
-        """Disk: export every `export_every` steps, then every engine loads it. In memory: every
-        step a push, then the export every `export_every` steps, named to the router as the
-        weights a returning engine loads before it serves."""
-        in_memory = self.tcfg.weight_sync.mode != "disk"
-        if in_memory:
-            self._push(step, self._broadcast(self.stats.version))
-        if step % self.tcfg.export_every:
-            return
-        version = self._broadcast(self.stats.version)
-        out = Path(self.tcfg.export_dir) / f"v{version:06d}"
-        export_started = time.time()
-        self.learner.export_hf(out)
-        if not self.rank0:
-            return
-        self._span("export", export_started)
-        # Keep the two newest exports: an engine may still be reading the previous one.
-        for old in sorted(Path(self.tcfg.export_dir).glob("v*"))[:-2]:
-            shutil.rmtree(old, ignore_errors=True)
-        if self._engines is not None and in_memory:
-            try:
-                self._call(self._engines.restore_point(out, str(version)))
-            except EngineError as e:
-                self.log(f"step {step}: the router did not take v{version}'s export as its "
-                         f"restore point ({e}); a returning engine waits for the next push")
-        elif self._engines is not None:
-            sync_started = time.time()
-            try:
-                self._sync(out, version)
-                self._span("sync", sync_started)
-            except EngineError as e:
-                # An engine down mid-update (crashed, restarting) must not stop training: the
-                # router gives a restored engine the newest weights, and while waiting for data
-                # this loop re-syncs engines that lag.
-                self.log(f"step {step}: weight sync incomplete ({e}); training continues")
+    # ----- publishing the weights --------------------------------------------------------------
 
-    def _sync(self, export: Path, version: int) -> None:
-        """Every engine behind the router loads `export`, labelled with its policy version."""
-        assert self._engines is not None
-        self._call(self._engines.update_weights_from_disk(export, weight_version=str(version)))
+    def _publish(self, step: int) -> None:
+        """The committed version reaches the engines: an in-memory mode pushes it every step;
+        every `export_every` steps it is exported and the sync takes the export (disk: every
+        engine loads it; in memory: the weights a returning engine loads before it serves).
+        Then, every `eval.every` versions, an evaluation starts beside training."""
+        version = self._broadcast(self.stats.version)
+        if weight_sync.MODES[self.tcfg.weight_sync.mode].in_memory:
+            self._push(step, version)
+        if step % self.tcfg.export_every == 0:
+            self._export(step, version)
+        if self.rank0:
+            self.evaluations.after_publish(version)
 
     def _push(self, step: int, version: int) -> None:
-        """`weight_sync` distributed / tensor: every engine in rotation serves `version` from
-        the trainer's memory. A failure (an engine dropped, or none reached) is counted in
-        `failed_syncs` and logged; training goes on."""
+        """Every engine in rotation serves `version` from the trainer's memory. A failure (an
+        engine dropped, or none reached) is counted in `failed_syncs` and logged; training
+        goes on."""
         started = time.time()
         weights = self.learner.hf_state_dict()  # collective: every rank gathers
-        if not self.rank0 or self._memory is None:
+        if not self.rank0 or self.sync is None:
             return
         try:
-            report = self._call(self._memory.push(weights, version))
+            report = self._call(self.sync.push(weights, version))
             problem = "" if report.ok else f"engines dropped: {report.dropped}"
         except EngineError as e:
             report, problem = None, str(e)
@@ -487,3 +450,55 @@ class TrainLoop:
         if report is not None and self._tb is not None:
             self._tb.add_scalar("train/weight_sync_s", report.seconds, step)
             self._tb.add_scalar("train/failed_syncs", self.stats.failed_syncs, step)
+
+    def _export(self, step: int, version: int) -> None:
+        """Write `version`'s HF export (every rank takes part) and hand it to the sync."""
+        out = self._export_path(version)
+        started = time.time()
+        self.learner.export_hf(out)
+        if not self.rank0:
+            return
+        self._span("export", started)
+        # Keep the two newest exports: an engine may still be reading the previous one.
+        for old in sorted(Path(self.tcfg.export_dir).glob("v*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        if self.sync is None:
+            return
+        started = time.time()
+        try:
+            if self._call(self.sync.exported(out, version)):
+                self._span("sync", started)
+        except EngineError as e:
+            # An engine down mid-update (crashed, restarting) must not stop training: the
+            # router gives a restored engine the newest weights, and while waiting for data
+            # this loop re-syncs engines that lag.
+            self.log(f"step {step}: v{version}'s export: {e}; training continues")
+
+    def _export_path(self, version: int) -> Path:
+        return Path(self.tcfg.export_dir) / f"v{version:06d}"
+
+    def _reconcile_weights(self) -> None:
+        """While waiting for data: if an engine behind the router serves another version than
+        the newest published one (it restarted, or the router did and an engine with it), send
+        it the newest weights again. Otherwise the fleet could sit on weights too stale for
+        serve to admit anything, and this trainer would wait forever."""
+        version = self.stats.version
+        export = self._export_path(version)
+        # From memory only in a trainer of one rank: the weights are gathered collectively, and
+        # the other ranks are not in this loop. Otherwise the newest export, as for disk.
+        from_memory = self.sync is not None and self.sync.in_memory and not self._multi_rank
+        if self.sync is None or version == 0 or not (
+                from_memory or (export / "config.json").is_file()):
+            return
+        served = self._call(self.sync.router.served_versions())
+        behind = {url: v for url, v in served.items() if v != str(version)}
+        if not behind:
+            return
+        self.log(f"engines {behind} do not serve policy version {version}: loading it again")
+        if from_memory:
+            self._push(self.learner.step, version)
+            return
+        try:
+            self._call(self.sync.load(export, version))
+        except EngineError as e:
+            self.log(f"weight re-sync failed ({e}); will retry")

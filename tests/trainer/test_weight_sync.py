@@ -18,6 +18,7 @@ import shutil
 import signal
 import threading
 import time
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ import pytest
 import torch
 from pydantic import SecretStr
 
-from agent_rl.config import RouterConfig, TrainerConfig
+from agent_rl.config import Config, RouterConfig, TrainerConfig
+from agent_rl.config.trainer import WeightSyncConfig
 from agent_rl.sglang.client import EngineClient
 from agent_rl.engine.launcher import EngineServer
 from router import Router
@@ -34,7 +36,9 @@ from tests.trainer._served import served_config, served_db  # noqa: F401 (fixtur
 from trainer.batch import Batch
 from trainer.learner import Learner, learner
 from trainer.loop import TrainLoop
-from trainer.weight_sync import Broadcast, buckets, make_sync, parts
+from trainer.weight_sync import MODES, make_sync, router_url
+from trainer.weight_sync.distributed import Broadcast
+from trainer.weight_sync.memory import buckets, parts
 
 SEQUENCES = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42, 300, 17, 18]]
 
@@ -132,10 +136,30 @@ def test_the_drafts_weights_go_to_the_draft_in_buckets_of_their_own() -> None:
     assert [s for _, s in parts({"a": torch.zeros(1)}, 80)] == ["target"]
 
 
+def test_every_configurable_mode_has_its_sync() -> None:
+    """`trainer.weight_sync.mode`'s values are exactly `MODES`' keys: a mode added to the config
+    without its class (or the reverse) fails here."""
+    modes = typing.get_args(WeightSyncConfig.model_fields["mode"].annotation)
+    assert sorted(MODES) == sorted(modes)
+    client = EngineClient("http://127.0.0.1:9")  # never called
+    for mode in modes:
+        sync = make_sync(client, WeightSyncConfig(mode=mode))
+        assert isinstance(sync, MODES[mode]) and sync.in_memory == (mode != "disk")
+
+
+def test_the_router_is_the_option_then_the_trainers_then_the_rollouts() -> None:
+    both = Config(trainer={"weight_sync": {"router_url": "http://t"}},
+                  rollout={"router_url": "http://r"})
+    assert router_url(both, "http://option") == "http://option"
+    assert router_url(both) == "http://t"
+    assert router_url(Config(rollout={"router_url": "http://r"})) == "http://r"
+    assert router_url(Config()) is None
+
+
 def test_bucket_size_by_mode_unless_set() -> None:
     client = EngineClient("http://127.0.0.1:9")  # never called
     size = lambda mode, **kw: make_sync(  # noqa: E731
-        client, TrainerConfig(weight_sync={"mode": mode, **kw})).limit_bytes  # type: ignore[union-attr]
+        client, WeightSyncConfig(mode=mode, **kw)).limit_bytes  # type: ignore[attr-defined]
     assert size("distributed") == 64 << 20  # gloo on CPU: bench/weight_sync.py's fastest
     assert size("tensor") == 256 << 20
     for mode in ("distributed", "tensor"):
@@ -160,8 +184,7 @@ def test_push_serves_the_trainers_weights_on_both_engines(
             before = await _engine_logprobs(engines[0])
             async with Router(_router_config(), engines) as router:
                 client = EngineClient(router.url, token="secret")
-                sync = make_sync(client, cfg)
-                assert sync is not None
+                sync = make_sync(client, cfg.weight_sync)
                 report = await sync.push(weights, 7)
                 await sync.close()
                 await client.aclose()
@@ -191,7 +214,8 @@ def test_a_new_trainer_joins_engines_that_kept_a_dead_trainers_group(
         async def go() -> list[Any]:
             async with Router(_router_config(), engines) as router:
                 client = EngineClient(router.url, token="secret")
-                dead, successor = make_sync(client, cfg), make_sync(client, cfg)
+                dead = make_sync(client, cfg.weight_sync)
+                successor = make_sync(client, cfg.weight_sync)
                 assert isinstance(dead, Broadcast) and isinstance(successor, Broadcast)
                 reports = [await dead.push(weights, 8)]  # then never closed, as if killed
                 reports.append(await successor.push(weights, 9))
@@ -289,8 +313,7 @@ def test_engine_killed_mid_broadcast_is_dropped_and_catches_up_after_restart(
                 update={"health_interval_s": 0.5, "quarantine_after": 1, "recover_after": 1})
             async with Router(rcfg, engines) as router:
                 client = EngineClient(router.url, token="secret")
-                sync = make_sync(client, cfg)
-                assert sync is not None
+                sync = make_sync(client, cfg.weight_sync)
                 t0 = time.monotonic()
                 first = await sync.push(weights, 8)
                 took = time.monotonic() - t0

@@ -1,8 +1,10 @@
 """`agent-rl train`: the learner (trainer/loop.py), or `--sft` on demonstrations (trainer/sft.py).
 
 Only orchestrates: resolve the model and router, build the learner, run the loop, print a
-summary; for `--sft`, bring the demonstrations (as token sequences) to trainer/sft.py. torch and megatron-core are imported inside the command so `agent-rl --help` stays
-fast. Errors are one line (ConfigError, StoreError, EngineError).
+summary; for `--sft`, hand the demonstrations' token sequences (agent_rl/rollout/sft_data.py,
+in sandboxes of the configured backend, which only the application opens) to trainer/sft.py.
+torch and megatron-core are imported inside the command so `agent-rl --help` stays fast.
+Errors are one line (ConfigError, StoreError, EngineError).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import anyio
 import typer
@@ -65,13 +67,17 @@ def train(
     cfg = state(ctx).config()
     model_dir = resolve_model(cfg, model)
     if sft:
+        from agent_rl.rollout.sft_data import demonstrations_needed, sft_sequences
+        from tools_sandbox.factory import open_backend
         from trainer.sft import run_sft
 
         out = output or Path(cfg.trainer.export_dir) / "sft"
         env_id = env or cfg.rollout.env
-        count = min(cfg.trainer.sft.demos, cfg.trainer.sft.batch_size * (max_steps or cfg.trainer.sft.steps))
+        count = demonstrations_needed(cfg.trainer.sft, max_steps)
         console.print(f"SFT: collecting {count} demonstrations of {env_id}")
-        data = anyio.run(sft_sequences, cfg, model_dir, env_id, count)
+        opener = functools.partial(open_backend, cfg.sandbox)
+        data = anyio.run(functools.partial(sft_sequences, cfg, model_dir, env_id, count,
+                                           open_sandboxes=opener))
         if data.skipped:
             console.print(f"SFT: skipped {data.skipped} transcripts the template does not render verbatim")
         result = run_sft(cfg.trainer, model_dir, out, data.sequences,
@@ -81,12 +87,13 @@ def train(
         return
     from trainer.learner import learner
     from trainer.loop import TrainLoop
+    from trainer.weight_sync import router_url as sync_router_url
 
-    url = router_url or cfg.trainer.weight_sync.router_url or cfg.rollout.router_url
+    url = sync_router_url(cfg, router_url)
     if url:  # before the (slow) model build: a wrong URL fails in a second
         anyio.run(check_router, url)
     with learner(model_dir, cfg.trainer) as e:
-        loop = TrainLoop(cfg, e, sync_mode=sync, router_url=router_url,
+        loop = TrainLoop(cfg, e, sync_mode=sync, router_url=url,
                          log=lambda line: console.print(line, highlight=False, soft_wrap=True))
         _stop_on_signals(loop)
         try:
@@ -96,31 +103,6 @@ def train(
             raise
     console.print(f"trained {stats.steps} steps (now policy version {stats.version}), "
                   f"{stats.episodes} episodes, idle {stats.idle_fraction:.1%} of {stats.wall_s:.0f}s")
-
-
-async def sft_sequences(cfg: Config, model_dir: Path, env_id: str, count: int) -> Any:
-    """The SFT data: `count` demonstrations of `env_id` encoded with the model's chat template,
-    in sandboxes of the configured backend when the env needs them."""
-    from agent_rl.sdk.registry import make
-    from agent_rl.rollout.sft_data import demonstration_sequences
-
-    kwargs = cfg.rollout.env_kwargs
-    collect = functools.partial(demonstration_sequences, env_id, count, model_dir,
-                                seed=cfg.trainer.seed, env_kwargs=kwargs)
-    if not make(env_id, **kwargs).needs_sandbox:
-        return await collect()
-    from agent_rl.sdk.sandbox import Sandbox, SandboxSpec
-    from tools_sandbox.factory import open_backend
-
-    backend = await open_backend(cfg.sandbox)
-
-    async def create(spec: SandboxSpec | None) -> Sandbox:
-        return await backend.create(spec or SandboxSpec())
-
-    try:
-        return await collect(sandbox_factory=create)
-    finally:
-        await backend.aclose()
 
 
 async def check_router(url: str) -> None:
