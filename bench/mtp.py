@@ -11,15 +11,15 @@ says fewer; SFT_STEPS steps on the calculator's demonstrations: the draft is tra
 the policy on the SFT data), then two RL runs from that export, one after the other, each
 with `serve` into a SQLite store, a router, one SGLang engine (reset to the SFT weights as
 version 0 before each) and the trainer loop (trainer/loop.py) for VERSIONS versions:
-- online: `mtp_train = true`, the draft trains on every RL batch at `--mtp-lr`
+- online: `mtp.train = true`, the draft trains on every RL batch at `--mtp-lr`
   (`trainer.mtp.lr`, default MTP_LR) to `--objective`
   (`trainer.mtp.objective`, default tv: the total variation from the policy's distribution,
   one minus the expected acceptance; nll is slime's loss, the cross-entropy of the sampled
   tokens);
-- frozen: `mtp_train = false`, the draft stays the SFT one. Its loss is not added, and the
+- frozen: `mtp.train = false`, the draft stays the SFT one. Its loss is not added, and the
   policy then trains exactly as without MTP (tests/trainer/test_mtp.py), detached or not.
 - frozen, paired: the online run's own batches replayed, in order, through a learner from the
-  same SFT weights with `mtp_train = false`. A detached draft leaves the policy's update
+  same SFT weights with `mtp.train = false`. A detached draft leaves the policy's update
   bit-exact given the same batch, so this replay walks the online run's exact policy
   trajectory (checked: the entropy each step reports agrees, `paired_entropy_max_diff`) and
   scores the SFT draft on exactly the (policy, batch) pairs the online draft was scored on:

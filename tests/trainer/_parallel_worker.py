@@ -7,7 +7,7 @@ exports HF weights into OUT_DIR/NAME, checkpoints, takes an SFT step, and takes 
 the loaded checkpoint; rank 0 writes the step metrics to OUT_DIR/NAME/metrics.json and the
 starting logprobs to OUT_DIR/NAME/logprobs.pt. Several runs share one launch (imports dominate
 the cost). Usage: _parallel_worker.py MODEL_DIR OUT_DIR RUN..., a RUN being the sizes (tp2, pp2,
-ep2pp2, ...), `+mtpK` for K MTP modules (tp2+mtp1; `+mtpKtv` with `mtp_objective` tv), `@DIR`
+ep2pp2, ...), `+mtpK` for K MTP modules (tp2+mtp1; `+mtpKtv` with `mtp.objective` tv), `@DIR`
 to train the model in DIR instead (tp2pp2@/models/tied); NAME is the RUN without its `@DIR`.
 """
 
