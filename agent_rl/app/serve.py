@@ -28,8 +28,11 @@ from agent_rl.rollout.scheduler import Scheduler, SchedulerStats
 from agent_rl.store import Endings, Ledger, Store
 
 if TYPE_CHECKING:
+    from agent_rl.sdk.env import Env
+    from agent_rl.sdk.sandbox import SandboxSpec
     from agent_rl.sglang.client import EngineClient
     from agent_rl.rollout.gateway import Gateway
+    from tools_sandbox.pool import PoolStats, SandboxPool
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ class ServeSummary:
     run_ledger: Ledger
     """Where every episode of the run is (all serves')."""
     scheduler: SchedulerStats
+    sandboxes: PoolStats | None = None
+    """What the sandbox pool did (None when the env needs no sandbox)."""
 
     @property
     def admitted(self) -> int:
@@ -105,16 +110,11 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
         url = cfg.rollout.router_url or await _embedded(stack, tg, cfg, model)
         client = EngineClient(url)
         stack.push_async_callback(client.aclose)
-        backend = None
-        if env.needs_sandbox:
-            from tools_sandbox.factory import open_backend
-
-            backend = await open_backend(cfg.sandbox)
-            stack.push_async_callback(backend.aclose)
+        pool = await _sandbox_pool(stack, env, cfg) if env.needs_sandbox else None
         ctx = RunnerContext(
             store=store, client=client, renderer=ChatRenderer(model), cfg=cfg.rollout,
             owner=f"serve-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
-            run_name=cfg.run.name, model_name=model.name, sandbox_backend=backend,
+            run_name=cfg.run.name, model_name=model.name, sandboxes=pool,
             routed_experts=cfg.engine.moe_routing_replay,
         )
         gateway = await _agent_gateway(tg, env, cfg, model.name)
@@ -122,7 +122,7 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
             from agent_rl.app.api import create_app, serve_api
 
             api_cfg = cfg.api if "port" in cfg.api.model_fields_set else cfg.api.model_copy(update={"port": 0})
-            app = create_app(cfg, store=store, sandboxes=backend, runner=ctx)
+            app = create_app(cfg, store=store, sandboxes=pool, runner=ctx)
             port = await tg.start(serve_api, app, api_cfg)
             log.info("web API and viewer at http://%s:%d/", api_cfg.host, port)
         scheduler = Scheduler(
@@ -146,7 +146,35 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
             run_id=run_id, owner=ctx.owner, ledger=await store.ledger(run_id, owner=ctx.owner),
             endings=await store.endings(run_id, owner=ctx.owner),
             run_ledger=await store.ledger(run_id), scheduler=scheduler.stats,
+            sandboxes=pool.stats if pool is not None else None,
         )  # fmt: skip
+
+
+async def _sandbox_pool(stack: AsyncExitStack, env: Env, cfg: Config) -> SandboxPool:
+    """The pool every episode's sandbox comes from, closed (every sandbox with it) when serve
+    returns; its warm sandboxes of the env's spec started before the first episode asks."""
+    from tools_sandbox.pool import SandboxPool
+
+    pool = await stack.enter_async_context(SandboxPool.open(cfg.sandbox))
+    spec = episode_spec(env)
+    if cfg.sandbox.warm_pool and spec is not None:
+        await pool.prewarm(spec)
+        log.info("%d warm sandboxes started", pool.warm(spec))
+    elif cfg.sandbox.warm_pool:
+        log.warning("sandbox.warm_pool does nothing for %s: each episode's sandbox mounts its "
+                    "own relay to the gateway, so none can be started ahead", env.env_id)
+    return pool
+
+
+def episode_spec(env: Env) -> SandboxSpec | None:
+    """The spec every episode of `env` asks the pool for; None when each asks for its own (an
+    agent's command run in its sandbox, which mounts the episode's relay)."""
+    from agent_rl.sdk.agent import AgentEnv
+    from agent_rl.sdk.sandbox import SandboxSpec
+
+    if isinstance(env, AgentEnv) and env.command is not None and env.command_in_sandbox:
+        return None
+    return env.sandbox_spec or SandboxSpec()
 
 
 async def _agent_gateway(tg: anyio.abc.TaskGroup, env: Any, cfg: Config, model_name: str) -> Gateway | None:

@@ -61,7 +61,7 @@ class AgentRunner(EpisodeRunner):
                 relay = await UnixRelay(self.gateway.base_url).start()
                 stack.push_async_callback(_shielded(relay.close))
             sandbox = await stack.enter_async_context(
-                episode_sandbox(env, self.ctx.sandbox_backend, self._spec(env, relay)))
+                episode_sandbox(env, self.ctx.sandboxes, self._spec(env, relay)))
             if relay is not None:
                 sandbox.own(str(relay.path))
             env.task, env.seed, env.sandbox = self.task, self.seed, sandbox

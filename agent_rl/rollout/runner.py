@@ -49,7 +49,7 @@ from agent_rl.sdk.env import Env, EnvCodeError, StepResult
 from agent_rl.kernel.errors import EngineError, EngineUnavailableError, EnvError, SandboxError, StoreError
 from agent_rl.sdk.messages import AssistantTurn, Message
 from agent_rl.sdk.registry import make
-from agent_rl.rollout.episode_env import episode_sandbox
+from agent_rl.rollout.episode_env import SandboxSource, episode_sandbox
 from agent_rl.rollout.recorded import RecordedTurn, recorded_generation
 from agent_rl.rollout.render import ChatRenderer, Conversation
 from agent_rl.store import (
@@ -77,8 +77,8 @@ class RunnerContext:
     owner: str
     run_name: str
     model_name: str = "policy"
-    sandbox_backend: Any = None
-    """A tools_sandbox backend, for environments that need a sandbox."""
+    sandboxes: SandboxSource | None = None
+    """Where episodes of environments that need a sandbox get it (serve's `SandboxPool`)."""
     routed_experts: bool = False
     """Ask the engine for MoE routed experts (routing replay)."""
 
@@ -173,7 +173,7 @@ class EpisodeRunner:
 
     async def _run(self) -> EpisodeEnd:
         env: Env = make(self.env_id, **self.env_kwargs)
-        async with episode_sandbox(env, self.ctx.sandbox_backend) as sandbox:
+        async with episode_sandbox(env, self.ctx.sandboxes) as sandbox:
             first = await env.reset(self.task, self.seed, sandbox=sandbox)
             return await self._loop(env, list(first.messages), first.tools)
 

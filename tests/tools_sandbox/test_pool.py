@@ -6,7 +6,8 @@ import anyio
 import pytest
 from prometheus_client import REGISTRY
 
-from tools_sandbox.base import SandboxSpec
+from agent_rl.sdk.sandbox import SandboxSpec
+from agent_rl.kernel.errors import SandboxError
 from tools_sandbox.pool import SandboxPool
 
 from .conftest import backend_or_skip, sandbox_config, small_limits
@@ -35,6 +36,41 @@ async def test_warm_pool_hands_out_started_sandboxes() -> None:
                 await anyio.sleep(0.05)
         backend = pool.backend
     assert backend.live() == 0 and gauge("agent_rl_sandboxes_live", "bwrap") == 0
+    assert leftovers(backend) == []
+
+
+async def test_only_prewarmed_specs_are_kept_warm() -> None:
+    """A spec no one prewarmed (an agent command's, with its episode's own relay mount) is
+    made on demand: warm ones of it could never be used, and would hold slots until close."""
+    backend_or_skip("bwrap")
+    other = SandboxSpec(limits=small_limits(memory_mb=96))
+    async with SandboxPool.open(sandbox_config("bwrap", warm_pool=2, max_sandboxes=8)) as pool:
+        async with pool.sandbox(other):
+            pass
+        await anyio.sleep(0.5)  # what a background refill would have had time to start
+        assert pool.warm() == 0 and pool.live() == 0
+
+
+async def test_a_closed_pool_refuses_and_wakes_its_waiters() -> None:
+    backend_or_skip("bwrap")
+    async with SandboxPool.open(sandbox_config("bwrap", max_sandboxes=1)) as pool:
+        held = await pool.acquire(SPEC)
+        refused: list[str] = []
+
+        async def wait_for_a_slot() -> None:
+            with pytest.raises(SandboxError, match="closed") as e:
+                await pool.acquire(SPEC)
+            refused.append(str(e.value))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_a_slot)
+            await anyio.sleep(0.2)
+            await pool.aclose()
+            await pool.release(held)  # the episode holding the slot ends: its waiter is refused
+        assert len(refused) == 1 and pool.live() == 0
+        with pytest.raises(SandboxError, match="closed"):
+            await pool.acquire(SPEC)
+        backend = pool.backend
     assert leftovers(backend) == []
 
 

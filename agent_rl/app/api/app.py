@@ -49,7 +49,7 @@ def create_app(
     runner: RunnerContext | None = None,
 ) -> FastAPI:
     """The API app. Borrowed when given, else the app makes its own: `store`; `sandboxes`, a
-    tools_sandbox backend for replay and fork of sandbox environments; `runner`, the
+    `tools_sandbox.pool.SandboxPool` for replay and fork of sandbox environments; `runner`, the
     `RunnerContext` forks run with (serve's; else one per run on `rollout.router_url`)."""
 
     @asynccontextmanager

@@ -78,13 +78,17 @@ def require_token(request: Request, cfg: ConfigDep) -> None:
 TokenDep = Annotated[None, Depends(require_token)]
 
 
-async def sandbox_backend(app: FastAPI) -> Any:
-    """The app's tools_sandbox backend (for replay and fork of sandbox environments): the one
-    `serve` lent it, else one made from `config.sandbox` on first use and closed with the app.
-    It does not reap: a serve process may own live sandboxes in the same state directory."""
+async def sandbox_pool(app: FastAPI) -> Any:
+    """The app's sandbox pool (for replay and fork of sandbox environments): the one `serve`
+    lent it, else one over a backend made from `config.sandbox` on first use and closed with
+    the app (capped and paced by the same keys; it keeps no warm sandboxes). It does not reap:
+    a serve process may own live sandboxes in the same state directory."""
     if app.state.sandboxes is None:
         from tools_sandbox.factory import make_backend
+        from tools_sandbox.pool import SandboxPool
 
-        app.state.sandboxes = await anyio.to_thread.run_sync(make_backend, app.state.config.sandbox)
+        config = app.state.config.sandbox
+        backend = await anyio.to_thread.run_sync(make_backend, config)
+        app.state.sandboxes = SandboxPool(backend, config)
         app.state.own_sandboxes = True
     return app.state.sandboxes

@@ -33,7 +33,7 @@ from agent_rl.sdk.tasks import Task
 from agent_rl.sdk.tool_calls import parse_completion
 
 SandboxSource = Callable[[], Awaitable[Any]]
-"""Returns the tools_sandbox backend to create sandboxes with (made on first use)."""
+"""Returns the sandbox pool to draw sandboxes from (made on first use)."""
 # Reward details the runner writes when a completion hit max_new_tokens (never stepped).
 _CUT = "max_new_tokens"
 
@@ -89,7 +89,7 @@ def compare(
 async def replay_episode(
     store: Store, cfg: Config, episode_id: int, *, sandboxes: SandboxSource | None = None
 ) -> ReplayOut:
-    """Replay one finished episode; `sandboxes()` gives the tools_sandbox backend that sandbox
+    """Replay one finished episode; `sandboxes()` gives the sandbox pool that sandbox
     environments get a fresh sandbox from."""
     detail = await store.get_episode(episode_id)
     ep = detail.episode
@@ -102,8 +102,8 @@ async def replay_episode(
     if env.needs_sandbox and sandboxes is None:
         raise EnvError(f"{ep.env_id} needs a sandbox and this API has no sandbox backend")
     with anyio.fail_after(cfg.api.replay_timeout_s):
-        backend = await sandboxes() if env.needs_sandbox and sandboxes is not None else None
-        async with episode_sandbox(env, backend) as sandbox:
+        pool = await sandboxes() if env.needs_sandbox and sandboxes is not None else None
+        async with episode_sandbox(env, pool) as sandbox:
             return await _replay(
                 env, ep, Task(id=task_row["key"], data=task_row["payload"]), initial, turns, sandbox
             )

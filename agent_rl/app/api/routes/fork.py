@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, FastAPI, Query, Request
 
-from agent_rl.app.api.deps import ConfigDep, StoreDep, TokenDep, sandbox_backend
+from agent_rl.app.api.deps import ConfigDep, StoreDep, TokenDep, sandbox_pool
 from agent_rl.app.api.routes.episodes import EpisodeId
 from agent_rl.app.api.schemas import ForkOut
 from agent_rl.sdk.registry import make
@@ -34,8 +34,8 @@ async def fork(
 
     parent = (await store.get_episode(episode_id)).episode
     ctx = await runner_context(request.app, parent.run_id)
-    if make(parent.env_id).needs_sandbox and ctx.sandbox_backend is None:
-        ctx = dataclasses.replace(ctx, sandbox_backend=await sandbox_backend(request.app))
+    if make(parent.env_id).needs_sandbox and ctx.sandboxes is None:
+        ctx = dataclasses.replace(ctx, sandboxes=await sandbox_pool(request.app))
     return await fork_episode(store, cfg, ctx, episode_id, turn)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from agent_rl.app.api.deps import ConfigDep, StoreDep, TokenDep, sandbox_backend
+from agent_rl.app.api.deps import ConfigDep, StoreDep, TokenDep, sandbox_pool
 from agent_rl.app.api.replay import replay_episode
 from agent_rl.app.api.routes.episodes import EpisodeId
 from agent_rl.app.api.schemas import ReplayOut
@@ -19,5 +19,5 @@ async def replay(
 ) -> ReplayOut:
     """Replay a finished episode; nothing is written to the store."""
     return await replay_episode(
-        store, cfg, episode_id, sandboxes=lambda: sandbox_backend(request.app)
+        store, cfg, episode_id, sandboxes=lambda: sandbox_pool(request.app)
     )
