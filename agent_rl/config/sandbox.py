@@ -55,7 +55,8 @@ class SandboxConfig(Section):
     """Sandboxes alive at once in this process (warm ones included); creation waits beyond it."""
 
     warm_pool: int = Field(default=0, ge=0)
-    """Sandboxes kept started and idle per spec, so an episode's first call pays no start-up."""
+    """Sandboxes of the env's spec kept started and idle (before the first episode, and replaced
+    as episodes take them), so an episode waits for no start-up; never the last free slot."""
 
     create_concurrency: int = Field(default=4, ge=1)
     """Sandboxes being started at once; more would only queue on the CPU."""
