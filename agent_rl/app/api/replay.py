@@ -32,8 +32,8 @@ from agent_rl.store import Store
 from agent_rl.sdk.tasks import Task
 from agent_rl.sdk.tool_calls import parse_completion
 
-SandboxSource = Callable[[], Awaitable[Any]]
-"""Returns the sandbox pool to draw sandboxes from (made on first use)."""
+PoolGetter = Callable[[], Awaitable[Any]]
+"""Returns the sandbox pool (a `SandboxSource`) to draw sandboxes from (made on first use)."""
 # Reward details the runner writes when a completion hit max_new_tokens (never stepped).
 _CUT = "max_new_tokens"
 
@@ -87,7 +87,7 @@ def compare(
 
 
 async def replay_episode(
-    store: Store, cfg: Config, episode_id: int, *, sandboxes: SandboxSource | None = None
+    store: Store, cfg: Config, episode_id: int, *, sandboxes: PoolGetter | None = None
 ) -> ReplayOut:
     """Replay one finished episode; `sandboxes()` gives the sandbox pool that sandbox
     environments get a fresh sandbox from."""
