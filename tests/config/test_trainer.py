@@ -125,3 +125,11 @@ def _literal(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+def test_the_quickstart_recipe_writes_the_sections(tmp_path: Path) -> None:
+    """The TOML `agent-rl quickstart` writes loads, with its learning rates in their sections."""
+    from agent_rl.app.quickstart.recipe import Options, write_or_load
+
+    t = write_or_load(tmp_path, Options(sft_steps=7)).trainer
+    assert (t.optim.lr, t.sft.lr, t.sft.batch_size, t.sft.steps) == (1e-4, 3e-3, 32, 7)
