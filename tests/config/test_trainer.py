@@ -133,3 +133,23 @@ def test_the_quickstart_recipe_writes_the_sections(tmp_path: Path) -> None:
 
     t = write_or_load(tmp_path, Options(sft_steps=7)).trainer
     assert (t.optim.lr, t.sft.lr, t.sft.batch_size, t.sft.steps) == (1e-4, 3e-3, 32, 7)
+
+
+def test_every_field_of_every_section_has_a_docstring() -> None:
+    """The string under each field is its documentation (agent_rl/config/base.py)."""
+    import ast
+
+    import agent_rl.config.trainer as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    fields = 0
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        body = cls.body
+        for i, node in enumerate(body):
+            if isinstance(node, ast.AnnAssign):
+                fields += 1
+                after = body[i + 1] if i + 1 < len(body) else None
+                doc = after.value if isinstance(after, ast.Expr) else None
+                name = f"{cls.name}.{ast.unparse(node.target)}"
+                assert isinstance(doc, ast.Constant) and isinstance(doc.value, str), name
+    assert fields == 61 + 7  # the 61 of before, and the seven sections
