@@ -66,7 +66,8 @@ def test_gspo_sequence_ratio_and_clip() -> None:
     lp = torch.tensor([[0.1, 0.3], [0.0002, -0.0002]], requires_grad=True)
     old = torch.zeros(2, 2)
     cfg = _cfg(
-        policy_loss="gspo", clip_eps_low=0.001, clip_eps_high=0.001, aggregation="seq-mean-token-mean"
+        policy_loss="gspo", clip_eps_low=0.001, clip_eps_high=0.001,
+        aggregation="seq-mean-token-mean",
     )
     out = policy_loss(lp, old, torch.tensor([1.0, 2.0]), torch.ones(2, 2), cfg)
     assert out.loss.item() == pytest.approx((-1.001 + -2.0) / 2, rel=1e-6)
