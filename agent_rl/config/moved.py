@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic_core import PydanticCustomError
 
 TRAINER_MOVED: dict[str, str] = {
@@ -73,7 +74,7 @@ def moved_keys(section: str, data: Any, table: dict[str, str]) -> None:
     if not isinstance(data, dict):
         return
     found = [old for old in data if old in table
-             and not (old in _NOW_SECTIONS and isinstance(data[old], dict))]
+             and not (old in _NOW_SECTIONS and isinstance(data[old], (dict, BaseModel)))]
     if found:
         raise PydanticCustomError("moved_key", "; ".join(
             f"{section}.{old} moved: write {section}.{table[old]}" for old in found))

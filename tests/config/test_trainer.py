@@ -11,7 +11,7 @@ import tomli_w
 
 from agent_rl.config import load_config
 from agent_rl.config.moved import TRAINER_MOVED
-from agent_rl.config.trainer import TrainerConfig
+from agent_rl.config.trainer import TrainerConfig, WeightSyncConfig
 from agent_rl.kernel.errors import ConfigError
 
 # A value each old key accepted, so that nothing but the move can be the reason it is refused.
@@ -113,6 +113,14 @@ def test_ppo_is_refused_with_what_to_write(tmp_path: Path) -> None:
     assert str(e.value).startswith(f"invalid value for 'trainer.loss.policy_loss' in {path}: "
                                    '"ppo" was removed')
     assert 'write trainer.loss.policy_loss = "grpo"' in str(e.value)
+
+
+def test_a_section_given_as_a_model_is_not_a_moved_key() -> None:
+    """`weight_sync` is both an old key and a section: given the section (a table, or the model
+    itself, as Python callers do), it is the section."""
+    section = WeightSyncConfig(mode="tensor")
+    assert TrainerConfig(weight_sync=section).weight_sync.mode == "tensor"
+    assert TrainerConfig(weight_sync={"mode": "tensor"}).weight_sync == section
 
 
 def test_a_section_given_a_plain_value_is_an_invalid_value(tmp_path: Path) -> None:
