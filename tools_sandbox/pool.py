@@ -64,7 +64,8 @@ class SandboxPool:
     """Hands out one sandbox per episode; see the module docstring. Without a task group
     (`tg=None`, e.g. the API's own pool) warm sandboxes are not refilled in the background."""
 
-    def __init__(self, backend: SandboxBackend, config: SandboxConfig, tg: TaskGroup | None = None) -> None:
+    def __init__(self, backend: SandboxBackend, config: SandboxConfig,
+                 tg: TaskGroup | None = None) -> None:
         self.backend = backend
         self.config = config
         self.stats = PoolStats()

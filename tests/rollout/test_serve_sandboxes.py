@@ -26,7 +26,8 @@ import pytest
 
 from agent_rl import Env, StepResult
 from agent_rl.app.serve import ServeSummary, serve
-from agent_rl.config import Config, EngineConfig, RolloutConfig, SandboxConfig, SandboxLimits, StoreConfig
+from agent_rl.config import (Config, EngineConfig, RolloutConfig, SandboxConfig, SandboxLimits,
+                             StoreConfig)
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.sdk.messages import AssistantTurn, Message, user
 from agent_rl.sdk.registry import register
@@ -135,7 +136,8 @@ def config(tmp_path: Path, model: Path, url: str, env_id: str, concurrent: int, 
     )  # fmt: skip
 
 
-async def check_ended(tmp_path: Path, summary: ServeSummary, *, completed: int, failed: int) -> None:
+async def check_ended(tmp_path: Path, summary: ServeSummary, *, completed: int,
+                      failed: int) -> None:
     async with await Store.open(StoreConfig(url=f"sqlite:///{tmp_path / 'store.db'}")) as store:
         assert (await store.audit(summary.run_id)).problems() == []
     assert (summary.completed, summary.failed) == (completed, failed)
