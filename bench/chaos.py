@@ -9,7 +9,7 @@ whole process groups), the supervisor starts each again, and the next kill waits
 has moved on. Then RL is stopped as the quickstart stops it and the store is audited.
 
 Resumption: the episodes serve-0 was running when it was killed are resumed by a live serve
-(replaying their stored turns, then generating on) instead of failing; `resumed` is the share of
+(re-running their stored turns, then generating on) instead of failing; `resumed` is the share of
 them that were resumed and ended with a reward, their tokens from before the kill unchanged. The
 same is measured for python-math (tools in a bubblewrap sandbox) by a separate serve of that
 env, SIGKILLed while its episodes run and then started again (`resume_after_kill`).

@@ -68,9 +68,9 @@ def window_turns(url: str, t0: float, t1: float) -> tuple[list[tuple[list[int], 
     from sqlalchemy import create_engine, text
 
     from agent_rl.store import arrays
-    from agent_rl.store.db import engine_url
+    from agent_rl.store.db import database_url
 
-    db = create_engine(engine_url(url))
+    db = create_engine(database_url(url))
     try:
         with db.connect() as conn:
             episodes = conn.scalar(text(

@@ -135,9 +135,9 @@ def cpu_s(pid: int) -> float:
 def count_turns(url: str) -> int:
     from sqlalchemy import create_engine, text
 
-    from agent_rl.store.db import engine_url
+    from agent_rl.store.db import database_url
 
-    db = create_engine(engine_url(url))
+    db = create_engine(database_url(url))
     try:
         with db.connect() as conn:
             return int(conn.scalar(text("SELECT count(*) FROM turns")))
@@ -148,9 +148,9 @@ def count_turns(url: str) -> int:
 def count_episodes(url: str) -> int:
     from sqlalchemy import create_engine, text
 
-    from agent_rl.store.db import engine_url
+    from agent_rl.store.db import database_url
 
-    db = create_engine(engine_url(url))
+    db = create_engine(database_url(url))
     try:
         with db.connect() as conn:
             return int(conn.scalar(text(

@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.config import StoreConfig  # noqa: E402
+from agent_rl.kernel.encoding import NO_VERSION  # noqa: E402
 from agent_rl.store import Store, TokenArrays, TurnRecord  # noqa: E402
 from agent_rl.store.migrate import upgrade  # noqa: E402
 from tests._databases import fresh_postgres  # noqa: E402
@@ -45,7 +46,7 @@ def episode_arrays(seed: int) -> TokenArrays:
         token_ids=rng.integers(0, 150_000, TOKENS),
         logprobs=np.where(mask == 1, -rng.random(TOKENS), 0.0),
         loss_mask=mask,
-        versions=np.where(mask == 1, 3, -1),
+        versions=np.where(mask == 1, 3, NO_VERSION),
     )
 
 

@@ -16,9 +16,9 @@ target_metadata = Base.metadata
 
 
 def run_migrations_online() -> None:
-    engine = create_engine(config.attributes["url"])
+    db = create_engine(config.attributes["url"])  # SQLAlchemy's; "engine" is SGLang's here
     try:
-        with engine.connect() as connection:
+        with db.connect() as connection:
             context.configure(
                 connection=connection,
                 target_metadata=target_metadata,
@@ -32,7 +32,7 @@ def run_migrations_online() -> None:
                 context.run_migrations()
             connection.commit()
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 if context.is_offline_mode():

@@ -35,6 +35,7 @@ import aiohttp
 from aiohttp import web
 
 from agent_rl.config import RouterConfig
+from agent_rl.kernel.encoding import version_label
 from router.errors import error_response
 from router.proxy import Proxy
 from router.workers import Worker, WorkerPool
@@ -191,7 +192,7 @@ class Control:
         if not isinstance(payload, dict) or not payload.get("model_path") \
                 or payload.get("weight_version") is None:
             return error_response(400, "restore_point needs model_path and weight_version")
-        body = {"model_path": payload["model_path"], "weight_version": str(payload["weight_version"])}
+        body = {"model_path": payload["model_path"], "weight_version": version_label(payload["weight_version"])}
         if self.config.update_pause_mode == "in_place":
             body["flush_cache"] = False
         self.last_update = (json.dumps(body).encode(), body["weight_version"])

@@ -6,10 +6,11 @@ All per-token tensors are token-aligned ([B, T], right-padded): entry t describe
   no prediction, so its mask must be 0.
 - `rollout_logprobs` float: the engine's logprob of token t when it sampled it (0 elsewhere).
 - `advantages` float [B]: one per sequence (RL); zeros for SFT.
-- `routed_experts` long [B, T, layers, topk]: MoE routing the engine used for token t, -1 where
-  it is unknown (padding; a turn's last token, which the engine never fed back in that turn),
-  the one encoding the store, the batch and replay share; `routed_valid` [B, T] marks the rows
-  that are known (trainer.replay.from_sglang pads SGLang's per-sequence output).
+- `routed_experts` long [B, T, layers, topk]: MoE routing the engine used for token t,
+  `NO_EXPERT` (-1, `agent_rl.kernel.encoding`) where it is unknown (padding; a turn's last
+  token, which the engine never fed back in that turn), the one encoding the store, the batch
+  and routing replay share; `routed_valid` [B, T] marks the rows that are known
+  (trainer.routing_replay.from_sglang pads SGLang's per-sequence output).
 - `lengths` long [B]: the real tokens of each row (set by `from_sequences`), which packing
   (trainer.packing) uses to leave the padding out.
 `from_sequences` pads ragged per-episode lists; `pad_to` extends T (sequence parallelism needs
@@ -22,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
+
+from agent_rl.kernel.encoding import NO_EXPERT
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Batch:
     ) -> Batch:
         """Right-pad ragged sequences (token-aligned lists or numpy arrays, of equal length
         per sequence)."""
-        from trainer.replay import from_sglang
+        from trainer.routing_replay import from_sglang
 
         length = max(len(t) for t in tokens)
         n = len(tokens)
@@ -103,7 +106,7 @@ class Batch:
             tokens=pad(self.tokens),
             loss_mask=pad(self.loss_mask),
             rollout_logprobs=pad(self.rollout_logprobs),
-            routed_experts=pad(self.routed_experts, -1),
+            routed_experts=pad(self.routed_experts, NO_EXPERT),
         )
 
     def rows(self, index: slice | torch.Tensor) -> Batch:

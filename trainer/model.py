@@ -40,7 +40,7 @@ def transformer_config(
             "moe_router_load_balancing_type": "none",
             "moe_aux_loss_coeff": 0.0,
             "moe_grouped_gemm": False,
-            # The replay hook is inert until a replay action is set (trainer.replay).
+            # The replay hook is inert until a replay action is set (trainer.routing_replay).
             "moe_enable_routing_replay": True,
         }
     return TransformerConfig(

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from agent_rl.kernel.encoding import NO_EXPERT
 from trainer.batch import Batch
 
 
@@ -42,7 +43,7 @@ class Packed:
     attention_mask: torch.Tensor
     """[1, 1, P, P] bool, True where attention is masked: block-diagonal causal."""
     routed_experts: torch.Tensor | None
-    """[1, P, layers, topk] long, -1 where unknown (and on padding)."""
+    """[1, P, layers, topk] long, NO_EXPERT (-1) where unknown (and on padding)."""
     index: torch.Tensor
     """[b, T-1] long: the packed position whose score belongs to (row, t) of the padded layout
     (position t scores token t+1)."""
@@ -114,7 +115,7 @@ def _pack(batch: Batch, rows: list[int], lengths: list[int], multiple: int) -> M
     sequence = -1 - torch.arange(total)
     experts = None
     if batch.routed_experts is not None:
-        experts = torch.full((1, total, *batch.routed_experts.shape[2:]), -1, dtype=torch.long)
+        experts = torch.full((1, total, *batch.routed_experts.shape[2:]), NO_EXPERT, dtype=torch.long)
     T = batch.length
     index = torch.zeros(len(rows), T - 1, dtype=torch.long)
     valid = torch.zeros(len(rows), T - 1, dtype=torch.bool)

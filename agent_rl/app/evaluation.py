@@ -37,6 +37,7 @@ from typing import Any
 
 from agent_rl.config import Config
 from agent_rl.kernel.encoding import version_label
+from agent_rl.kernel.encoding import version_label
 from agent_rl.kernel.errors import ConfigError
 from agent_rl.store import Span, Store
 
@@ -168,8 +169,9 @@ async def evaluate(
             url, token = engine.url, None
         else:
             url = router_url
-        async with EngineClient(url, token=token) as engines:
-            await engines.update_weights_from_disk(weights, weight_version=label_version)
+        # `url` is the router or, without one, the evaluation's own engine.
+        async with EngineClient(url, token=token) as router_or_engine:
+            await router_or_engine.update_weights_from_disk(weights, weight_version=label_version)
         eval_cfg = eval_cfg.model_copy(update={
             "rollout": eval_cfg.rollout.model_copy(update={"router_url": url})})
         await serve(eval_cfg, max_episodes=tasks * samples)

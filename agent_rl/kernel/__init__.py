@@ -1,3 +1,4 @@
-"""The kernel (layer L0, with `agent_rl.config`): errors by boundary, tracing names, and the
-process settings every command shares (the garbage collector's, CPU priority). It imports nothing
+"""The kernel (layer L0, with `agent_rl.config`): errors by boundary, tracing names, the
+encoding of per-token facts every layer shares (policy versions, "no expert"), and the process
+settings every command shares (the garbage collector's, CPU priority). It imports nothing
 of ours, so any process can load it alone."""

@@ -1,6 +1,6 @@
 """Turns generated before: answered again from their record instead of the engine.
 
-A fork copies its parent's first turns, and a resumed episode replays the turns it persisted
+A fork copies its parent's first turns, and a resumed episode re-runs the turns it persisted
 before its serve died; both go through the episode runner with each recorded completion
 presented exactly as the engine returned it (`recorded_generation`: token ids, logprobs, the
 weight version of each run of tokens), so the environment is stepped through the same states
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agent_rl.kernel.encoding import version_label
 from agent_rl.sglang.generation import FinishReason, Generation, WeightSpan
 from agent_rl.store import Store, TokenArrays
 
@@ -38,14 +39,14 @@ def recorded_generation(recorded: RecordedTurn, rid: str) -> Generation:
     spans, start = [], 0
     for i in range(1, len(versions) + 1):
         if i == len(versions) or versions[i] != versions[start]:
-            spans.append(WeightSpan(version=str(versions[start]), start=start, end=i))
+            spans.append(WeightSpan(version=version_label(versions[start]), start=start, end=i))
             start = i
     finish = recorded.finish_reason
     return Generation(
         rid=rid, output_ids=ids.tolist(), text="",
         finish_reason=FinishReason(type=finish) if finish else None,
         logprobs=span.logprobs[num_prompt:].tolist(),
-        weight_version=str(versions[-1]) if versions else None, weight_spans=spans,
+        weight_version=version_label(versions[-1]) if versions else None, weight_spans=spans,
         prompt_tokens=num_prompt, completion_tokens=len(ids), cached_tokens=0,
     )  # fmt: skip
 

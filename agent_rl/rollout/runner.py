@@ -42,6 +42,7 @@ from tenacity import (
 )
 
 from agent_rl.kernel import telemetry
+from agent_rl.kernel.encoding import NO_EXPERT, NO_VERSION, policy_version
 from agent_rl.config import RolloutConfig
 from agent_rl.sglang.client import EngineClient
 from agent_rl.sglang.generation import Generation
@@ -92,15 +93,7 @@ class EpisodeResult:
 
 
 class NotResumable(Exception):
-    """A resumed episode's replay did not reproduce what the store holds."""
-
-
-def policy_version(label: str | None) -> int:
-    """SGLang labels weights with strings; ours are integers ("default" is the initial 0)."""
-    try:
-        return int(label) if label is not None else 0
-    except ValueError:
-        return 0
+    """Re-running a resumed episode's persisted turns did not reproduce what the store holds."""
 
 
 class EpisodeRunner:
@@ -108,7 +101,7 @@ class EpisodeRunner:
 
     `prefix` turns are answered from their records instead of the engine, exactly as the engine
     produced them: a fork copies its parent's first turns (and persists them as its own); a
-    resumed episode (`resume=True`) replays the turns it already persisted before its serve
+    resumed episode (`resume=True`) re-runs the turns it already persisted before its serve
     died, checking that the environment gives back the stored observations and the chat
     template the stored prompt tokens, and then generates on from where it stopped.
     """
@@ -209,7 +202,7 @@ class EpisodeRunner:
             )
             if self.resume and t < len(self.prefix):
                 _check_observations(t, self.prefix[t], result)
-                unwritten = None  # replayed: the store holds this turn already
+                unwritten = None  # re-run: the store holds this turn already
             else:
                 unwritten = record
             if result is None:  # cut at the token limit: never stepped
@@ -310,10 +303,10 @@ class EpisodeRunner:
         if gen.routed_experts is not None and gen.routed_experts.ndim == 3:
             rows = gen.routed_experts
             # SGLang returns experts for every position that was fed as input; the completion's
-            # last token never was, so its row is unknown (-1) and replay leaves it free.
+            # last token never was, so its row is NO_EXPERT and routing replay leaves it free.
             missing = n_prompt + n_out - rows.shape[0]
             if missing > 0:
-                rows = np.concatenate([rows, np.full((missing, *rows.shape[1:]), -1, np.int32)])
+                rows = np.concatenate([rows, np.full((missing, *rows.shape[1:]), NO_EXPERT, np.int32)])
             experts = rows[: n_prompt + n_out]
         logprobs = np.zeros(n_prompt + n_out)
         logprobs[n_prompt:] = gen.logprobs
@@ -321,7 +314,7 @@ class EpisodeRunner:
         mask[n_prompt:] = 1
         return TokenArrays.build(
             token_ids=[*pending, *gen.output_ids], logprobs=logprobs, loss_mask=mask,
-            versions=np.concatenate([np.full(n_prompt, -1, dtype=np.int32), versions]),
+            versions=np.concatenate([np.full(n_prompt, NO_VERSION, dtype=np.int32), versions]),
             routed_experts=experts,
         )
 
@@ -330,7 +323,7 @@ class EpisodeRunner:
         recorded = self.prefix[turn]
         if self.resume and pending != recorded.span.token_ids[: recorded.num_prompt].tolist():
             raise NotResumable(f"turn {turn} differs: its prompt tokens render differently")
-        gen = recorded_generation(recorded, f"replay-{self.episode_id}-{turn}")
+        gen = recorded_generation(recorded, f"recorded-{self.episode_id}-{turn}")
         if len(pending) == recorded.num_prompt and self.ctx.routed_experts:
             gen.routed_experts = recorded.span.routed_experts  # same span: routing row for row
         return gen
@@ -374,12 +367,12 @@ def request_seed(episode_seed: int, turn: int) -> int:
 
 
 def _check_observations(turn: int, recorded: RecordedTurn, result: StepResult | None) -> None:
-    """Resume: the replayed step must give back the observations the store holds."""
+    """Resume: the re-run step must give back the observations the store holds."""
     if recorded.observations is None:
         return
-    replayed = [] if result is None else list(result.observations)
+    observed = [] if result is None else list(result.observations)
     key = lambda m: (m["role"], m.get("content") or "", m.get("name"))  # noqa: E731
-    if [key(m) for m in replayed] != [key(m) for m in recorded.observations]:
+    if [key(m) for m in observed] != [key(m) for m in recorded.observations]:
         raise NotResumable(f"turn {turn} differs: the environment observed something else")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 
 from agent_rl.sdk.env import Env
+from agent_rl.kernel.encoding import policy_version
 from agent_rl.kernel.errors import EngineError, EnvError, StoreError
 from agent_rl.sdk.registry import make
 from agent_rl.sdk.rewards import EpisodeOutcome
@@ -119,7 +120,7 @@ class Scheduler:
 
     async def _start_waiting(self, tg: anyio.abc.TaskGroup, group_id: int, waiting: list[int]) -> None:
         """Run admitted episodes that no process runs: never started, or resumed after their
-        serve died (those replay their persisted turns first)."""
+        serve died (those re-run their persisted turns first)."""
         store = self.ctx.store
         summaries = {e.id: e for e in await store.group_episodes(group_id)}
         task_row = await store.get_task(summaries[waiting[0]].task_id)
@@ -256,8 +257,6 @@ class Scheduler:
 
     async def _served_version(self) -> int | None:
         """The policy version the engines serve, or None if none answers."""
-        from agent_rl.rollout.runner import policy_version
-
         try:
             info = await self.ctx.client.model_info()
         except (EngineError, OSError) as e:

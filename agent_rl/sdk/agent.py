@@ -62,7 +62,7 @@ class AgentEnv(Env):
     /usr is there read-only under bubblewrap; mount a virtual environment (`sandbox_spec.mounts`)
     or use an image with what it imports."""
     resumable: ClassVar[bool] = False
-    """An agent program cannot be replayed: an episode whose serve died fails as interrupted."""
+    """An agent program cannot be resumed: an episode whose serve died fails as interrupted."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

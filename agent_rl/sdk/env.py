@@ -148,9 +148,9 @@ class Env:
     """Set when `score` runs a verifier in the sandbox even though no tool needs one."""
     resumable: ClassVar[bool] = True
     """When the serve running an episode dies, another serve resumes it: it makes the env
-    again, replays the stored assistant turns through `step` and checks each observation
+    again, re-runs the stored assistant turns through `step` and checks each observation
     against the stored one (a mismatch fails the episode as interrupted), then generates on.
-    Set False for an env whose steps cannot be replayed (real side effects, randomness not
+    Set False for an env whose steps cannot be re-run (real side effects, randomness not
     drawn from `self.rng`): its interrupted episodes then fail."""
     env_id: str
     """The registry id this instance was made as (the class name when built directly)."""

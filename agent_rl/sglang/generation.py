@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from typing_extensions import TypedDict
 
+from agent_rl.kernel.encoding import version_label
 from agent_rl.kernel.errors import EngineError
 
 
@@ -99,7 +100,7 @@ class Generation:
                 raise EngineError("engine response: output_token_logprobs do not match output_ids")
             logprobs = [float(t[0]) for t in token_logprobs]
         spans = [
-            WeightSpan(str(s["version"]), int(s["start"]), int(s["end"]))
+            WeightSpan(version_label(s["version"]), int(s["start"]), int(s["end"]))
             for s in meta.get("weight_versions") or []
         ]
         experts, routed = meta.get("routed_experts"), None

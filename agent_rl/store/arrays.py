@@ -36,8 +36,10 @@ class TokenArrays:
     """Aligned per-token arrays of one span of an episode's token stream.
 
     `loss_mask` is 1 on tokens the model produced and 0 on prompt and tool-observation tokens;
-    `versions` holds the policy version that sampled each model token (-1 elsewhere);
-    `routed_experts`, for MoE models, is `[tokens, layers, topk]` expert ids or None.
+    `versions` holds the policy version that sampled each model token (`NO_VERSION`, -1,
+    elsewhere); `routed_experts`, for MoE models, is `[tokens, layers, topk]` expert ids
+    (`NO_EXPERT`, -1, where the engine reported none) or None. Both sentinels are defined in
+    `agent_rl.kernel.encoding`.
     """
 
     token_ids: NDArray[np.int32]

@@ -23,7 +23,7 @@ BEGIN_OPTION = "agent_rl_sqlite_begin"
 SYNC_OPTION = "agent_rl_sqlite_synchronous"
 
 
-def engine_url(url: str) -> URL:
+def database_url(url: str) -> URL:
     """The SQLAlchemy URL (with its driver) for a user-facing database URL."""
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://") :]
@@ -49,7 +49,7 @@ def is_sqlite(db: Engine) -> bool:
 
 def create_database(cfg: StoreConfig) -> Engine:
     """The SQLAlchemy engine of the configured store (does not connect yet)."""
-    url = engine_url(cfg.url)
+    url = database_url(cfg.url)
     if url.drivername == "sqlite":
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 
 from agent_rl.config import StoreConfig
 from agent_rl.kernel.errors import SchemaBehindError
-from agent_rl.store.db import create_database, engine_url
+from agent_rl.store.db import create_database, database_url
 
 
 def migrations_dir() -> Path:
@@ -36,7 +36,7 @@ def alembic_config(store: StoreConfig) -> AlembicConfig:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.attributes["store_config"] = store
-    cfg.attributes["url"] = engine_url(store.url).render_as_string(hide_password=False)
+    cfg.attributes["url"] = database_url(store.url).render_as_string(hide_password=False)
     return cfg
 
 

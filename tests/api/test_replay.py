@@ -18,7 +18,7 @@ from agent_rl.app.api import create_app
 from agent_rl.app.api.tokens import load_tokenizer
 from agent_rl.config import SandboxConfig
 from agent_rl.store import Store
-from agent_rl.store.db import engine_url
+from agent_rl.store.db import database_url
 from agent_rl.store.models import MessageRow
 from tests.api.conftest import TOKEN, api_config
 from tests.api.fill import Filled, add_episode, play
@@ -34,14 +34,14 @@ def replay(client: TestClient, episode_id: int) -> dict:
 
 def tamper(url: str, episode_id: int, position: int, content: str) -> None:
     """Edit one stored message behind the store's back."""
-    engine = create_engine(engine_url(url))
-    with engine.begin() as conn:
+    db = create_engine(database_url(url))
+    with db.begin() as conn:
         conn.execute(
             update(MessageRow)
             .where(MessageRow.episode_id == episode_id, MessageRow.position == position)
             .values(content=content)
         )
-    engine.dispose()
+    db.dispose()
 
 
 def test_calculator_episodes_replay_exactly_and_tampering_shows(

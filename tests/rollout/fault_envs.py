@@ -96,7 +96,7 @@ class OptsOutEnv(NeverEndsEnv):
 
 
 class ForgetfulEnv(NeverEndsEnv):
-    """Its observations depend on the process that runs it: a replay cannot reproduce them."""
+    """Its observations depend on the process that runs it: a resume cannot reproduce them."""
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         result = await super().step(turn)

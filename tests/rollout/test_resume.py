@@ -1,7 +1,7 @@
 """A serve SIGKILLed in the middle of its episodes: the next serve resumes them from the turns
-they persisted (replaying them through a fresh env, every observation checked against the
+they persisted (re-running them through a fresh env, every observation checked against the
 stored one) and finishes them, instead of failing them as interrupted; the tokens stored before
-the kill are kept bit for bit. Envs that opt out, or whose replay differs, fail with the cause."""
+the kill are kept bit for bit. Envs that opt out, or whose re-run differs, fail with the cause."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from agent_rl.config import Config
 from agent_rl.engine.launcher import free_port
+from agent_rl.kernel.encoding import version_label
 from agent_rl.kernel.errors import AgentRLError, ConfigError
 from agent_rl.app.evaluation import Evaluation, score
 from agent_rl.app.quickstart.processes import Supervisor, agent_rl_command
@@ -140,10 +141,10 @@ class Quickstart:
     # ----- the stages --------------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        from agent_rl.store.db import engine_url
+        from agent_rl.store.db import database_url
         from agent_rl.store.migrate import upgrade
 
-        sqlite = engine_url(self.cfg.store.url).drivername == "sqlite"
+        sqlite = database_url(self.cfg.store.url).drivername == "sqlite"
         if self.opts.cluster and sqlite:
             raise ConfigError("the multi-process mode shares one store between processes on a "
                               "cluster: pass --store-url postgresql://...")
@@ -245,8 +246,8 @@ class Quickstart:
             fleet = await self.ensure_fleet()
             # The engines start on the base weights: give them the policy training resumes from.
             weights = export_path(self.cfg, version) if version else SFT_MODEL
-            async with EngineClient(fleet.router_url, token=self.token) as engines:
-                await engines.update_weights_from_disk(weights, weight_version=str(version))
+            async with EngineClient(fleet.router_url, token=self.token) as router:
+                await router.update_weights_from_disk(weights, weight_version=version_label(version))
             self.say(f"RL: serve and train together from policy version {version} to "
                      f"{self.opts.rl_steps} (at most {self.opts.rl_minutes:g} min)")
             sup = self.supervisor

@@ -4,8 +4,9 @@ Layouts:
 - SGLang returns, per sequence of n tokens, `routed_experts` [n-1, layers, topk]: row j holds
   the experts that processed token j (the last token was sampled, never fed back).
 - The batch carries them token-aligned and padded: `routed_experts` [B, T, layers, topk] long
-  (`from_sglang` builds it), -1 on every row the engine did not report: the one encoding of
-  "no routed experts for this token", the same the store writes.
+  (`from_sglang` builds it), `NO_EXPERT` (-1, `agent_rl.kernel.encoding`) on every row the
+  engine did not report: the one encoding of "no routed experts for this token", the same the
+  store writes.
 - megatron's RouterReplay takes, per MoE layer in build order, [s*b, topk] in sequence-major
   order ([T, B] flattened); with sequence parallelism each TP rank's routers see only its
   contiguous chunk of T, so each rank is given its chunk.
@@ -34,15 +35,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-UNKNOWN = -1
-"""The expert id of a row whose routing the engine did not report."""
+from agent_rl.kernel.encoding import NO_EXPERT
 
 
 def from_sglang(routed: Sequence[torch.Tensor | np.ndarray], length: int, topk: int) -> torch.Tensor:
     """Pad per-sequence routed experts (SGLang's [n_i - 1, L, k], or the store's [n_i, L, k]
     with -1 rows) to [B, length, L, k], -1 past each sequence's rows."""
     layers = routed[0].shape[1]
-    out = torch.full((len(routed), length, layers, topk), UNKNOWN, dtype=torch.long)
+    out = torch.full((len(routed), length, layers, topk), NO_EXPERT, dtype=torch.long)
     for i, r in enumerate(routed):
         n = min(r.shape[0], length)
         out[i, :n] = torch.as_tensor(r[:n], dtype=torch.long)
