@@ -130,6 +130,21 @@ class RouterProcess:
                 self.proc.wait()
 
 
+def run_router(engine_url: str) -> None:
+    """A router in front of `engine_url` until the process is killed, its URL printed first
+    (the `--role router` process of bench/rollout.py and bench/serve_ceiling.py)."""
+    import anyio
+
+    from router.app import Router
+
+    async def run() -> None:
+        async with Router(RouterConfig(port=0), workers=[engine_url]) as r:
+            print(r.url, flush=True)
+            await anyio.sleep_forever()
+
+    anyio.run(run)
+
+
 def quickstart_run(work: Path, model: Path, router: RouterThread, run: str, *,
                    store_url: str | None = None, **trainer: Any) -> Config:
     """The quickstart's recipe as one named run of a benchmark: its store a file in `work`

@@ -33,7 +33,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._serving import metric_sum  # noqa: E402
+from bench._serving import metric_sum, run_router  # noqa: E402
 
 
 def serve_role(args: argparse.Namespace) -> None:
@@ -48,18 +48,6 @@ def serve_role(args: argparse.Namespace) -> None:
                               max_queued_groups=0),
     )
     anyio.run(lambda: serve(cfg, max_episodes=None))
-
-
-def router_role(args: argparse.Namespace) -> None:
-    from agent_rl.config import RouterConfig
-    from router.app import Router
-
-    async def run() -> None:
-        async with Router(RouterConfig(port=0), workers=[args.engine]) as r:
-            print(r.url, flush=True)
-            await anyio.sleep_forever()
-
-    anyio.run(run)
 
 
 def window_turns(url: str, t0: float, t1: float) -> tuple[list[tuple[list[int], int]], int]:
@@ -270,6 +258,6 @@ if __name__ == "__main__":
     if args.role == "serve":
         serve_role(args)
     elif args.role == "router":
-        router_role(args)
+        run_router(args.engine)
     else:
         print("RESULT " + json.dumps(main(args)))

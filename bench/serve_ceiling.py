@@ -334,20 +334,6 @@ def measure(args: argparse.Namespace, tmp: Path, *, env: str, backend: str, serv
     return result
 
 
-def router_role(args: argparse.Namespace) -> None:
-    import anyio
-
-    from agent_rl.config import RouterConfig
-    from router.app import Router
-
-    async def run() -> None:
-        async with Router(RouterConfig(port=0), workers=[args.engine]) as r:
-            print(r.url, flush=True)
-            await anyio.sleep_forever()
-
-    anyio.run(run)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--role", choices=["main", "serve", "router"], default="main")
@@ -370,7 +356,9 @@ def main() -> None:
     if args.role == "serve":
         return serve_role(args)
     if args.role == "router":
-        return router_role(args)
+        from bench._serving import run_router
+
+        return run_router(args.engine)
 
     from agent_rl.models import init_model
 

@@ -47,6 +47,19 @@ means that never happens (the router's pool to its workers follows the same rule
 _JSON = {"Content-Type": "application/json"}
 
 
+def _in_memory_update(body: dict[str, Any], *, selector: Selector, flattened: bool,
+                      weight_version: str | None) -> dict[str, Any]:
+    """An in-memory weight update's body with the options both kinds share (distributed and
+    tensor): each is sent only when it differs from SGLang's default."""
+    if selector != "all":
+        body["selector"] = selector
+    if flattened:
+        body["load_format"] = "flattened_bucket"
+    if weight_version is not None:
+        body["weight_version"] = weight_version
+    return body
+
+
 def _routed(headers: dict[str, str], options: GenerateOptions) -> dict[str, str]:
     """The request's headers, with its session key for the router's affinity if it has one."""
     key = options.get("routing_key")
@@ -256,14 +269,11 @@ class EngineClient:
         tensor's bytes, in order) and load it into the `selector`ed models (a speculative
         engine's target, its draft, or both; see `Selector`); `weight_version` is set once it
         is loaded."""
-        body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes,
-                                "group_name": group_name, "flush_cache": flush_cache}
-        if selector != "all":
-            body["selector"] = selector
-        if flattened:
-            body["load_format"] = "flattened_bucket"
-        if weight_version is not None:
-            body["weight_version"] = weight_version
+        body = _in_memory_update(
+            {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+             "flush_cache": flush_cache},
+            selector=selector, flattened=flattened, weight_version=weight_version,
+        )
         return await self._request("POST", "/update_weights_from_distributed", body, timeout_s)
 
     async def update_weights_from_tensor(
@@ -275,13 +285,10 @@ class EngineClient:
         ForkingPickler) per engine TP rank, of a list of (name, tensor) or, `flattened`, of
         SGLang's flattened bucket ({"flattened_tensor": one flat uint8 tensor, "metadata": each
         tensor's name, shape, dtype and byte range})."""
-        body: dict[str, Any] = {"serialized_named_tensors": serialized, "flush_cache": flush_cache}
-        if selector != "all":
-            body["selector"] = selector
-        if flattened:
-            body["load_format"] = "flattened_bucket"
-        if weight_version is not None:
-            body["weight_version"] = weight_version
+        body = _in_memory_update(
+            {"serialized_named_tensors": serialized, "flush_cache": flush_cache},
+            selector=selector, flattened=flattened, weight_version=weight_version,
+        )
         return await self._request("POST", "/update_weights_from_tensor", body, timeout_s)
 
     async def restore_point(self, model_path: str | Path, weight_version: str) -> Any:

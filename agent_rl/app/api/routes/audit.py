@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from agent_rl.app.api.deps import ConfigDep, StoreDep
+from agent_rl.app.api.filters import NO_NUL
 from agent_rl.store.audit import ComputeAudit, audit_run
 
 router = APIRouter(tags=["audit"])
@@ -18,7 +19,7 @@ async def get_audit(
     cfg: ConfigDep,
     run: Annotated[
         str | None,
-        Query(max_length=200, pattern=r"^[^\x00]*$", description="Run name (default: run.name)."),
+        Query(max_length=200, pattern=NO_NUL, description="Run name (default: run.name)."),
     ] = None,
 ) -> ComputeAudit:
     """Shares of the run's wall clock (trainer state x rollout state, adding up to 1), engine

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from agent_rl.app.api.deps import StoreDep
+from agent_rl.app.api.filters import NO_NUL
 from agent_rl.app.api.schemas import StatsOut
 from agent_rl.app.api.stats import run_stats
 
@@ -18,7 +19,7 @@ async def get_stats(
     store: StoreDep,
     run: Annotated[
         str | None,
-        Query(max_length=200, pattern=r"^[^\x00]*$", description="Run name (default: all runs)."),
+        Query(max_length=200, pattern=NO_NUL, description="Run name (default: all runs)."),
     ] = None,
 ) -> StatsOut:
     """Where every admitted episode is, and how fast, stale and slow the recent ones were."""

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_rl.app.api.convert import draft_acceptance, episode_out, json_safe, metric_series, transcript
 from agent_rl.app.api.deps import ConfigDep, StoreDep
-from agent_rl.app.api.filters import EpisodeQueryDep, fetch_page
+from agent_rl.app.api.filters import NO_NUL, EpisodeQueryDep, fetch_page
 from agent_rl.app.api.stats import run_stats
 from agent_rl.app.api.tokens import token_view
 from agent_rl.app.api.viewer_data import MAX_STRIP_TOKENS, eval_curve, plot, stacked, token_strip
@@ -138,7 +138,7 @@ async def run_page(request: Request, run_id: Id, store: StoreDep) -> HTMLRespons
 async def stats_page(
     request: Request,
     store: StoreDep,
-    run: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
+    run: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
 ) -> HTMLResponse:
     run_id = await store.run_id(run) if run else None
     return page(
@@ -155,7 +155,7 @@ async def audit_page(
     request: Request,
     store: StoreDep,
     cfg: ConfigDep,
-    run: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
+    run: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
 ) -> HTMLResponse:
     """Where a run's compute went (`agent_rl.store.audit`), with server-drawn plots. Without
     `run`: the configured run, else the newest training run."""
