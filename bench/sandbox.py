@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.config import SandboxConfig, SandboxLimits  # noqa: E402
 from agent_rl.kernel.errors import SandboxError  # noqa: E402
-from tools_sandbox.base import SandboxBackend, SandboxSpec  # noqa: E402
+from agent_rl.sdk.sandbox import SandboxBackend, SandboxSpec  # noqa: E402
 from tools_sandbox.factory import make_backend  # noqa: E402
 from tools_sandbox.session import Channel, worker_config  # noqa: E402
 

@@ -22,7 +22,7 @@ from anyio.abc import Process
 
 from agent_rl.config import SandboxConfig
 from agent_rl.kernel.errors import SandboxError
-from tools_sandbox.base import SandboxSpec
+from agent_rl.sdk.sandbox import SandboxSpec
 from tools_sandbox.session import WorkerSandbox
 
 HERE = Path(__file__).resolve().parent

@@ -2,8 +2,8 @@
 
 `open_backend(config.sandbox)` is how the rest of agent-rl gets sandboxes: it builds the
 configured backend, runs its reaper once (so a crashed predecessor's sandboxes are gone before
-new ones start) and returns it. Backends are imported lazily so that, for example, the docker
-SDK is needed only when the Docker backend is chosen.
+new ones start) and returns it. The backends are named in `tools_sandbox.backends.BACKENDS` and
+imported lazily, only the chosen one.
 """
 
 from __future__ import annotations
@@ -13,24 +13,16 @@ import logging
 import anyio
 
 from agent_rl.config import SandboxConfig
-from tools_sandbox.base import SandboxBackend
+from agent_rl.sdk.sandbox import SandboxBackend
+from tools_sandbox import backends
 
 log = logging.getLogger(__name__)
 
 
 def make_backend(config: SandboxConfig) -> SandboxBackend:
-    """The configured backend, constructed (raises SandboxError if it cannot work here)."""
-    if config.backend == "bwrap":
-        from tools_sandbox.bwrap import BwrapBackend
-
-        return BwrapBackend(config)
-    if config.backend == "docker":
-        from tools_sandbox.docker import DockerBackend
-
-        return DockerBackend(config)
-    from tools_sandbox.rlimit import RlimitBackend
-
-    return RlimitBackend(config)
+    """The configured backend, constructed (raises SandboxError if it cannot work here, and
+    ConfigError if `sandbox.backend` names none of `tools_sandbox.backends.BACKENDS`)."""
+    return backends.load(config.backend)(config)
 
 
 async def open_backend(config: SandboxConfig) -> SandboxBackend:

@@ -34,7 +34,7 @@ from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from agent_rl.kernel.errors import SandboxError, ToolError
-from tools_sandbox.base import ExecResult, SandboxSpec, work_path
+from agent_rl.sdk.sandbox import ExecResult, SandboxSpec, work_path
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import ConfigDict, Field
 
@@ -44,9 +43,10 @@ class SandboxLimits(Section):
 
 
 class SandboxConfig(Section):
-    backend: Literal["bwrap", "docker", "rlimit"] = "bwrap"
-    """Isolation for tool calls: bubblewrap namespaces (default), a Docker container per
-    episode, or `rlimit` (rlimits and a uid only, NOT isolation; for machines with neither)."""
+    backend: str = "bwrap"
+    """Isolation for tool calls, a name in `tools_sandbox.backends.BACKENDS`: bubblewrap namespaces
+    (`bwrap`, default), a Docker container per episode (`docker`), or `rlimit` (rlimits and a uid
+    only, NOT isolation; for machines with neither)."""
 
     limits: SandboxLimits = SandboxLimits()
     """Default limits of every sandbox (an environment may ask for tighter ones)."""

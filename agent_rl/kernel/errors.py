@@ -41,6 +41,11 @@ class ToolError(AgentRLError):
     """A tool call was malformed or its implementation failed."""
 
 
+class ToolArgumentsError(ToolError):
+    """The model's arguments for a tool do not fit the tool's schema (the model's mistake, told
+    to it in one line; the tool never ran)."""
+
+
 class SandboxError(AgentRLError):
     """A sandbox could not be created, crashed, or broke its protocol."""
 

@@ -12,28 +12,35 @@ Files live in the sandbox's work dir (`/work` inside the sandbox), which survive
 `read_file`/`write_file` take paths relative to it (or absolute under `/work`) and refuse to
 leave it. `close()` is idempotent and removes everything the sandbox owned.
 
-The SDK owns this contract and the backends (`tools_sandbox/`) implement it, so environment
-code never depends on a backend; `tools_sandbox/base.py` re-exports it beside the backends' own
-protocol (`SandboxBackend`).
+A `SandboxBackend` (bubblewrap, Docker, rlimit: `tools_sandbox/`) creates one `Sandbox` per
+episode from a `SandboxSpec`. Backends are safe to use from many tasks at once; one sandbox serves
+one call at a time (calls on the same sandbox are serialized).
+
+This module is the whole contract, and the only one: the SDK owns it and the backends implement
+it, so environment code never depends on a backend and a backend finds everything it promises
+here. `Limits` is the config's `[sandbox.limits]` class (the config, below the SDK, reads it from
+TOML; it is defined there once and named `Limits` here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from agent_rl.config import SandboxLimits
+from agent_rl.kernel.errors import ToolError
 
 WORK_DIR = "/work"
 """Where the work dir appears inside every sandbox."""
 
 
 Limits = SandboxLimits
-"""Resource limits of one sandbox; per-call timeouts may only lower `wall_s`. Defined in the
-config (`[sandbox.limits]`) so one class serves both; re-exported here as part of the protocol."""
+"""Resource limits of one sandbox; per-call timeouts may only lower `wall_s`. The config's
+`[sandbox.limits]` class itself (one definition serves both)."""
 
 
 class Mount(BaseModel):
@@ -145,6 +152,37 @@ class ExecResult(BaseModel):
         """The call finished by itself with exit code 0."""
         return self.exit_code == 0 and not (self.timed_out or self.truncated or self.oom_killed)
 
+    def describe(self, max_chars: int | None = None) -> str:
+        """The result as a model should read it: output first, then what went wrong (what a
+        sandbox tool that returns an `ExecResult` shows as its observation). With `max_chars`,
+        the output is cut to fit and what went wrong is kept."""
+        parts = []
+        if self.stdout:
+            parts.append(self.stdout if not self.stderr else f"[stdout]\n{self.stdout}")
+        if self.stderr:
+            parts.append(f"[stderr]\n{self.stderr}")
+        if self.value is not None:
+            parts.append(f"[result]\n{self.value}")
+        notes = []
+        if self.timed_out:
+            notes.append(f"timed out after {self.duration_s:.1f}s and was killed")
+        if self.truncated:
+            notes.append("wrote too much output and was killed; output truncated")
+        if self.oom_killed:
+            notes.append("ran out of memory and was killed")
+        if self.restarted:
+            notes.append(
+                "the sandbox had to be restarted: files in /work are kept, the rest is lost"
+            )
+        if self.exit_code not in (0, None) and not notes:
+            notes.append(f"exit code {self.exit_code}")
+        body = "\n".join(p.rstrip("\n") for p in parts)
+        tail = "[" + "; ".join(notes) + "]" if notes else ""
+        if max_chars is not None and len(body) + len(tail) + 1 > max_chars:
+            keep = max(0, max_chars - len(tail) - 1)
+            body = body[:keep] + f"\n...[truncated {len(body) - keep} characters]"
+        return "\n".join(p for p in (body, tail) if p) or "[no output]"
+
 
 @runtime_checkable
 class Sandbox(Protocol):
@@ -212,3 +250,54 @@ class Sandbox(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    """A kind of isolation. Create it once per process; it owns every sandbox it creates."""
+
+    name: str
+    """Its name in `sandbox.backend` ('bwrap', 'docker', 'rlimit')."""
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """A started sandbox, ready for calls; raises SandboxError if it cannot start."""
+        ...
+
+    async def reap(self) -> int:
+        """Remove what sandboxes of this backend left behind (a crashed server's processes,
+        cgroups, containers, dirs); returns how many sandboxes were reaped."""
+        ...
+
+    def live(self) -> int:
+        """Sandboxes this backend has created and not yet closed."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close every live sandbox."""
+        ...
+
+
+def work_path(path: str) -> str:
+    """`path` as a normalized path relative to /work; raises ToolError if it leaves /work.
+
+    Only a lexical check: the worker inside the sandbox resolves symlinks again, and the sandbox
+    cannot see anything outside its own filesystem anyway.
+    """
+    p = PurePosixPath(path)
+    if p.is_absolute():
+        try:
+            p = p.relative_to(WORK_DIR)
+        except ValueError:
+            raise ToolError(f"path {path!r} is outside {WORK_DIR}: use a path inside it") from None
+    parts: list[str] = []
+    for part in p.parts:
+        if part == "..":
+            if not parts:
+                raise ToolError(f"path {path!r} leaves {WORK_DIR}: remove the '..'")
+            parts.pop()
+        elif part not in (".", ""):
+            parts.append(part)
+    if not parts:
+        raise ToolError(f"path {path!r} names the work dir itself, not a file")
+    return "/".join(parts)

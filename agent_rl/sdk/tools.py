@@ -13,19 +13,24 @@ validates the model's arguments); the docstring gives the description and, from 
 `Args:` section, one description per parameter. A parameter with no annotation or no
 description is a definition error raised at import time, not a surprise at rollout time.
 
-Two kinds of tool share the class:
+Two kinds of tool share the class, and it is the only tool system:
 - host tools run in this process (sync functions in a worker thread, so a slow one never
   blocks the event loop);
 - sandbox tools declare a parameter named `sandbox` and receive the episode's
-  `agent_rl.sdk.sandbox.Sandbox`; it is injected, never part of the schema.
-`@tool` also works on methods (`self` is bound when the tool is read from an instance), and
-`from_sandbox_tool` adapts tools_sandbox's built-in `python`/`shell`/`read_file`/`write_file`.
+  `agent_rl.sdk.sandbox.Sandbox`; it is injected, never part of the schema. The built-in ones
+  (`python`, `shell`, `read_file`, `write_file`) are in `agent_rl.sdk.sandbox_tools`.
+`@tool` also works on methods (`self` is bound when the tool is read from an instance).
+
+A tool's arguments are validated once, here, by the model made from its signature; a tool may
+return text, any JSON-able value, or an `ExecResult` (shown as the model should read it).
 
 `run_tool_call` executes one parsed call and never raises for anything the model or the tool
 did wrong: unknown tool, invalid arguments (a pydantic message the model can act on), a
 `ToolError` or any other exception from the tool, a timeout: each becomes a `ToolResult` whose
-`output` is the error observation. Only `SandboxError` (the infrastructure failed, which must
-not be scored as the model's fault) and cancellation propagate.
+`output` is the error observation and whose `error` is a `ToolErrorKind`, decided by what
+happened (the exception's class), never by reading its message. Only `SandboxError` (the
+infrastructure failed, which must not be scored as the model's fault) and cancellation
+propagate.
 """
 
 from __future__ import annotations
@@ -37,18 +42,34 @@ import re
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Protocol
+from enum import StrEnum
+from typing import Any
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from agent_rl.kernel.errors import SandboxError, ToolError
+from agent_rl.kernel.errors import SandboxError, ToolArgumentsError, ToolError
 from agent_rl.sdk.messages import ToolCall
+from agent_rl.sdk.sandbox import ExecResult
 
 SANDBOX_PARAM = "sandbox"
 """Name of the parameter through which sandbox tools receive the episode's sandbox."""
 
-ErrorKind = Literal["unknown_tool", "invalid_arguments", "tool_error", "exception", "timeout"]
+
+class ToolErrorKind(StrEnum):
+    """Why a call failed, as recorded on its `ToolResult` (a str: it compares and stores as its
+    value)."""
+
+    UNKNOWN_TOOL = "unknown_tool"
+    """The model named a tool the environment does not have."""
+    INVALID_ARGUMENTS = "invalid_arguments"
+    """The arguments did not fit the tool's schema (`ToolArgumentsError`); the tool never ran."""
+    TOOL_ERROR = "tool_error"
+    """The tool raised `ToolError`: a failure it reports to the model (a missing file)."""
+    EXCEPTION = "exception"
+    """The tool's code raised anything else (its traceback is kept, not shown)."""
+    TIMEOUT = "timeout"
+    """The call ran past the tool's `timeout_s`."""
 
 
 class Tool:
@@ -62,10 +83,7 @@ class Tool:
         description: str | None = None,
         timeout_s: float | None = None,
         max_output_chars: int = 8192,
-        arguments_model: type[BaseModel] | None = None,
     ) -> None:
-        """`arguments_model`, if given, replaces reading the signature: `fn` is then called
-        with the validated fields as keywords (and `sandbox=` when it has that parameter)."""
         self.fn = fn
         self.name = name or fn.__name__
         doc_summary, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
@@ -80,12 +98,6 @@ class Tool:
         self._is_method = False
         self._is_async = inspect.iscoroutinefunction(fn)
         self._bound: object | None = None
-        if arguments_model is not None:
-            self.needs_sandbox = SANDBOX_PARAM in inspect.signature(fn).parameters
-            self.arguments_model = arguments_model
-            self.parameters = _clean_schema(arguments_model.model_json_schema())
-            self.parameters["additionalProperties"] = False
-            return
         fields: dict[str, Any] = {}
         for i, (pname, p) in enumerate(inspect.signature(fn).parameters.items()):
             if i == 0 and pname == "self":
@@ -141,7 +153,8 @@ class Tool:
         }
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """Arguments checked and converted by the schema; ToolError says what to fix."""
+        """Arguments checked and converted by the schema (the one place they are); a
+        ToolArgumentsError says, in one line, what to fix."""
         try:
             model = self.arguments_model.model_validate(dict(arguments))
         except ValidationError as e:
@@ -149,11 +162,14 @@ class Tool:
             for err in e.errors():
                 where = ".".join(str(p) for p in err["loc"]) or "arguments"
                 problems.append(f"{where}: {err['msg']}")
-            raise ToolError(f"invalid arguments for {self.name}: " + "; ".join(problems)) from None
+            raise ToolArgumentsError(
+                f"invalid arguments for {self.name}: " + "; ".join(problems)
+            ) from None
         return {k: getattr(model, k) for k in type(model).model_fields}
 
     async def __call__(self, arguments: Mapping[str, Any], *, sandbox: object | None = None) -> Any:
-        """Validate and run; raises ToolError for bad arguments and whatever the function raises."""
+        """Validate and run; raises ToolArgumentsError for bad arguments and whatever the
+        function raises."""
         values = self.validate(arguments)
         if self.needs_sandbox:
             if sandbox is None:
@@ -189,37 +205,6 @@ def tool(
     return wrap(fn) if fn is not None else wrap
 
 
-class SandboxToolImpl(Protocol):
-    """The shape of `tools_sandbox.tools.SandboxTool` (python, shell, read_file, write_file)."""
-
-    name: str
-    description: str
-    args: type[BaseModel]
-
-    async def run(self, sandbox: Any, arguments: dict[str, Any]) -> Any:
-        """Returns an object whose `.text` is the observation."""
-        ...
-
-
-def from_sandbox_tool(impl: SandboxToolImpl, *, timeout_s: float | None = None) -> Tool:
-    """A `Tool` that runs one of tools_sandbox's built-in tools in the episode's sandbox.
-
-    Its schema and validation come from the implementation's argument model (so malformed
-    arguments get this module's short message); its observation is the implementation's text.
-    """
-
-    async def run(sandbox: Any, **arguments: Any) -> str:
-        return str((await impl.run(sandbox, arguments)).text)
-
-    return Tool(
-        run,
-        name=impl.name,
-        description=impl.description,
-        timeout_s=timeout_s,
-        arguments_model=impl.args,
-    )
-
-
 class ToolResult(BaseModel):
     """One executed call: what the model sees (`output`) and what the store records."""
 
@@ -230,7 +215,8 @@ class ToolResult(BaseModel):
     """The arguments as the model wrote them (`ToolCall.raw_arguments`)."""
     output: str
     """The observation text given to the model (an `error: ...` line when the call failed)."""
-    error: ErrorKind | None = None
+    error: ToolErrorKind | None = None
+    """Why the call failed; None when it succeeded."""
     traceback: str | None = None
     """Traceback of an exception raised by the tool's code (not shown to the model)."""
     started_at: float
@@ -244,7 +230,7 @@ async def run_tool_call(
     """Execute one call; every failure the model or tool caused becomes the result's `output`."""
     started, t0 = time.time(), time.perf_counter()
 
-    def done(output: str, error: ErrorKind | None = None, tb: str | None = None) -> ToolResult:
+    def done(output: str, error: ToolErrorKind | None = None, tb: str | None = None) -> ToolResult:
         return ToolResult(
             call_id=call.id, name=call.name, arguments=dict(call.arguments),
             raw_arguments=call.raw_arguments, output=output,
@@ -254,23 +240,28 @@ async def run_tool_call(
     t = tools.get(call.name)
     if t is None:
         known = ", ".join(sorted(tools)) or "none"
-        return done(f"error: unknown tool {call.name!r} (available: {known})", "unknown_tool")
+        return done(
+            f"error: unknown tool {call.name!r} (available: {known})", ToolErrorKind.UNKNOWN_TOOL
+        )
     try:
         with anyio.fail_after(t.timeout_s):
             value = await t(call.arguments, sandbox=sandbox)
     except TimeoutError:
-        return done(f"error: {t.name} timed out after {t.timeout_s:g}s", "timeout")
+        return done(f"error: {t.name} timed out after {t.timeout_s:g}s", ToolErrorKind.TIMEOUT)
+    except ToolArgumentsError as e:
+        return done(f"error: {e}", ToolErrorKind.INVALID_ARGUMENTS)
     except ToolError as e:
-        kind: ErrorKind = (
-            "invalid_arguments" if str(e).startswith("invalid arguments") else "tool_error"
-        )
-        return done(f"error: {e}", kind)
+        return done(f"error: {e}", ToolErrorKind.TOOL_ERROR)
     except SandboxError:
         raise
     except Exception as e:
         return done(
-            f"error: {t.name} failed: {type(e).__name__}: {e}", "exception", traceback.format_exc()
+            f"error: {t.name} failed: {type(e).__name__}: {e}",
+            ToolErrorKind.EXCEPTION,
+            traceback.format_exc(),
         )
+    if isinstance(value, ExecResult):
+        return done(value.describe(max_chars=t.max_output_chars))
     return done(_truncate(_to_text(value), t.max_output_chars))
 
 

@@ -24,11 +24,10 @@ from typing import Any
 from agent_rl.sdk.env import Env
 from agent_rl.sdk.messages import Message, user
 from agent_rl.sdk.rewards import Reward, run_json_program
+from agent_rl.sdk.sandbox import Limits, SandboxSpec
+from agent_rl.sdk.sandbox_tools import python_repl
 from agent_rl.sdk.tasks import JsonlTasks, Task, TaskSource
 from agent_rl.sdk.tool_calls import format_tool_call
-from agent_rl.sdk.tools import from_sandbox_tool
-from tools_sandbox.base import Limits, SandboxSpec
-from tools_sandbox.tools import PythonTool
 
 PROBLEMS = Path(__file__).with_name("problems.jsonl")
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
@@ -81,7 +80,7 @@ def extract_code(answer: str) -> str:
 class CodeTestsEnv(Env):
     """Write a Python function; hidden unit tests run in the sandbox; reward = fraction passed."""
 
-    tools = (from_sandbox_tool(PythonTool(persistent=True)),)
+    tools = (python_repl,)
     uses_sandbox = True
     sandbox_spec = SandboxSpec(limits=Limits(wall_s=20.0, cpu_s=20, memory_mb=256))
 

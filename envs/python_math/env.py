@@ -21,11 +21,10 @@ from typing import Any
 from agent_rl.sdk.env import Env
 from agent_rl.sdk.messages import Message
 from agent_rl.sdk.rewards import Reward, last_number, number_reward
+from agent_rl.sdk.sandbox import Limits, SandboxSpec
+from agent_rl.sdk.sandbox_tools import python_repl
 from agent_rl.sdk.tasks import GeneratedTasks, TaskSource
 from agent_rl.sdk.tool_calls import format_tool_call
-from agent_rl.sdk.tools import from_sandbox_tool
-from tools_sandbox.base import Limits, SandboxSpec
-from tools_sandbox.tools import PythonTool
 
 Problem = tuple[str, str, int]  # question, reference program, answer
 
@@ -103,7 +102,7 @@ def make_problem(rng: random.Random) -> dict[str, Any]:
 class PythonMathEnv(Env):
     """Math problems solved with a sandboxed Python interpreter; exact numeric reward."""
 
-    tools = (from_sandbox_tool(PythonTool(persistent=True)),)
+    tools = (python_repl,)
     sandbox_spec = SandboxSpec(limits=Limits(wall_s=10.0, cpu_s=10, memory_mb=256))
 
     def __init__(self, *, max_turns: int | None = 6, **kwargs: Any) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.config import SandboxConfig
-from tools_sandbox.base import Sandbox, SandboxSpec
+from agent_rl.sdk.sandbox import Sandbox, SandboxSpec
 from tools_sandbox.factory import open_backend
 
 

@@ -9,9 +9,9 @@ import pytest
 from agent_rl import Task, make
 from agent_rl.sdk.demonstrations import demonstrations
 from agent_rl.sdk.env import Env
+from agent_rl.sdk.sandbox import Sandbox, SandboxSpec
 from agent_rl.sdk.tool_calls import parse_completion
 from envs.code_tests.env import extract_code
-from tools_sandbox.base import Sandbox, SandboxSpec
 
 pytestmark = pytest.mark.anyio
 Create = Callable[[SandboxSpec | None], Awaitable[Sandbox]]

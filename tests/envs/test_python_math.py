@@ -8,9 +8,9 @@ import pytest
 
 from agent_rl import EnvError, make
 from agent_rl.sdk.demonstrations import demonstrations
+from agent_rl.sdk.sandbox import Sandbox, SandboxSpec
 from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
 from envs.python_math.env import FAMILIES
-from tools_sandbox.base import Sandbox, SandboxSpec
 
 pytestmark = pytest.mark.anyio
 Create = Callable[[SandboxSpec | None], Awaitable[Sandbox]]

@@ -1,4 +1,5 @@
-"""tools_sandbox's built-in tools through `from_sandbox_tool`, in a real sandbox."""
+"""The built-in sandbox tools (`agent_rl.sdk.sandbox_tools`) as an env holds them, in a real
+sandbox."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from agent_rl.sdk.messages import ToolCall
-from agent_rl.sdk.tools import from_sandbox_tool, run_tool_call
-from tools_sandbox.base import Sandbox, SandboxSpec
-from tools_sandbox.tools import default_tools
+from agent_rl.sdk.sandbox import Sandbox, SandboxSpec
+from agent_rl.sdk.sandbox_tools import default_tools
+from agent_rl.sdk.tools import ToolErrorKind, run_tool_call
 
 pytestmark = pytest.mark.anyio
 Create = Callable[[SandboxSpec | None], Awaitable[Sandbox]]
 
 
 async def test_all_four_tools_run_in_the_episode_sandbox(sandbox_backend: Create) -> None:
-    tools = {t.name: t for t in map(from_sandbox_tool, default_tools(persistent_python=True))}
+    tools = {t.name: t for t in default_tools(persistent_python=True)}
     assert sorted(tools) == ["python", "read_file", "shell", "write_file"]
     assert all(t.needs_sandbox for t in tools.values())
     schema = tools["write_file"].schema()["function"]["parameters"]
@@ -37,3 +38,4 @@ async def test_all_four_tools_run_in_the_episode_sandbox(sandbox_backend: Create
         tools, ToolCall(id="c", name="shell", arguments={"command": "ls"})
     )
     assert no_sandbox.error == "tool_error" and "needs a sandbox" in no_sandbox.output
+    assert no_sandbox.error is ToolErrorKind.TOOL_ERROR

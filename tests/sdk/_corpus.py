@@ -13,7 +13,7 @@ from agent_rl.config import load_config
 from agent_rl.sdk.demonstrations import SandboxFactory, demonstrations, render_chatml
 from agent_rl.sdk.messages import Message
 from agent_rl.sdk.registry import make, specs
-from tools_sandbox.base import Sandbox, SandboxSpec
+from agent_rl.sdk.sandbox import Sandbox, SandboxSpec
 from tools_sandbox.factory import open_backend
 
 Render = Callable[[list[Message], list[dict[str, Any]]], str]

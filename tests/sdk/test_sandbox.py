@@ -1,4 +1,5 @@
-"""The protocol's value types: paths confined to /work, specs usable as pool keys."""
+"""The sandbox contract's value types (`agent_rl.sdk.sandbox`): paths confined to /work, specs
+usable as pool keys."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from agent_rl.kernel.errors import ToolError
-from tools_sandbox.base import ExecResult, Limits, Mount, SandboxSpec, work_path
+from agent_rl.sdk.sandbox import ExecResult, Limits, Mount, SandboxSpec, work_path
 
 
 def test_work_path_confines_to_the_work_dir() -> None:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
 import pytest
+from pydantic import AfterValidator
 
-from agent_rl.kernel.errors import SandboxError, ToolError
+from agent_rl.kernel.errors import SandboxError, ToolArgumentsError, ToolError
 from agent_rl.sdk.messages import ToolCall
-from agent_rl.sdk.tools import Tool, parse_docstring, run_tool_call, tool
+from agent_rl.sdk.tools import (
+    Tool,
+    ToolErrorKind,
+    ToolResult,
+    parse_docstring,
+    run_tool_call,
+    tool,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -150,6 +158,82 @@ async def test_run_tool_call_outcomes() -> None:
     t0 = time.perf_counter()
     late = await run_tool_call(tools, ToolCall(id="c5", name="slow", arguments={"x": 1}))
     assert late.error == "timeout" and time.perf_counter() - t0 < 2
+
+
+VALIDATED: list[int] = []
+
+
+def counted(n: int) -> int:
+    """A validator that records each run (module level: the annotation names it as text)."""
+    VALIDATED.append(n)
+    return n
+
+
+async def test_arguments_are_validated_once_with_one_clear_error() -> None:
+    """One validation per call (a validator that counts its runs), and a bad argument gives one
+    one-line error observation, not a second wording of the same mistake."""
+    runs = VALIDATED
+    runs.clear()
+
+    @tool
+    async def double(n: Annotated[int, AfterValidator(counted)], sandbox: object) -> int:
+        """Double a number in the sandbox.
+
+        Args:
+            n: The number.
+        """
+        return 2 * n
+
+    tools = {"double": double}
+    ok = await run_tool_call(
+        tools, ToolCall(id="c", name="double", arguments={"n": 4}), sandbox="s"
+    )
+    assert (ok.output, runs) == ("8", [4])
+    bad = await run_tool_call(
+        tools, ToolCall(id="c", name="double", arguments={"n": "four"}), sandbox="s"
+    )
+    assert bad.error is ToolErrorKind.INVALID_ARGUMENTS and runs == [4]
+    assert bad.output == (
+        "error: invalid arguments for double: n: Input should be a valid integer, unable to "
+        "parse string as an integer"
+    )
+    with pytest.raises(ToolArgumentsError) as e:
+        double.validate({})
+    assert isinstance(e.value, ToolError) and str(e.value).count("invalid arguments") == 1
+
+
+async def test_error_kinds_are_typed_by_what_happened_not_by_the_message() -> None:
+    """A tool's own ToolError whose text looks like an argument error is still `tool_error`,
+    and every kind is a `ToolErrorKind` (equal to the string the store records)."""
+
+    @tool
+    def mimic(x: int) -> str:
+        """Fail with a misleading message.
+
+        Args:
+            x: Ignored.
+        """
+        raise ToolError("invalid arguments, said the tool itself")
+
+    @tool
+    def picky(x: int) -> str:
+        """Refuse its arguments in its own words, as a typed argument error.
+
+        Args:
+            x: Must be even.
+        """
+        raise ToolArgumentsError(f"x must be even, not {x}")
+
+    tools = {t.name: t for t in (mimic, picky)}
+    mimicked = await run_tool_call(tools, ToolCall(id="c", name="mimic", arguments={"x": 1}))
+    assert mimicked.error is ToolErrorKind.TOOL_ERROR and mimicked.error == "tool_error"
+    refused = await run_tool_call(tools, ToolCall(id="c", name="picky", arguments={"x": 1}))
+    assert refused.error is ToolErrorKind.INVALID_ARGUMENTS
+    assert refused.output == "error: x must be even, not 1"
+    unknown = await run_tool_call(tools, ToolCall(id="c", name="nope", arguments={}))
+    assert unknown.error is ToolErrorKind.UNKNOWN_TOOL
+    stored = ToolResult.model_validate_json(mimicked.model_dump_json())
+    assert stored.error is ToolErrorKind.TOOL_ERROR
 
 
 async def test_sandbox_tools_get_the_episode_sandbox_and_sandbox_errors_propagate() -> None:

@@ -8,7 +8,7 @@ import sys
 
 import anyio
 
-from tools_sandbox.base import SandboxSpec
+from agent_rl.sdk.sandbox import SandboxSpec
 from tools_sandbox.factory import make_backend
 
 from .conftest import sandbox_config, small_limits

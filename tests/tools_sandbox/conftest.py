@@ -16,7 +16,7 @@ import pytest
 
 from agent_rl.config import SandboxConfig, SandboxLimits
 from agent_rl.kernel.errors import SandboxError
-from tools_sandbox.base import SandboxBackend
+from agent_rl.sdk.sandbox import SandboxBackend
 from tools_sandbox.factory import make_backend
 
 BACKENDS = ["bwrap", "docker", "rlimit"]

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from tools_sandbox.base import SandboxBackend
+from agent_rl.sdk.sandbox import SandboxBackend
 
 
 def real_uid(pid: str) -> int | None:

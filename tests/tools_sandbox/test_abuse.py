@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tools_sandbox.base import ExecResult, SandboxBackend, SandboxSpec
+from agent_rl.sdk.sandbox import ExecResult, SandboxBackend, SandboxSpec
 
 from .conftest import small_limits
 from .helpers import leftovers

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from agent_rl.kernel.errors import SandboxError, ToolError
-from tools_sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from agent_rl.sdk.sandbox import Sandbox, SandboxBackend, SandboxSpec
 
 from .conftest import small_limits
 from .helpers import leftovers, worker_pid

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tools_sandbox.base import SandboxSpec
-from tools_sandbox.bwrap import BwrapBackend
+from agent_rl.sdk.sandbox import SandboxSpec
+from tools_sandbox.backends.bwrap import BwrapBackend
 from tools_sandbox.image import build_rootfs
 
 from .conftest import backend_or_skip, small_limits

@@ -24,7 +24,7 @@ import pytest
 
 from agent_rl.kernel.errors import SandboxError, ToolError
 from agent_rl.sdk.rewards import verify_in_sandbox
-from tools_sandbox.base import SandboxBackend, SandboxSpec
+from agent_rl.sdk.sandbox import SandboxBackend, SandboxSpec
 
 from .conftest import small_limits
 from .helpers import leftovers, real_uid, worker_pid

@@ -30,6 +30,7 @@ from anyio.abc import Process
 
 from agent_rl.config import SandboxConfig
 from agent_rl.kernel.errors import SandboxError
+from agent_rl.sdk.sandbox import WORK_DIR, SandboxSpec
 from tools_sandbox import hostfs, seccomp
 from tools_sandbox.backend import (
     HERE,
@@ -38,7 +39,6 @@ from tools_sandbox.backend import (
     compact_json,
     stop_process,
 )
-from tools_sandbox.base import WORK_DIR, SandboxSpec
 from tools_sandbox.cgroups import CgroupLayout, SandboxCgroup
 from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag, tool_uid
 from tools_sandbox.session import Channel, process_stderr, worker_config

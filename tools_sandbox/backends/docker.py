@@ -30,9 +30,9 @@ from anyio.abc import SocketListener
 
 from agent_rl.config import SandboxConfig
 from agent_rl.kernel.errors import SandboxError
+from agent_rl.sdk.sandbox import WORK_DIR, SandboxSpec
 from tools_sandbox import hostfs, seccomp
 from tools_sandbox.backend import HERE, PreparedSandbox, WorkerBackend, compact_json
-from tools_sandbox.base import WORK_DIR, SandboxSpec
 from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag, tool_uid
 from tools_sandbox.image import ensure_image
 from tools_sandbox.session import Channel, worker_config

@@ -24,6 +24,7 @@ from anyio.abc import Process
 
 from agent_rl.config import SandboxConfig
 from agent_rl.kernel.errors import SandboxError
+from agent_rl.sdk.sandbox import SandboxSpec
 from tools_sandbox import hostfs
 from tools_sandbox.backend import (
     HERE,
@@ -32,7 +33,6 @@ from tools_sandbox.backend import (
     compact_json,
     stop_process,
 )
-from tools_sandbox.base import SandboxSpec
 from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag, tool_uid
 from tools_sandbox.session import Channel, process_stderr, worker_config
 
