@@ -226,10 +226,7 @@ class Queries(StoreBase):
     @read
     def get_task(self, conn: Connection, task_id: int) -> dict[str, Any]:
         """A task row: id, run_id, env_id, key (the task's id in its source) and payload."""
-        row = conn.execute(select(TaskRow).where(TaskRow.id == task_id)).mappings().one_or_none()
-        if row is None:
-            raise NotFoundError(f"task {task_id} does not exist")
-        return dict(row)
+        return _row_by_id(conn, TaskRow, task_id, "task")
 
     @read
     def count_tasks(self, conn: Connection, run_id: int, env_id: str) -> int:
@@ -319,10 +316,7 @@ class Queries(StoreBase):
     @read
     def get_group(self, conn: Connection, group_id: int) -> dict[str, Any]:
         """A group row: task, env, size, status, filter reason, claim, trained step, times."""
-        row = conn.execute(select(GroupRow).where(GroupRow.id == group_id)).mappings().one_or_none()
-        if row is None:
-            raise NotFoundError(f"group {group_id} does not exist")
-        return dict(row)
+        return _row_by_id(conn, GroupRow, group_id, "group")
 
     @read
     def list_runs(self, conn: Connection) -> list[dict[str, Any]]:
@@ -343,10 +337,7 @@ class Queries(StoreBase):
     @read
     def get_run(self, conn: Connection, run_id: int) -> dict[str, Any]:
         """A run row with its config."""
-        row = conn.execute(select(RunRow).where(RunRow.id == run_id)).mappings().one_or_none()
-        if row is None:
-            raise NotFoundError(f"run {run_id} does not exist")
-        return dict(row)
+        return _row_by_id(conn, RunRow, run_id, "run")
 
     @read
     def evaluations(self, conn: Connection, run_id: int) -> list[dict[str, Any]]:
@@ -436,6 +427,15 @@ class Queries(StoreBase):
             "tool_calls": [dict(r) for r in tool_calls],
             "versions": [dict(r) for r in versions],
         }
+
+
+def _row_by_id(conn: Connection, table: type[TaskRow | GroupRow | RunRow], row_id: int,
+               noun: str) -> dict[str, Any]:
+    """The row `row_id` of `table` as a dict; NotFoundError naming the `noun` if there is none."""
+    row = conn.execute(select(table).where(table.id == row_id)).mappings().one_or_none()
+    if row is None:
+        raise NotFoundError(f"{noun} {row_id} does not exist")
+    return dict(row)
 
 
 def _ledger(conn: Connection, run_id: int | None, owner: str | None = None) -> Ledger:
