@@ -37,7 +37,6 @@ from typing import Any
 
 from agent_rl.config import Config
 from agent_rl.kernel.encoding import version_label
-from agent_rl.kernel.encoding import version_label
 from agent_rl.kernel.errors import ConfigError
 from agent_rl.store import Span, Store
 
