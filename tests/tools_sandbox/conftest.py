@@ -1,8 +1,9 @@
 """Fixtures for the sandbox tests: real backends (bubblewrap, Docker, rlimit), no fakes.
 
-Every backend test runs against each backend. bwrap and rlimit need root (CI runs as root).
-Docker needs a reachable engine (DOCKER_HOST, as `.ci/start-dockerd.sh` exports); without one
-the Docker tests skip with the reason, except in CI (CI=true), where that is a failure.
+Every backend test runs against each registered backend (`tools_sandbox.backends.BACKENDS`).
+bwrap and rlimit need root (CI runs as root). Docker needs a reachable engine (DOCKER_HOST, as
+`.ci/start-dockerd.sh` exports); without one the Docker tests skip with the reason, except in
+CI (CI=true), where that is a failure.
 Tests use their own state dir and cgroup parent, so they never touch a server's sandboxes.
 """
 
@@ -17,9 +18,11 @@ import pytest
 from agent_rl.config import SandboxConfig, SandboxLimits
 from agent_rl.kernel.errors import SandboxError
 from agent_rl.sdk.sandbox import SandboxBackend
+from tools_sandbox.backends import BACKENDS as REGISTERED
 from tools_sandbox.factory import make_backend
 
-BACKENDS = ["bwrap", "docker", "rlimit"]
+BACKENDS = sorted(REGISTERED)
+"""Every registered backend: a new one runs every backend test (the attack suites included)."""
 STATE_DIR = Path("/tmp/agent-rl-test-sandboxes")
 
 
