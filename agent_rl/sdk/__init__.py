@@ -17,12 +17,12 @@ from agent_rl.sdk.rewards import EpisodeOutcome, Reward
 from agent_rl.sdk.sandbox import ExecResult, Sandbox, SandboxSpec
 from agent_rl.sdk.tasks import GeneratedTasks, JsonlTasks, ListTasks, Task, TaskSource
 from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
-from agent_rl.sdk.tools import Tool, ToolResult, tool
+from agent_rl.sdk.tools import Tool, ToolErrorKind, ToolResult, tool
 
 __all__ = [
     "AgentEnv", "AssistantTurn", "Env", "EnvCodeError", "EnvError", "EnvSpec", "EpisodeOutcome",
     "ExecResult", "GeneratedTasks", "JsonlTasks", "ListTasks", "MalformedToolCall", "Message",
     "ResetResult", "Reward", "Sandbox", "SandboxSpec", "StepInfo", "StepResult", "Task",
-    "TaskSource", "Tool", "ToolCall", "ToolError", "ToolResult", "format_tool_call", "make",
-    "parse_completion", "register", "specs", "tool",
+    "TaskSource", "Tool", "ToolCall", "ToolError", "ToolErrorKind", "ToolResult",
+    "format_tool_call", "make", "parse_completion", "register", "specs", "tool",
 ]  # fmt: skip
