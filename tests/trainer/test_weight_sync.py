@@ -254,7 +254,7 @@ class _RouterThread(threading.Thread):
 def test_train_loop_pushes_every_step_and_names_exports(
     engines: list[str], tiny_moe_model: Path, served_db: Path, tmp_path: Path
 ) -> None:
-    """`agent-rl train`'s loop with weight_sync = "distributed": a push after each step (both
+    """`agent-rl train`'s loop with weight_sync.mode = "distributed": a push after each step (both
     engines serve it), an export every `export_every` steps named to the router as the
     weights a returning engine loads first."""
     shutil.copy(served_db, tmp_path / "store.db")

@@ -56,7 +56,7 @@ def buckets(weights: dict[str, torch.Tensor], limit_bytes: int) -> Iterator[Buck
 
 def parts(weights: dict[str, torch.Tensor], limit_bytes: int) -> Iterator[tuple[Bucket, Selector]]:
     """The buckets of a push, each with the engine models that load it: the policy's tensors
-    for the target, the MTP draft's (`mtp.*`, `trainer.mtp_layers`) after them, in buckets of
+    for the target, the MTP draft's (`mtp.*`, `trainer.mtp.layers`) after them, in buckets of
     their own, for the draft. A speculative engine loads each part into its one model (the
     target skips `mtp.*` anyway, and a Qwen2 target warns of every name it does not know); an
     engine serving no draft has nothing to load for the draft's parts."""
