@@ -237,49 +237,6 @@ class TrainLoop:
 
     # ----- one step ----------------------------------------------------------------------------
 
-    @property
-    def floor(self) -> int:
-        """The oldest policy version this step may train tokens of (`--sync`: the current one)."""
-        return self.stats.version - (0 if self.sync_mode else self.tcfg.max_staleness)
-
-    def _wait_for_claim(self) -> tuple[Claim, float]:
-        """Claim a full batch of groups, waiting (idle) while fewer are ready."""
-        need = self.tcfg.groups_per_step
-        floor = self.floor
-        waited, announced = 0.0, -WAIT_LOG_S
-        t0 = time.monotonic()
-        # Once per step, not per poll: a write transaction each poll would contend with serve.
-        if floor > 0:
-            dropped = self._call(
-                self.store.filter_stale(self.run_id, floor, self.tcfg.staleness_measure))
-            if dropped:
-                self.log(f"filtered {dropped} groups sampled below policy version {floor} (stale)")
-        while True:
-            if self.stopping:
-                raise _StopRequested
-            claim = self._call(
-                self.store.claim(self.run_id, self.trainer_id, need, min_version=floor,
-                                 measure=self.tcfg.staleness_measure,
-                                 lease_s=self.tcfg.claim_lease_s)
-            )
-            if len(claim.groups) >= need:
-                return claim, waited
-            self._call(self.store.release(claim))
-            if self._multi_rank:
-                self._broadcast(_WAITING)
-                if self._stop_agreed():
-                    raise _StopRequested(agreed=True)
-            self._reconcile_weights()
-            waited = time.monotonic() - t0
-            if waited - announced >= WAIT_LOG_S:
-                announced = waited
-                self.log(
-                    f"waiting for data: {len(claim.groups)}/{need} groups ready in run "
-                    f"{self.cfg.run.name!r} at policy version >= {max(floor, 0)} "
-                    f"(idle {waited:.0f}s; is `agent-rl serve` running?)"
-                )
-            time.sleep(self.tcfg.data_poll_s)
-
     def step_once(self) -> dict[str, Any]:
         """Claim, train, commit, publish, checkpoint; returns the step's metrics. Its spans of
         wall-clock time (waiting, stepping, exporting, syncing) go to the store after the step,
@@ -329,6 +286,49 @@ class TrainLoop:
             raise _StopRequested
         assert isinstance(data, TrainingData)
         return claim, data, waited
+
+    @property
+    def floor(self) -> int:
+        """The oldest policy version this step may train tokens of (`--sync`: the current one)."""
+        return self.stats.version - (0 if self.sync_mode else self.tcfg.max_staleness)
+
+    def _wait_for_claim(self) -> tuple[Claim, float]:
+        """Claim a full batch of groups, waiting (idle) while fewer are ready."""
+        need = self.tcfg.groups_per_step
+        floor = self.floor
+        waited, announced = 0.0, -WAIT_LOG_S
+        t0 = time.monotonic()
+        # Once per step, not per poll: a write transaction each poll would contend with serve.
+        if floor > 0:
+            dropped = self._call(
+                self.store.filter_stale(self.run_id, floor, self.tcfg.staleness_measure))
+            if dropped:
+                self.log(f"filtered {dropped} groups sampled below policy version {floor} (stale)")
+        while True:
+            if self.stopping:
+                raise _StopRequested
+            claim = self._call(
+                self.store.claim(self.run_id, self.trainer_id, need, min_version=floor,
+                                 measure=self.tcfg.staleness_measure,
+                                 lease_s=self.tcfg.claim_lease_s)
+            )
+            if len(claim.groups) >= need:
+                return claim, waited
+            self._call(self.store.release(claim))
+            if self._multi_rank:
+                self._broadcast(_WAITING)
+                if self._stop_agreed():
+                    raise _StopRequested(agreed=True)
+            self._reconcile_weights()
+            waited = time.monotonic() - t0
+            if waited - announced >= WAIT_LOG_S:
+                announced = waited
+                self.log(
+                    f"waiting for data: {len(claim.groups)}/{need} groups ready in run "
+                    f"{self.cfg.run.name!r} at policy version >= {max(floor, 0)} "
+                    f"(idle {waited:.0f}s; is `agent-rl serve` running?)"
+                )
+            time.sleep(self.tcfg.data_poll_s)
 
     def _train(self, data: TrainingData, waited: float) -> dict[str, Any]:
         """One RL step on the batch; the learner's metrics and the step's own."""
