@@ -15,7 +15,7 @@ import os
 import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 from anyio.abc import Process
@@ -23,6 +23,7 @@ from anyio.abc import Process
 from agent_rl.config import SandboxConfig
 from agent_rl.kernel.errors import SandboxError
 from agent_rl.sdk.sandbox import SandboxSpec
+from tools_sandbox.ids import tool_uid
 from tools_sandbox.session import WorkerSandbox
 
 HERE = Path(__file__).resolve().parent
@@ -30,12 +31,19 @@ HERE = Path(__file__).resolve().parent
 class PreparedSandbox(WorkerSandbox):
     """A worker sandbox with host resources made before its first start (work dir, cgroups)."""
 
+    def __init__(self, backend: WorkerBackend[Any], sandbox_id: str, spec: SandboxSpec,
+                 uid: int | None) -> None:
+        super().__init__(sandbox_id, spec, backend._forget)
+        self.uid = uid
+        """The host uid the worker runs as (None: the backend's own, unprivileged)."""
+        self.tool_uid: int = None if uid is None else tool_uid(uid)  # type: ignore[assignment]
+        """The host uid (and gid) tool code runs as."""
+        self.dir = backend.root / sandbox_id
+        """The sandbox's state dir on the host."""
+
     @abstractmethod
     def prepare(self) -> None:
         """Make the host resources that outlive respawns (runs in a worker thread)."""
-
-    tool_uid: int
-    """The host uid (and gid) tool code runs as."""
 
     def own(self, path: str) -> None:
         """`Sandbox.own`: the file belongs to tool code's uid and gid from now on."""

@@ -40,7 +40,7 @@ from tools_sandbox.backend import (
     stop_process,
 )
 from tools_sandbox.cgroups import CgroupLayout, SandboxCgroup
-from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag, tool_uid
+from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
 from tools_sandbox.session import Channel, process_stderr, worker_config
 
 PREFIX = "bw-"
@@ -56,11 +56,8 @@ ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/etc/ss
 
 class BwrapSandbox(PreparedSandbox):
     def __init__(self, backend: BwrapBackend, sandbox_id: str, spec: SandboxSpec, uid: int) -> None:
-        super().__init__(sandbox_id, spec, backend._forget)
+        super().__init__(backend, sandbox_id, spec, uid)
         self.backend = backend
-        self.uid = uid
-        self.tool_uid = tool_uid(uid)
-        self.dir = backend.root / sandbox_id
         self.work = self.dir / "work"
         self.cgroup = SandboxCgroup(backend.layout, sandbox_id)
         self.proc: Process | None = None

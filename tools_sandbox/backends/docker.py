@@ -33,7 +33,7 @@ from agent_rl.kernel.errors import SandboxError
 from agent_rl.sdk.sandbox import WORK_DIR, SandboxSpec
 from tools_sandbox import hostfs, seccomp
 from tools_sandbox.backend import HERE, PreparedSandbox, WorkerBackend, compact_json
-from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag, tool_uid
+from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
 from tools_sandbox.image import ensure_image
 from tools_sandbox.session import Channel, worker_config
 
@@ -47,11 +47,8 @@ class DockerSandbox(PreparedSandbox):
     def __init__(
         self, backend: DockerBackend, sandbox_id: str, spec: SandboxSpec, uid: int
     ) -> None:
-        super().__init__(sandbox_id, spec, backend._forget)
+        super().__init__(backend, sandbox_id, spec, uid)
         self.backend = backend
-        self.uid = uid
-        self.tool_uid = tool_uid(uid)
-        self.dir = backend.root / sandbox_id
         self.sbx = self.dir / "sbx"
         self.container: Any = None
         self.listener: SocketListener | None = None

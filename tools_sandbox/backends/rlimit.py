@@ -33,7 +33,7 @@ from tools_sandbox.backend import (
     compact_json,
     stop_process,
 )
-from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag, tool_uid
+from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
 from tools_sandbox.session import Channel, process_stderr, worker_config
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,8 @@ def kill_uid(uids: set[int], wait_s: float = 5.0) -> bool:
 class RlimitSandbox(PreparedSandbox):
     def __init__(self, backend: RlimitBackend, sandbox_id: str, spec: SandboxSpec,
                  uid: int | None) -> None:
-        super().__init__(sandbox_id, spec, backend._forget)
+        super().__init__(backend, sandbox_id, spec, uid)
         self.backend = backend
-        self.uid = uid
-        self.tool_uid = None if uid is None else tool_uid(uid)
-        self.dir = backend.root / sandbox_id
         self.work = self.dir / "work"
         self.proc: Process | None = None
 
