@@ -59,11 +59,13 @@ def loadavg() -> str:
 async def publish(mode: str, e: Any, client: Any, sync: dict[str, Any], version: int,
                   export_dir: Path) -> tuple[float, float]:
     """(seconds until the engine serves `version`, seconds it did not serve) for one mode."""
+    from agent_rl.kernel.encoding import version_label
+
     t0 = time.monotonic()
     if mode == "disk":
         out = e.export_hf(export_dir / f"v{version:06d}")
         t1 = time.monotonic()
-        await client.update_weights_from_disk(out, weight_version=str(version))
+        await client.update_weights_from_disk(out, weight_version=version_label(version))
         paused = time.monotonic() - t1
     else:
         report = await sync[mode].push(e.hf_state_dict(), version)
@@ -72,7 +74,7 @@ async def publish(mode: str, e: Any, client: Any, sync: dict[str, Any], version:
         paused = report.paused_s
     took = time.monotonic() - t0
     served = await client.served_versions()
-    if set(served.values()) != {str(version)}:
+    if set(served.values()) != {version_label(version)}:
         raise RuntimeError(f"{mode}: engines serve {served}, not {version}")
     return took, paused
 

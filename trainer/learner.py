@@ -122,11 +122,11 @@ class Learner:
         if cfg.mtp.lr is not None and lr is None and cfg.mtp.layers and cfg.mtp.train:
             groups[ParamKey(name="*mtp.*")] = {"max_lr": cfg.mtp.lr}
         self.optimizer = get_megatron_optimizer(optimizer, [self.model], config_overrides=groups)
-        self.replay = None
+        self.routing_replay = None
         if self.arch.is_moe:
             from trainer.routing_replay import RoutingReplay
 
-            self.replay = RoutingReplay(
+            self.routing_replay = RoutingReplay(
                 sequence_parallel=module.config.sequence_parallel,
                 first_layer=shard.layer_offset(module),
                 num_layers=self.arch.num_layers,
@@ -165,9 +165,9 @@ class Learner:
             with contextlib.nullcontext() if pk is None else per_token_rope(self.module, positions):
                 return self.model(tokens, positions, mask)
 
-        if self.replay is None or experts is None:
+        if self.routing_replay is None or experts is None:
             return run()
-        with self.replay.forward_context(experts, self.cfg.routing_replay) as mismatch:
+        with self.routing_replay.forward_context(experts, self.cfg.routing_replay) as mismatch:
             out = run()
         if seen is not None:
             seen.append(mismatch)
@@ -316,8 +316,8 @@ class Learner:
         if self.par.pp == 1:
             differing = sum(m.differing_tokens for m in seen)
         else:
-            assert self.replay is not None
-            differing = self.replay.differing_on_any_stage(seen)
+            assert self.routing_replay is not None
+            differing = self.routing_replay.differing_on_any_stage(seen)
         return {"routing_mismatch_tokens": float(differing), "routing_tokens": float(tokens)}
 
     def _mtp_terms(

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from agent_rl.config import Config
 from agent_rl.sglang.client import EngineClient
 from agent_rl.kernel.errors import EngineError, LeaseLostError
+from agent_rl.kernel.encoding import version_label
 from agent_rl.store import Claim, Span, Store
 from agent_rl.store.staleness import bucket
 from trainer.data import TrainingData, load_batch
@@ -274,7 +275,7 @@ class TrainLoop:
                     load_batch(self.store, claim, self.stats.version, self.floor,
                                measure=self.tcfg.staleness_measure,
                                advantage=self.tcfg.loss.advantage,
-                               use_experts=self.learner.replay is not None)
+                               use_experts=self.learner.routing_replay is not None)
                 )
         data = self._broadcast(data)
         while isinstance(data, str):  # _WAITING; not rank 0: it polled the store and found too little
@@ -491,7 +492,7 @@ class TrainLoop:
                 from_memory or (export / "config.json").is_file()):
             return
         served = self._call(self.sync.router.served_versions())
-        behind = {url: v for url, v in served.items() if v != str(version)}
+        behind = {url: v for url, v in served.items() if v != version_label(version)}
         if not behind:
             return
         self.log(f"engines {behind} do not serve policy version {version}: loading it again")

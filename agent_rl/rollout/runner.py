@@ -63,6 +63,7 @@ from agent_rl.store import (
 )
 from agent_rl.sdk.tasks import Task
 from agent_rl.sdk.tool_calls import parse_completion
+from agent_rl.sdk.tools import ToolErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -411,7 +412,7 @@ def _tool_records(turn: AssistantTurn, result: StepResult | None) -> list[ToolCa
             # As the model wrote them; JSON of the parsed ones only when it wrote none.
             name=r.name, arguments=r.raw_arguments if r.raw_arguments is not None
             else json.dumps(r.arguments),
-            status="ok" if r.error is None else ("timeout" if r.error == "timeout" else "error"),
+            status="ok" if r.error is None else ("timeout" if r.error == ToolErrorKind.TIMEOUT else "error"),
             output=r.output, duration_s=r.duration_s, sandbox_error=r.traceback,
         )
         for r in result.info.tool_results

@@ -164,10 +164,10 @@ def test_routing_replay_uses_rollout_experts(
         monkeypatch.setattr(RouterReplay, "get_replay_topk", original)
         e.cfg = e.cfg.model_copy(update={"routing_replay": False,
                                          "optim": e.cfg.optim.model_copy(update={"lr": 0.0})})
-        assert e.replay is not None
+        assert e.routing_replay is not None
         positions = torch.arange(batch.length).unsqueeze(0).expand(batch.size, -1)
         assert batch.routed_experts is not None and batch.routed_valid is not None
-        with torch.no_grad(), e.replay.forward_context(batch.routed_experts, False) as mismatch:
+        with torch.no_grad(), e.routing_replay.forward_context(batch.routed_experts, False) as mismatch:
             e.model(batch.tokens, positions, None)
     # Replay on: every MoE layer used exactly the rollout's experts on every recorded token.
     valid = batch.routed_valid.transpose(0, 1).reshape(-1)

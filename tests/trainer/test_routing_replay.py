@@ -51,10 +51,10 @@ def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path
     base = rl_batch(arch.vocab_size, size=4, length=32)
     cfg = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=4, routing_replay=True)
     with learner(tiny_moe_model, cfg) as e:
-        assert e.replay is not None
+        assert e.routing_replay is not None
         # What free routing picks for these tokens, as SGLang would report it ([n-1, L, k]).
         filler = from_sglang([torch.zeros(31, arch.num_layers, 2, dtype=torch.long)] * 4, 32, 2)
-        with e.replay.forward_context(filler, replay=False) as seen:
+        with e.routing_replay.forward_context(filler, replay=False) as seen:
             e.model(base.tokens, torch.arange(32).expand(4, -1), None)
         stacked = torch.stack(seen.free, dim=1)  # [T*B, L, k], sequence-major
         free = stacked.reshape(32, 4, *stacked.shape[1:]).transpose(0, 1)  # [B, T, L, k]
@@ -83,7 +83,7 @@ def test_replay_uses_the_given_experts_and_reports_mismatch(tiny_moe_model: Path
         ok = (experts >= 0).all(-1).all(-1)
         used.clear()
         handles = _used_experts(e.module, used)
-        with e.replay.forward_context(experts, replay=True) as seen:
+        with e.routing_replay.forward_context(experts, replay=True) as seen:
             e.model(base.tokens, torch.arange(32).expand(4, -1), None)
         for h in handles:
             h.remove()

@@ -25,6 +25,7 @@ from typing import ClassVar
 import torch
 
 from agent_rl.config.trainer import WeightSyncConfig
+from agent_rl.kernel.encoding import version_label
 from agent_rl.sglang.client import EngineClient
 
 
@@ -79,7 +80,7 @@ class WeightSync(abc.ABC):
     async def load(self, export: Path, version: int) -> None:
         """Every engine behind the router loads `export` from disk as `version`: the disk mode's
         sync, and any mode's way back to the newest export for engines that lag."""
-        await self.router.update_weights_from_disk(export, weight_version=str(version))
+        await self.router.update_weights_from_disk(export, weight_version=version_label(version))
 
     async def close(self) -> None:
         """Free what the sync holds (clients, process groups, buffers); not the router client."""

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 import torch
 
 from agent_rl.config.trainer import WeightSyncConfig
+from agent_rl.kernel.encoding import version_label
 from agent_rl.kernel.errors import EngineError
 from agent_rl.sglang.client import EngineClient, Selector
 from trainer import hf_convert
@@ -152,7 +153,7 @@ class InMemorySync(WeightSync, abc.ABC):
             # SGLang cannot flush a cache that requests paused in place still hold.
             flush = not (isinstance(begin, dict) and begin.get("update_pause_mode") == "in_place")
             while engines:
-                failed = await self._send(weights, str(version), engines, flush, report)
+                failed = await self._send(weights, version_label(version), engines, flush, report)
                 if not failed:
                     break
                 report.dropped.update(failed)
@@ -178,7 +179,7 @@ class InMemorySync(WeightSync, abc.ABC):
     async def exported(self, export: Path, version: int) -> bool:
         """The router's restore point: a returning engine loads `export` before it serves."""
         try:
-            await self.router.restore_point(export, str(version))
+            await self.router.restore_point(export, version_label(version))
         except EngineError as e:
             raise EngineError(f"the router did not take it as its restore point ({e}); a "
                               "returning engine waits for the next push") from e
