@@ -5,7 +5,9 @@ ONE store transaction (`store.claimed_episodes`: the engine's token ids, behavio
 mask, sampling versions and, for MoE, routed experts, plus each episode's reward); nothing is
 re-tokenized. Tokens sampled below the staleness floor keep their place in the context but get
 loss mask 0 (`agent_rl.store.staleness`). Advantages come from the estimator `advantage` names
-(trainer/advantages.py), over all the claim's episodes. Routed experts keep the store's
+(trainer/advantages.py), over all the claim's episodes: a stale sibling (every model token below
+the floor) is in its group's baseline, but is no batch row, and goes back to the store as
+filtered (`TrainingData.stale_siblings`). Routed experts keep the store's
 encoding of an unknown row (-1, e.g. a turn's last token, never fed back to the engine in that
 turn) into the batch, where routing replay leaves such rows to free routing.
 An episode whose conversation was rewritten (an agent's history summarised or edited, through
@@ -34,10 +36,12 @@ class TrainingData:
 
     batch: Batch
     episode_ids: list[int]
+    """The episodes trained (at least one batch row each)."""
     advantages: dict[int, float]
+    """Every claimed episode's advantage, stale siblings' included."""
     staleness: list[float]
-    """Per episode: the current policy version (before this step) minus the mean version of
-    its trained tokens (`agent_rl.store.staleness`; 0: fully on-policy)."""
+    """Per trained episode: the current policy version (before this step) minus the mean
+    version of its trained tokens (`agent_rl.store.staleness`; 0: fully on-policy)."""
     model_tokens: int
     """Tokens trained on (loss mask 1)."""
     stale_tokens: int = 0
@@ -48,6 +52,10 @@ class TrainingData:
     lengths: list[int] = field(default_factory=list)
     """Tokens of each batch row."""
     rewards: list[float] = field(default_factory=list)
+    """Every claimed episode's reward."""
+    stale_siblings: dict[int, str] = field(default_factory=dict)
+    """Episodes whose every model token was sampled below the floor -> the reason recorded:
+    counted in their group's baseline, no row of the batch."""
 
     def rows_of_episodes(self) -> list[int]:
         return self.row_episodes or self.episode_ids
@@ -86,33 +94,44 @@ async def load_batch(
     episodes = await store.claimed_episodes(claim)
     if not episodes:
         raise ValueError(f"claim {claim.claim_id} holds no completed episodes")
-    kept, staleness, stale_tokens = [], [], 0
-    for e in episodes:
-        tokens = e.tokens
-        keep = trained_tokens(tokens.versions, floor, measure)
-        stale_tokens += int((tokens.loss_mask.astype(bool) & ~keep).sum())
-        kept.append(replace(e, tokens=replace(
-            tokens, loss_mask=np.where(keep, tokens.loss_mask, 0).astype(tokens.loss_mask.dtype))))
-        staleness.append(staleness_of(version, tokens.versions[keep]))
     rewards = [e.reward for e in episodes]
     adv = get_estimator(advantage)(
         torch.tensor(rewards), torch.tensor([e.group_id for e in episodes])
     ).tolist()
-    arrays, row_adv, row_episodes = [], [], []
-    for e, a in zip(kept, adv):
+    arrays, row_adv, row_episodes, staleness, stale_tokens = [], [], [], [], 0
+    episode_ids: list[int] = []
+    stale_siblings: dict[int, str] = {}
+    for e, a in zip(episodes, adv):
+        tokens = e.tokens
+        keep = trained_tokens(tokens.versions, floor, measure)
+        sampled = tokens.loss_mask.astype(bool)
+        stale_tokens += int((sampled & ~keep).sum())
+        if sampled.any() and not (sampled & keep).any():
+            stale_siblings[e.id] = (
+                f"stale sibling: every token was sampled by policy version "
+                f"{int(tokens.versions[sampled].max())} or older, below the trainer's staleness "
+                f"floor {floor}; its reward counted in its group's baseline"
+            )
+            continue
+        e = replace(e, tokens=replace(
+            tokens, loss_mask=np.where(keep, tokens.loss_mask, 0).astype(tokens.loss_mask.dtype)))
+        staleness.append(staleness_of(version, tokens.versions[keep]))
+        episode_ids.append(e.id)
         for segment in e.segments():
             arrays.append(segment)
             row_adv.append(a)
             row_episodes.append(e.id)
-    episode_ids = [e.id for e in episodes]
+    if not arrays:
+        raise ValueError(f"claim {claim.claim_id}: every episode is below the staleness floor")
     return TrainingData(
         batch=to_batch(arrays, row_adv, use_experts),
         episode_ids=episode_ids,
-        advantages=dict(zip(episode_ids, adv)),
+        advantages={e.id: a for e, a in zip(episodes, adv)},
         row_episodes=row_episodes if len(row_episodes) != len(episode_ids) else [],
         staleness=staleness,
         model_tokens=int(sum(int(a.loss_mask.sum()) for a in arrays)),
         stale_tokens=stale_tokens,
         lengths=[len(a) for a in arrays],
         rewards=rewards,
+        stale_siblings=stale_siblings,
     )

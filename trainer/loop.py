@@ -302,7 +302,8 @@ class TrainLoop:
         # Once per step, not per poll: a write transaction each poll would contend with serve.
         if floor > 0:
             dropped = self._call(
-                self.store.filter_stale(self.run_id, floor, self.tcfg.staleness_measure))
+                self.store.filter_stale(self.run_id, floor, self.tcfg.staleness_measure,
+                                        self.tcfg.stale_siblings))
             if dropped:
                 self.log(f"filtered {dropped} groups sampled below policy version {floor} (stale)")
         while True:
@@ -311,6 +312,7 @@ class TrainLoop:
             claim = self._call(
                 self.store.claim(self.run_id, self.trainer_id, need, min_version=floor,
                                  measure=self.tcfg.staleness_measure,
+                                 siblings=self.tcfg.stale_siblings,
                                  lease_s=self.tcfg.claim_lease_s)
             )
             if len(claim.groups) >= need:
@@ -345,6 +347,7 @@ class TrainLoop:
             idle_fraction=waited / max(waited + step_s, 1e-9),
             tokens_per_s=data.model_tokens / max(step_s, 1e-9),
             episodes=len(data.episode_ids),
+            stale_siblings=len(data.stale_siblings),
             stale_tokens=data.stale_tokens,
             failed_syncs=self.stats.failed_syncs,
             reward_mean=sum(data.rewards) / len(data.rewards),
@@ -380,7 +383,8 @@ class TrainLoop:
                 self.store.commit(claim, self.run_id, step=step, version=version,
                                   checkpoint=str(checkpoint) if checkpoint else None,
                                   metrics=metrics, advantages=data.advantages,
-                                  staleness=dict(zip(data.episode_ids, data.staleness)))
+                                  staleness=dict(zip(data.episode_ids, data.staleness)),
+                                  stale_siblings=data.stale_siblings)
             )
         except LeaseLostError as e:
             self.stats.lost_leases += 1

@@ -268,6 +268,12 @@ class TrainerConfig(Section):
     are not thrown away), or each episode's oldest token (the rule before, which filters long
     episodes first; kept for comparison). See agent_rl/store/staleness.py."""
 
+    stale_siblings: Literal["baseline", "drop_group"] = "baseline"
+    """A group sibling all of whose tokens are older than the bound (a short episode that aged
+    while a long sibling ran): "baseline" counts its reward in the group's advantage baseline
+    and trains none of its tokens, so the group's fresh episodes still train; "drop_group" (the
+    rule before) filters the whole group as stale. See agent_rl/store/staleness.py."""
+
     routing_replay: bool = True
     """MoE: train with the experts the rollout engine chose (R3) when episodes carry them."""
 

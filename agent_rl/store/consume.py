@@ -21,7 +21,7 @@ from agent_rl.store.base import StoreBase, now, read, write
 from agent_rl.store.models import EpisodeRow, GroupRow, PolicyVersionRow
 from agent_rl.store.queries import episode_streams
 from agent_rl.store.records import Claim, ClaimedEpisode, ClaimedGroup
-from agent_rl.store.staleness import Measure, group_version
+from agent_rl.store.staleness import Measure, Siblings, group_version
 
 
 class Consumption(StoreBase):
@@ -35,13 +35,15 @@ class Consumption(StoreBase):
         *,
         min_version: int | None = None,
         measure: Measure = "tokens",
+        siblings: Siblings = "baseline",
         lease_s: float = 300.0,
     ) -> Claim:
-        """Claim up to `max_groups` ready groups whose version (by `measure`) is at least
-        `min_version`, oldest ready first; the claim may hold fewer (or none)."""
+        """Claim up to `max_groups` ready groups whose version (by `measure` and `siblings`,
+        `agent_rl.store.staleness`) is at least `min_version`, oldest ready first; the claim may
+        hold fewer (or none)."""
         t = now()
         claim_id = uuid.uuid4().hex
-        version = group_version(measure)
+        version = group_version(measure, siblings)
         candidates = (
             select(GroupRow.id)
             .where(
@@ -100,12 +102,13 @@ class Consumption(StoreBase):
 
     @write()
     def filter_stale(
-        self, conn: Connection, run_id: int, min_version: int, measure: Measure = "tokens"
+        self, conn: Connection, run_id: int, min_version: int, measure: Measure = "tokens",
+        siblings: Siblings = "baseline",
     ) -> int:
         """Filter ready groups sampled below `min_version` (no claim can take them any more,
         since the floor only rises) with the reason; returns how many groups."""
         t = now()
-        version = group_version(measure)
+        version = group_version(measure, siblings)
         stale = conn.execute(
             select(GroupRow.id, version).where(
                 GroupRow.run_id == run_id, version < min_version,
@@ -114,7 +117,8 @@ class Consumption(StoreBase):
             )
         ).all()
         for gid, sampled in stale:
-            what = "an episode's newest token" if measure == "tokens" else "its oldest token"
+            what = ("its oldest token" if measure == "oldest" else "an episode's newest token"
+                    if siblings == "drop_group" else "every episode's newest token")
             reason = (f"stale: {what} was sampled by policy version {sampled}, below the "
                       f"trainer's staleness floor {min_version}")
             conn.execute(update(GroupRow).where(GroupRow.id == gid)
@@ -164,9 +168,12 @@ class Consumption(StoreBase):
         metrics: dict[str, Any] | None = None,
         advantages: dict[int, float] | None = None,
         staleness: dict[int, float] | None = None,
+        stale_siblings: dict[int, str] | None = None,
     ) -> None:
         """Mark the claim's groups and episodes trained by `step` and publish `version`, all or
-        nothing, with each episode's advantage and staleness (`agent_rl.store.staleness`)."""
+        nothing, with each episode's advantage and staleness (`agent_rl.store.staleness`).
+        `stale_siblings` (episode -> reason): episodes of the claim that counted in their
+        group's baseline but trained no token; they are marked filtered with the reason."""
         latest = conn.scalar(
             select(PolicyVersionRow.version).where(PolicyVersionRow.run_id == run_id)
             .order_by(PolicyVersionRow.version.desc()).limit(1)
@@ -186,6 +193,9 @@ class Consumption(StoreBase):
                     f"claim {claim.claim_id}: {len(claim.group_ids) - res.rowcount} groups were "
                     "taken over after the lease expired; the step is discarded"
                 )
+            if stale_siblings:
+                conn.execute(_FILTER_SIBLING, [{"eid": e, "reason": r}
+                                               for e, r in stale_siblings.items()])
             conn.execute(
                 update(EpisodeRow)
                 .where(EpisodeRow.group_id.in_(claim.group_ids), EpisodeRow.status == "completed")
@@ -216,6 +226,10 @@ class Consumption(StoreBase):
             ) from e
 
 
+_FILTER_SIBLING = (
+    update(EpisodeRow).where(EpisodeRow.id == bindparam("eid"), EpisodeRow.status == "completed")
+    .values(status="filtered", filter_reason=bindparam("reason"))
+)
 _SET_PER_EPISODE = (
     update(EpisodeRow).where(EpisodeRow.id == bindparam("eid"))
     .values(advantage=bindparam("adv"), staleness=bindparam("stale"))

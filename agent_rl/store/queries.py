@@ -61,8 +61,10 @@ SORT_KEYS = {
 
 
 # Filter reasons by kind. The texts come from the scheduler (zero variance, a failed group
-# hook), the trainer's stale filter (`consume.filter_stale`) and forks (`api/fork.py`).
+# hook), the trainer's stale filter (`consume.filter_stale`), its stale siblings
+# (`consume.commit`) and forks (`api/fork.py`).
 FILTER_KIND = case(
+    (EpisodeRow.filter_reason.like("stale sibling%"), "stale_sibling"),
     (EpisodeRow.filter_reason.like("stale%"), "stale"),
     (EpisodeRow.filter_reason.like("zero reward variance%"), "zero_variance"),
     (EpisodeRow.filter_reason.like("group reward hook failed%"), "group_reward_failed"),

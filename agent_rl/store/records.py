@@ -184,7 +184,7 @@ class Ledger:
 @dataclass
 class Endings:
     """How episodes ended, by reason: truncations (completed by a budget: `max_turns`,
-    `max_tokens`, `max_new_tokens`, `deadline`, `env`), filters by kind (`stale`,
+    `max_tokens`, `max_new_tokens`, `deadline`, `env`), filters by kind (`stale`, `stale_sibling`,
     `zero_variance`, `group_reward_failed`, `fork`, `other`) and failures by error type."""
 
     truncated: dict[str, int] = field(default_factory=dict)

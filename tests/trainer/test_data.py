@@ -129,3 +129,65 @@ async def test_a_rewritten_conversation_trains_as_sequences_of_its_own(db_url: s
         assert data.batch.loss_mask[1, : rewritten[2].num_prompt_tokens].sum() == 0
         stream = await store.episode_tokens(episodes[0])
         assert len(stream) == data.lengths[0] + data.lengths[1]
+
+
+async def test_a_stale_sibling_counts_in_the_baseline_and_trains_no_token(db_url: str) -> None:
+    """A group whose short sibling finished long ago (every token sampled at version 1) and
+    whose three long siblings ran on (a turn at version 1, then one at version 4), at version 5
+    with max_staleness 2 (floor 3): the group is claimed, not dropped; the three fresh siblings
+    train their recent tokens (the old turn masked, per token), with advantages computed over
+    all four rewards; the stale sibling is no batch row, its tokens count as stale, and the
+    commit records it filtered as a stale sibling. Under `drop_group` (the rule before) the
+    same group can only be filtered as stale."""
+    from agent_rl.store.staleness import Siblings
+    from trainer.advantages import grpo
+
+    async def fill(store: Store, run: int) -> list[int]:
+        task = await store.add_task(run, "calculator", "k", {})
+        group, episodes = await store.admit_group(run, task, "calculator", 4)
+        for i, e in enumerate(episodes):
+            await store.start_episode(e, "test")
+            await store.append_turn(e, make_turn(10 * e, version=1))
+            if i:  # the long siblings: a later turn, by a newer policy
+                await store.append_turn(e, make_turn(10 * e + 1, version=4))
+            await store.finish_episode(e, [1.0, 0.0, 1.0, 0.0][i])
+        assert await store.complete_group(group) == "ready"
+        return episodes
+
+    async with await migrated_store(db_url) as store:
+        rules: dict[Siblings, int] = {}
+        for rule in ("baseline", "drop_group"):
+            rules[rule] = await store.ensure_run(rule)
+        episodes = await fill(store, rules["baseline"])
+        stale, fresh = episodes[0], episodes[1:]
+        claim = await store.claim(rules["baseline"], "trainer", 1, min_version=3)
+        assert claim.episode_ids == episodes
+        data = await load_batch(store, claim, version=5, floor=3)
+
+        assert data.episode_ids == fresh and data.batch.size == 3
+        expected = grpo(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long))
+        assert [data.advantages[e] for e in episodes] == pytest.approx(expected.tolist())
+        assert data.advantages[stale] > 0 and data.advantages[fresh[1]] > 0
+        for row, eid in enumerate(fresh):  # the old turn masked, the new one trained
+            assert data.batch.advantages[row] == pytest.approx(data.advantages[eid])
+            mask = data.batch.loss_mask[row, : data.lengths[row]].tolist()
+            assert mask == [0.0] * 12 + [0.0] * 5 + [1.0] * 7
+        assert data.stale_tokens == 7 + 3 * 7 and data.model_tokens == 3 * 7
+        assert list(data.stale_siblings) == [stale]
+        assert "stale sibling" in data.stale_siblings[stale]
+
+        await store.commit(claim, rules["baseline"], step=1, version=6,
+                           metrics={"episodes": len(data.episode_ids)},
+                           advantages=data.advantages, stale_siblings=data.stale_siblings)
+        rows = {e: (await store.get_episode(e)).episode for e in episodes}
+        assert rows[stale].status == "filtered" and rows[stale].advantage == pytest.approx(
+            data.advantages[stale])
+        assert all(rows[e].status == "trained" for e in fresh)
+        assert (await store.endings(rules["baseline"])).filtered == {"stale_sibling": 1}
+        assert (await store.audit(rules["baseline"])).problems() == []
+
+        await fill(store, rules["drop_group"])
+        run = rules["drop_group"]
+        assert (await store.claim(run, "t", 1, min_version=3, siblings="drop_group")).groups == []
+        assert await store.filter_stale(run, 3, siblings="drop_group") == 1
+        assert (await store.endings(run)).filtered == {"stale": 4}

@@ -224,7 +224,8 @@ class EndingsOut(Schema):
         description="Completed by a budget: max_turns, max_tokens, max_new_tokens, deadline, env."
     )
     filtered: dict[str, int] = Field(
-        description="Filtered, by kind: stale, zero_variance, group_reward_failed, fork, other."
+        description="Filtered, by kind: stale, stale_sibling, zero_variance, group_reward_failed, "
+                    "fork, other."
     )
     failed: dict[str, int] = Field(description="Failed, by error type (Interrupted, EngineError, ...).")
 
