@@ -19,7 +19,11 @@ calls as the runner wrote them, the trainer's timings, and serve's samples of ea
   the slowest 10% of episodes produced.
 - **Waste**: generated tokens of episodes filtered (by reason), failed (by cause) or never
   trained, and tokens of trained episodes left out as stale.
-- **Verdict**: one line with its number, and the advice that follows from it. The run's decode
+- **Verdict**: one line with its number, and the advice that follows from it. When generated
+  tokens that were never trained on (filtered, failed, never claimed) are at least
+  `WASTE_VERDICT_SHARE` of the run's and filtered ones are the largest part, the verdict names
+  that waste first (zero-variance groups: task selection, larger groups, the env's reward),
+  with the time-based verdict after it. The run's decode
   throughput is compared with bench/decode.py's table (`--out` file) at the cell nearest the
   run's completion length and concurrency, when one is given.
 """
@@ -38,6 +42,26 @@ from agent_rl.store.timeline import RunTimeline
 TRAINER_STATES = ("stepping", "syncing", "waiting", "other")
 ROLLOUT_STATES = ("busy", "idle")
 SERIES_POINTS = 120
+WASTE_VERDICT_SHARE = 0.25
+"""Share of generated tokens filtered (of one kind) from which the verdict names the waste."""
+WASTE_ADVICE = {
+    "zero_variance": (
+        "groups whose rewards were all equal (no GRPO signal)",
+        "pause tasks whose recent groups were all equal (rollout.task_selection = "
+        '"skip_all_equal"), use larger groups (rollout.group_size) so a hard task\'s group '
+        "holds a success, or give the env a reward that separates attempts",
+    ),
+    "stale": (
+        "groups filtered as stale",
+        "queue fewer groups ahead of the trainer (rollout.max_queued_groups) or allow more "
+        "staleness (trainer.max_staleness)",
+    ),
+    "stale_sibling": (
+        "siblings older than the staleness bound (counted in their baselines, not trained)",
+        "queue fewer groups ahead of the trainer (rollout.max_queued_groups), allow more "
+        "staleness (trainer.max_staleness) or cap the long episodes (rollout.max_turns)",
+    ),
+}
 """Points of each time series (binned), enough for a plot, small for JSON."""
 
 
@@ -439,6 +463,22 @@ def _verdict(run: dict[str, Any], s: Shares, tp: Throughput, tail: Tail, et: Epi
             "scale engines and trainer together")
 
 
+def _waste_verdict(w: Waste) -> tuple[str, str] | None:
+    """The verdict and advice naming filtered tokens, when they are the largest waste and at
+    least `WASTE_VERDICT_SHARE` of the generated tokens; else None."""
+    if not w.generated_tokens or not w.filtered:
+        return None
+    kind, tokens = max(w.filtered.items(), key=lambda kv: kv[1])
+    others = [*w.failed.values(), w.never_trained, w.stale_masked]
+    share = tokens / w.generated_tokens
+    if share < WASTE_VERDICT_SHARE or tokens < max(others):
+        return None
+    what, advice = WASTE_ADVICE.get(kind, (f"episodes filtered ({kind})",
+                                           "see why they were filtered (agent-rl episodes)"))
+    return (f"waste-bound: {share:.0%} of the generated tokens were in {what}, filtered "
+            f"({kind}) and never trained: the largest waste", advice)
+
+
 def _batch_headroom(tp: Throughput) -> float | None:
     """How much more decode throughput the table gives at its highest concurrency than at the
     run's, for the run's length (None without a table or samples)."""
@@ -467,6 +507,9 @@ def compute_audit(tl: RunTimeline, table: DecodeTable | None = None) -> ComputeA
         tp.reference["best_tok_s"] = max(row.values()) if row else None
     et, tail, waste = _episode_time(tl), _tail(tl), _waste(tl)
     verdict, advice = _verdict(tl.run, shares, tp, tail, et, trained=bool(tl.steps))
+    named = _waste_verdict(waste) if tl.steps and tl.run.get("kind") != "eval" else None
+    if named is not None:
+        verdict, advice = f"{named[0]}; besides, {verdict}", named[1]
     return ComputeAudit(run=tl.run, shares=shares, throughput=tp, episode_time=et, tail=tail,
                         waste=waste, verdict=verdict, advice=advice,
                         series=_series(tl, start, end))

@@ -172,3 +172,23 @@ def test_cli_prints_the_audit_read_from_the_store(tmp_path: Path) -> None:
     assert data["waste"]["wasted"] == 7
     missing = cli("audit", "--run", "nope", url=url)
     assert missing.returncode == 1 and "no run named 'nope'" in missing.stderr
+
+
+async def test_a_run_dominated_by_zero_variance_waste_gets_a_verdict_that_names_it(
+    db_url: str,
+) -> None:
+    """The schedule above, but the trained group's rewards were all equal too (filtered as
+    zero variance, as serve filters them): 30 of the 34 generated tokens were never trained for
+    that, the largest waste, so the verdict names it with its share and the advice that fits,
+    and still says what bounded the time. (Above, at 3 of 34 tokens, it does not.)"""
+    async with await migrated_store(db_url) as store:
+        run = await _fill(store)
+        await store.run_in_transaction(lambda conn: conn.execute(
+            update(EpisodeRow).where(EpisodeRow.run_id == run, EpisodeRow.status == "trained")
+            .values(status="filtered", filter_reason="zero reward variance (all 1)")), write=True)
+        audit = compute_audit(await store.run_timeline(run))
+    assert audit.waste.filtered == {"zero_variance": 30}
+    assert audit.verdict.startswith(
+        "waste-bound: 88% of the generated tokens were in groups whose rewards were all equal")
+    assert "besides, rollout-bound: the trainer waited 65% of the run" in audit.verdict
+    assert "rollout.task_selection" in audit.advice and "rollout.group_size" in audit.advice
