@@ -9,7 +9,10 @@ reaches back into environments or sandboxes.
 `sft_sequences` is what `agent-rl train --sft` collects: `demonstrations_needed` of the
 configured env (`rollout.env_kwargs`, seeded by `trainer.seed`), in sandboxes of the backend the
 application opens when the env needs them (only the application chooses a backend,
-docs/layers.md, so it passes the opener in).
+docs/layers.md, so it passes the opener in). Each demonstration runs to the turn limit given
+(`train --sft --max-turns`), else the env's own `max_turns`, else `rollout.max_turns`, the limit
+its RL episodes have. A demonstration cut by a limit before its natural end is left out of the
+sequences and counted (`Sequences.cut`), so it is reported and never trained silently.
 """
 
 from __future__ import annotations
@@ -34,10 +37,16 @@ on `cfg.sandbox`); the collection closes it."""
 
 @dataclass
 class Sequences:
-    """Token sequences with their loss masks, and how many transcripts could not be encoded."""
+    """Token sequences with their loss masks, how many transcripts could not be encoded, and how
+    many were cut by a limit (both left out)."""
 
     sequences: list[tuple[list[int], list[float]]]
     skipped: int
+    cut: int = 0
+    """Demonstrations that ended at a limit (turns, the env's truncation) before their natural
+    end: not among the sequences."""
+    max_turns: int | None = None
+    """The turn limit the demonstrations ran under (None: the env's own, else the default)."""
 
 
 async def demonstration_sequences(
@@ -48,21 +57,32 @@ async def demonstration_sequences(
     seed: int = 0,
     env_kwargs: Mapping[str, Any] | None = None,
     sandbox_factory: SandboxFactory | None = None,
+    max_turns: int | None = None,
 ) -> Sequences:
-    """`count` demonstrations of `env_id`, encoded with the chat template of `model_dir`;
-    ConfigError if none renders verbatim with that template."""
+    """`count` demonstrations of `env_id` of at most `max_turns` turns (unset: the env's own
+    limit, else the SDK's default), encoded with the chat template of `model_dir`; those cut by a
+    limit are left out and counted. ConfigError if none is left to train on."""
     transcripts = await demonstrations(
-        env_id, count, seed=seed, env_kwargs=env_kwargs, sandbox_factory=sandbox_factory
-    )
+        env_id, count, seed=seed, env_kwargs=env_kwargs, sandbox_factory=sandbox_factory,
+        max_turns=max_turns,
+    )  # fmt: skip
+    whole = [t for t in transcripts if not t.cut]
+    cut = len(transcripts) - len(whole)
+    if not whole:
+        raise ConfigError(
+            f"all {len(transcripts)} demonstrations of {env_id} were cut by a limit before their "
+            f"end (max_turns {max_turns or 'of the env'}): give more turns (train --sft "
+            "--max-turns, or the env's max_turns)"
+        )
     renderer = ChatRenderer(model_dir)
-    encoded = [encode_transcript(renderer, t.messages, t.tools) for t in transcripts]
+    encoded = [encode_transcript(renderer, t.messages, t.tools) for t in whole]
     sequences = [e for e in encoded if e is not None]
     if not sequences:
         raise ConfigError(
-            f"none of {len(transcripts)} demonstrations of {env_id} renders verbatim with the chat "
+            f"none of {len(whole)} demonstrations of {env_id} renders verbatim with the chat "
             f"template of {model_dir}; SFT needs a template that keeps completions as written"
         )
-    return Sequences(sequences, len(encoded) - len(sequences))
+    return Sequences(sequences, len(encoded) - len(sequences), cut, max_turns)
 
 
 def demonstrations_needed(sft: SftConfig, steps: int | None = None) -> int:
@@ -73,15 +93,19 @@ def demonstrations_needed(sft: SftConfig, steps: int | None = None) -> int:
 
 async def sft_sequences(
     cfg: Config, model_dir: Path, env_id: str, count: int,
-    *, open_sandboxes: SandboxOpener | None = None,
+    *, open_sandboxes: SandboxOpener | None = None, max_turns: int | None = None,
 ) -> Sequences:
     """`count` demonstrations of `env_id` (made with `rollout.env_kwargs`, seeded by
-    `trainer.seed`) encoded with the chat template of `model_dir`. An env that needs sandboxes
-    runs in ones of the backend `open_sandboxes` opens (closed after); ConfigError without it."""
+    `trainer.seed`) encoded with the chat template of `model_dir`, each of at most `max_turns`
+    turns (unset: the env's own `max_turns`, else `rollout.max_turns`). An env that needs
+    sandboxes runs in ones of the backend `open_sandboxes` opens (closed after); ConfigError
+    without it."""
     kwargs = cfg.rollout.env_kwargs
-    if not make(env_id, **kwargs).needs_sandbox:
+    env = make(env_id, **kwargs)
+    max_turns = max_turns or env.max_turns or cfg.rollout.max_turns
+    if not env.needs_sandbox:
         return await demonstration_sequences(env_id, count, model_dir, seed=cfg.trainer.seed,
-                                             env_kwargs=kwargs)
+                                             env_kwargs=kwargs, max_turns=max_turns)
     if open_sandboxes is None:
         raise ConfigError(f"the demonstrations of {env_id} run in sandboxes, and no sandbox "
                           "backend was given to run them in")
@@ -92,6 +116,7 @@ async def sft_sequences(
 
     try:
         return await demonstration_sequences(env_id, count, model_dir, seed=cfg.trainer.seed,
-                                             env_kwargs=kwargs, sandbox_factory=create)
+                                             env_kwargs=kwargs, sandbox_factory=create,
+                                             max_turns=max_turns)
     finally:
         await backend.aclose()

@@ -12,6 +12,10 @@ declares a `history` parameter: `async def demonstrate(self, messages, history)`
 one `DemoTurn` per earlier step (the parsed completion and the env's `StepResult`), so it never
 re-parses its own text; `demonstrate(self, messages)` keeps working as before.
 
+A demonstration runs for `max_turns` turns when the caller gives it, else to the env's own
+limit (`Env.max_turns`), else `DEFAULT_MAX_TURNS`; one that ends without the env's natural end
+(cut by that limit or by the env's own truncation) is `Transcript.cut`, for callers to count.
+
 `render_chatml` renders a transcript as ChatML text in the project's template convention.
 """
 
@@ -33,6 +37,9 @@ from agent_rl.sdk.tool_calls import parse_completion
 
 if TYPE_CHECKING:
     from agent_rl.sdk.sandbox import Sandbox, SandboxSpec
+
+DEFAULT_MAX_TURNS = 16
+"""Turns of a demonstration when neither the env nor the caller sets a limit."""
 
 SandboxFactory = Callable[["SandboxSpec | None"], Awaitable["Sandbox"]]
 """Makes one sandbox for an episode from the env's `sandbox_spec` (None: the default spec)."""
@@ -67,6 +74,11 @@ class Transcript(BaseModel):
     truncated: bool
     steps: list[StepInfo] = Field(default_factory=list)
 
+    @property
+    def cut(self) -> bool:
+        """Ended by a limit (turns, the env's truncation) before the episode's natural end."""
+        return self.truncated and not self.terminated
+
     def completions(self) -> list[str]:
         return [m["content"] for m in self.messages if m["role"] == "assistant"]
 
@@ -80,9 +92,10 @@ async def run_demonstration(
     *,
     seed: int | None = 0,
     sandbox: Sandbox | None = None,
-    max_turns: int = 16,
+    max_turns: int | None = None,
 ) -> Transcript:
-    """Play `env.demonstrate` through `env` on `task`; the env's errors propagate as EnvError."""
+    """Play `env.demonstrate` through `env` on `task`, for at most `max_turns` turns (unset: the
+    env's own `max_turns`, else `DEFAULT_MAX_TURNS`); the env's errors propagate as EnvError."""
     return await run_text_episode(
         env, task, env.demonstrate, seed=seed, sandbox=sandbox, max_turns=max_turns
     )
@@ -95,11 +108,13 @@ async def run_text_episode(
     *,
     seed: int | None = 0,
     sandbox: Sandbox | None = None,
-    max_turns: int = 16,
+    max_turns: int | None = None,
 ) -> Transcript:
     """One episode at the text level: `policy(messages)` writes each completion, which goes
     through `parse_completion` and `env.step` as in the token-level runner. For
-    demonstrations, evaluations of text-only policies, and tests."""
+    demonstrations, evaluations of text-only policies, and tests. At most `max_turns` turns
+    (unset: the env's own `max_turns`, else `DEFAULT_MAX_TURNS`)."""
+    max_turns = max_turns or env.max_turns or DEFAULT_MAX_TURNS
     first = await env.reset(task, seed, sandbox=sandbox)
     messages: list[Message] = list(first.messages)
     steps: list[StepInfo] = []
@@ -149,8 +164,10 @@ async def demonstrations(
     split: str = "train",
     sandbox_factory: SandboxFactory | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
+    max_turns: int | None = None,
 ) -> list[Transcript]:
-    """Transcripts of the first `n` tasks of `env_id` (made with `env_kwargs`) for `seed`.
+    """Transcripts of the first `n` tasks of `env_id` (made with `env_kwargs`) for `seed`, each
+    of at most `max_turns` turns (unset: the env's own limit, else `DEFAULT_MAX_TURNS`).
 
     Sandbox envs get one sandbox per episode from `sandbox_factory`, closed afterwards.
     """
@@ -165,7 +182,8 @@ async def demonstrations(
         if env.needs_sandbox and sandbox_factory is not None:
             sandbox = await sandbox_factory(env.sandbox_spec)
         try:
-            out.append(await run_demonstration(env, task, seed=seed + i, sandbox=sandbox))
+            out.append(await run_demonstration(env, task, seed=seed + i, sandbox=sandbox,
+                                               max_turns=max_turns))
         finally:
             if sandbox is not None:
                 await sandbox.close()

@@ -69,3 +69,34 @@ def test_a_sandbox_env_runs_in_the_given_backend_which_is_closed_after(
             asyncio.run(sft_sequences(Config(), tiny_dense_model, "python-math", 2))
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+LONG_SEARCH = {"turns_median": 20.0, "sibling_sigma": 0.5, "task_pool": 8, "max_turns": 30,
+               "length_median": 4.0, "sigma": 0.5}
+"""`long-tail` shaped like issue 49's searcher: episodes of a few to 30 turns, the env's own
+`max_turns = 30` (rollout.max_turns stays at its default, 8)."""
+
+
+def test_demonstrations_run_to_the_envs_own_max_turns_and_the_cut_ones_are_counted(
+    tiny_dense_model: Path,
+) -> None:
+    """The env's limit is 30 turns: demonstrations run up to 30 (the SDK's default of 16 and
+    rollout.max_turns of 8 cut them before), and the ones that end at the limit before their
+    end are counted and left out; a smaller `max_turns` given wins and cuts more."""
+    from agent_rl.sdk.demonstrations import demonstrations
+
+    cfg = Config(rollout={"env_kwargs": LONG_SEARCH})
+    transcripts = asyncio.run(demonstrations("long-tail", 16, env_kwargs=LONG_SEARCH))
+    turns = [len(t.completions()) for t in transcripts]
+    cut = sum(t.cut for t in transcripts)
+    assert max(turns) == 30 and 0 < cut < 16
+    assert all(t.cut == (n == 30 and t.reward == 0.0) for t, n in zip(transcripts, turns))
+    whole = [n for t, n in zip(transcripts, turns) if not t.cut]
+    assert max(whole) > 16  # longer than the old fixed limit, and trained
+    data = asyncio.run(sft_sequences(cfg, tiny_dense_model, "long-tail", 16))
+    assert (data.cut, data.max_turns, len(data.sequences)) == (cut, 30, 16 - cut)
+    fewer = asyncio.run(sft_sequences(cfg, tiny_dense_model, "long-tail", 16, max_turns=12))
+    assert fewer.max_turns == 12 and fewer.cut == sum(n > 12 or t.cut
+                                                       for t, n in zip(transcripts, turns))
+    with pytest.raises(ConfigError, match="all 4 demonstrations of long-tail were cut"):
+        asyncio.run(sft_sequences(cfg, tiny_dense_model, "long-tail", 4, max_turns=1))

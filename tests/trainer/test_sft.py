@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from agent_rl.config import TrainerConfig
 from agent_rl.sdk.demonstrations import demonstrations
 from agent_rl.rollout.sft_data import demonstration_sequences
@@ -74,3 +76,38 @@ def test_env_kwargs_named_like_parameters_reach_the_env(tiny_dense_model: Path) 
         assert len(data.sequences) == 3 and seen == kwargs
     finally:
         unregister("test-configurable")
+
+
+@pytest.mark.slow  # ~30 s: the CLI's process builds the model, steps once and exports
+def test_train_sft_runs_demonstrations_to_the_envs_max_turns_and_reports_the_cut(
+    tiny_dense_model: Path, tmp_path: Path
+) -> None:
+    """`agent-rl train --sft` on `long-tail` with the env's own `max_turns = 30`: it collects
+    demonstrations of up to 30 turns (not 16, nor rollout.max_turns' 8) and says how many were
+    cut by the limit (left out of training), as the library counts them."""
+    import subprocess
+    import sys
+
+    from agent_rl.config import Config
+    from agent_rl.rollout.sft_data import sft_sequences
+    from tests.rollout.test_sft_data import LONG_SEARCH
+
+    kwargs = ", ".join(f"{k} = {v}" for k, v in LONG_SEARCH.items())
+    (tmp_path / "agent-rl.toml").write_text(
+        f"[rollout]\nenv = \"long-tail\"\nenv_kwargs = {{ {kwargs} }}\n"
+        "[trainer]\nmicro_batch_size = 8\ncheckpoint_dir = \"ckpt\"\ntensorboard_dir = \"tb\"\n"
+        "[trainer.sft]\nbatch_size = 8\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "from agent_rl.app.cli import main; main()", "train", "--sft",
+         "--model", str(tiny_dense_model), "--output", "sft", "--max-steps", "1"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = asyncio.run(sft_sequences(Config(rollout={"env_kwargs": LONG_SEARCH}),
+                                     tiny_dense_model, "long-tail", 8))
+    assert data.max_turns == 30 and data.cut > 0
+    line = " ".join(proc.stdout.split())
+    assert (f"SFT: {data.cut} of 8 demonstrations were cut by a limit (max_turns 30) before "
+            "their end and are left out") in line
+    assert (tmp_path / "sft" / "model.safetensors").is_file()

@@ -62,6 +62,11 @@ def train(
         Optional[Path], typer.Option(help="--sft: directory for the final HF export.")
     ] = None,
     env: Annotated[Optional[str], typer.Option(help="--sft: environment (default rollout.env).")] = None,
+    max_turns: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="--sft: turns of a demonstration (default: the env's own "
+                                 "max_turns, else rollout.max_turns)."),
+    ] = None,
 ) -> None:
     """Train on the store's ready groups (asynchronous GRPO), or --sft on demonstrations."""
     cfg = state(ctx).config()
@@ -77,7 +82,9 @@ def train(
         console.print(f"SFT: collecting {count} demonstrations of {env_id}")
         opener = functools.partial(open_backend, cfg.sandbox)
         data = anyio.run(functools.partial(sft_sequences, cfg, model_dir, env_id, count,
-                                           open_sandboxes=opener))
+                                           open_sandboxes=opener, max_turns=max_turns))
+        console.print(f"SFT: {data.cut} of {count} demonstrations were cut by a limit "
+                      f"(max_turns {data.max_turns}) before their end and are left out")
         if data.skipped:
             console.print(f"SFT: skipped {data.skipped} transcripts the template does not render verbatim")
         result = run_sft(cfg.trainer, model_dir, out, data.sequences,
