@@ -374,6 +374,10 @@ class EngineServer:
 
         return await anyio.to_thread.run_sync(self.stop, timeout_s)
 
+    def running(self) -> bool:
+        """Whether any process of the engine's group is still alive."""
+        return self._proc is not None and self._group_alive()
+
     def _group_alive(self) -> bool:
         assert self._proc is not None
         try:

@@ -140,3 +140,45 @@ def test_cpu_engine_memory_is_on_huge_pages(sglang_server: EngineServer) -> None
                 huge_kb += int(line.split()[1])
         todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     assert huge_kb >= 2048, "no anonymous huge page in the engine's processes"
+
+
+def test_cli_start_exits_0_on_sigterm_after_a_clean_stop(
+    engine_venv: Path, tiny_dense_model: Path, tmp_path: Path
+) -> None:
+    """`agent-rl engine start` stopped by SIGTERM (as `kill` or a supervisor stops it; Ctrl-C
+    takes the same path) while its engine starts: the engine's processes are stopped, the
+    command says so and exits 0, not 130. (Sent during startup, so the test does not wait the
+    half minute the engine takes to be ready; the stop is the same.)"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from agent_rl.app.cli import main; main()", "engine", "start",
+         "--model", str(tiny_dense_model), "--port", str(free_port())],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "AGENT_RL_ENGINE__VENV": str(engine_venv)},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "starting SGLang" in line, line + proc.stderr.read()
+        engine: list[int] = []
+        deadline = time.monotonic() + 30
+        while not engine and time.monotonic() < deadline:  # the engine process it launched
+            time.sleep(0.2)
+            engine = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == proc.pid]
+        assert engine, "the engine was never launched"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "engine stopped" in out and "interrupted" not in err
+    for pid in engine:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)  # nothing of the engine's process group is left
+
+
+def _ppid(pid: str) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -81,7 +81,8 @@ def start(
         typer.Option(min=1, help="Draft tokens per verification (engine.speculative_steps)."),
     ] = None,
 ) -> None:
-    """Run one SGLang server in the foreground until Ctrl-C; exit 1 if it crashes."""
+    """Run one SGLang server in the foreground until Ctrl-C or SIGTERM, then stop it and exit 0;
+    exit 1 if it crashes or does not stop."""
     cfg = state(ctx).config().engine
     updates = {"speculative": speculative, "speculative_steps": speculative_steps}
     cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
@@ -90,11 +91,21 @@ def start(
     )
     console.print(f"starting SGLang ({server.device}) for {server.model}; log: {server.log_path}")
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the engine as Ctrl-C does
-    server.start()
-    console.print(f"engine ready at {server.url}")
     try:
+        server.start()
+        console.print(f"engine ready at {server.url}")
         while True:
             server.check()
             time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass  # asked to stop: a clean stop below is a success
     finally:
+        # A second Ctrl-C or `kill` (a terminal's Ctrl-C and a supervisor's SIGTERM together)
+        # must not cut the stop short and leave the engine's processes behind.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         server.stop()
+    if server.running():
+        console.print(f"the engine at {server.url} did not stop")
+        raise typer.Exit(1)
+    console.print("engine stopped")
