@@ -9,15 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Connection,
-    Select,
     and_,
     bindparam,
     case,
     func,
-    literal_column,
     or_,
     select,
-    table,
 )
 
 from agent_rl.kernel.errors import NotFoundError
@@ -25,7 +22,6 @@ from agent_rl.store import arrays as codec
 from agent_rl.store.arrays import TokenArrays
 from agent_rl.store.base import StoreBase, read
 from agent_rl.store.models import (
-    MESSAGE_SEARCH,
     TERMINAL_EPISODE_STATUSES,
     EpisodeRow,
     GroupRow,
@@ -37,6 +33,7 @@ from agent_rl.store.models import (
     TurnRow,
 )
 from agent_rl.store.records import Audit, Endings, EpisodeDetail, EpisodeSummary, Ledger, TurnView
+from agent_rl.store import search
 
 if TYPE_CHECKING:
     import numpy as np
@@ -119,7 +116,7 @@ class Queries(StoreBase):
 
         The version filters select episodes whose tokens all come from policies in the range.
         `text` matches any message of the transcript (case-insensitive substring, through the
-        backend's text search);
+        backend's text search, `agent_rl.store.search`);
         `has_tool_error` and `drift` select episodes with (True) or without (False) a failed
         tool call or a re-tokenization drift. `sort` is one of SORT_KEYS, `-` first for
         descending; for keyed sorts the page starts after (`after_key`, `after_id`), the sort
@@ -129,8 +126,6 @@ class Queries(StoreBase):
         cond = []
         if group_id is not None:
             cond.append(EpisodeRow.group_id == group_id)
-        if text:
-            cond.append(EpisodeRow.id.in_(self._messages_with(text)))
         if has_tool_error is not None:
             cond.append(EpisodeRow.tool_error_count > 0 if has_tool_error else EpisodeRow.tool_error_count == 0)
         if drift is not None:
@@ -159,25 +154,13 @@ class Queries(StoreBase):
             cond.append(later)
         order = [] if key is None else [key.desc() if desc else key.asc()]
         order.append(EpisodeRow.id.desc() if desc else EpisodeRow.id.asc())
-        rows = conn.execute(select(*_SUMMARY_COLUMNS).where(*cond).order_by(*order).limit(limit)).all()
+        query = select(*_SUMMARY_COLUMNS).where(*cond).order_by(*order)
+        if text:
+            rows = search.page(conn, self.sqlite, text, query, limit, by_id=key is None, desc=desc,
+                               after_id=after_id)
+        else:
+            rows = conn.execute(query.limit(limit)).all()
         return [EpisodeSummary(*r) for r in rows]
-
-    def _messages_with(self, text: str) -> Select[tuple[int]]:
-        """Episode ids of the messages containing `text`, case-insensitively, through the
-        backend's text search index (revision 0003): SQLite's FTS5 trigram table, PostgreSQL's
-        pg_trgm index under ILIKE. Trigrams need three characters; a shorter text scans."""
-        if self.sqlite and len(text) >= 3:
-            phrase = '"' + text.replace('"', '""') + '"'  # one FTS5 phrase: no query syntax
-            hits = select(literal_column("rowid")).select_from(table(MESSAGE_SEARCH)).where(
-                literal_column(MESSAGE_SEARCH).op("MATCH")(phrase)
-            )
-            return select(MessageRow.episode_id).where(MessageRow.id.in_(hits))
-        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        # Written into the SQL, not bound: PostgreSQL plans a bound pattern once it is prepared
-        # (psycopg prepares a statement run five times) with a generic plan that cannot see the
-        # trigrams, and walked every message for a rare text (0.3-1.5 s at 10k episodes).
-        inline = bindparam("pattern", pattern, literal_execute=True)
-        return select(MessageRow.episode_id).where(MessageRow.content.ilike(inline, escape="\\"))
 
     @read
     def get_episode(self, conn: Connection, episode_id: int) -> EpisodeDetail:

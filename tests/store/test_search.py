@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text as sql
 
-from agent_rl.store import MessageRecord, Store
+from agent_rl.store import MessageRecord, Store, search
 from tests.store.helpers import make_turn, migrated_store
 
 pytestmark = pytest.mark.anyio
@@ -37,7 +37,17 @@ async def episodes_with(store: Store, run: int, texts: list[str]) -> list[int]:
     return eps
 
 
-async def test_search_matches_substrings_case_insensitively(db_url: str) -> None:
+@pytest.mark.parametrize("common", [False, True], ids=["rare", "common"])
+async def test_search_matches_substrings_case_insensitively(
+    db_url: str, common: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ways a search runs answer the same: the index's matches collected (a rare text),
+    and the common text's (SQLite: each episode's messages checked in the page's order;
+    PostgreSQL: ranges of ids from the page's start, one page of one episode at a time here
+    so that every case crosses several ranges, both ways)."""
+    if common:  # every text counts as common
+        monkeypatch.setattr(search, "SQLITE_FEW", -1)
+        monkeypatch.setattr(search, "POSTGRES_FEW", -1)
     async with await migrated_store(db_url) as store:
         run = await store.ensure_run("search")
         eps = await episodes_with(store, run, TEXTS)
@@ -51,13 +61,21 @@ async def test_search_matches_substrings_case_insensitively(db_url: str) -> None
         }
         for q, expected in cases.items():
             assert found(await store.list_episodes(text=q)) == expected, q
+            if common and len(q) >= 3:
+                for sort in ("id", "-id"):
+                    paged, after = [], None
+                    while page := await store.list_episodes(text=q, sort=sort, limit=1,
+                                                            after_id=after):
+                        paged += [e.id for e in page]
+                        after = page[-1].id
+                    assert paged == sorted(expected, reverse=sort == "-id"), (q, sort)
 
 
 async def test_search_uses_the_database_index(db_url: str) -> None:
     async with await migrated_store(db_url) as store:
         run = await store.ensure_run("plan")
         await episodes_with(store, run, TEXTS)
-        query = store._messages_with("answer")
+        query = search.messages_with("answer", store.sqlite)
         with store.db.connect() as conn:
             if store.sqlite:
                 compiled = query.compile(conn, compile_kwargs={"literal_binds": True})
