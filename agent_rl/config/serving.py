@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -62,6 +62,16 @@ class RolloutConfig(Section):
 
     filter_zero_variance: bool = True
     """Filter groups whose rewards are all equal (they carry no GRPO signal), with the reason."""
+
+    task_selection: Literal["all", "skip_all_equal"] = "all"
+    """Which drawn tasks serve admits: every one, or ("skip_all_equal") not a task whose last
+    group's rewards were all equal, for its next `task_pause` draws (doubled for each further
+    all-equal group in a row, up to 8x), so the long tail of groups with no signal is not
+    generated again and again (agent_rl/rollout/task_selection.py)."""
+
+    task_pause: int = Field(default=2, ge=1)
+    """With `task_selection = "skip_all_equal"`: draws of a task skipped after one all-equal
+    group."""
 
     router_url: str | None = None
     """An external router (or SGLang server) to generate with; unset: `serve` starts the

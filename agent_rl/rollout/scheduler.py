@@ -10,6 +10,8 @@ n-1 admitted episodes wait for a slot. Once admitted, an episode is never discar
 staleness: it runs across weight updates and its tokens carry the versions that sampled them.
 When every episode of a group has ended, the env's group reward hook runs and the group is
 handed to the trainer (`ready`) as one, or filtered (zero reward variance) with the reason.
+With `rollout.task_selection = "skip_all_equal"`, a drawn task whose recent groups were all
+equal is skipped for a while instead of admitted (agent_rl/rollout/task_selection.py).
 
 Restart: episodes a dead process left running are resolved as interrupted, groups whose
 episodes all ended are decided, episodes admitted but never started are run, and the task
@@ -35,6 +37,7 @@ from agent_rl.rollout.agent_runner import AgentRunner
 from agent_rl.rollout.gateway import Gateway
 from agent_rl.rollout.recorded import recorded_turns
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
+from agent_rl.rollout.task_selection import TaskSelection
 from agent_rl.sdk.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ class SchedulerStats:
     admitted: int = 0
     waits_for_staleness: int = 0
     resumed: int = 0
+    skipped_tasks: int = 0
+    """Drawn tasks task selection did not admit."""
 
 
 class Scheduler:
@@ -75,6 +80,11 @@ class Scheduler:
         """Episodes of each group this process still runs."""
         self._stopping = False
         self._admission_wait: anyio.CancelScope | None = None
+        cfg = ctx.cfg
+        self.selection = (TaskSelection(cfg.task_pause)
+                          if cfg.task_selection == "skip_all_equal" else None)
+        self._task_keys: dict[int, str] = {}
+        """The task key of each group this process admitted (for task selection)."""
 
     @property
     def stopping(self) -> bool:
@@ -90,6 +100,9 @@ class Scheduler:
         """Admit and run episodes until `max_episodes` have been admitted (None: forever)."""
         store = self.ctx.store
         self.run_id = await store.ensure_run(self.ctx.run_name, self.run_config)
+        if self.selection is not None:  # what earlier processes learned of the tasks
+            for key, rewards in await store.task_outcomes(self.run_id, self.env_id):
+                self.selection.observe(key, rewards)
         await self._reap_dead(resume=True)  # `_resume` below runs what goes back to waiting
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._heartbeat, tg)
@@ -192,10 +205,17 @@ class Scheduler:
                     self._slots.release()
                 return
             index, task = next(tasks)
+            while self.selection is not None and not self.selection.admit(task.id):
+                # Recorded as drawn (no group), so a restart continues the stream after it.
+                await store.add_task(run_id, self.env_id, task.id, task.data)
+                self.stats.skipped_tasks += 1
+                index, task = next(tasks)
             task_id = await store.add_task(run_id, self.env_id, task.id, task.data)
             seeds = [_seed(cfg.seed, index, i) for i in range(size)]
             group_id, episodes = await store.admit_group(run_id, task_id, self.env_id, size, seeds)
             self._pending[group_id] = size
+            if self.selection is not None:
+                self._task_keys[group_id] = task.id
             self.stats.admitted += size
             if budget is not None:
                 budget -= size
@@ -307,6 +327,11 @@ class Scheduler:
         except EnvError as e:
             filter_reason = f"group reward hook failed: {e}"
         values = list(rewards.values())
+        if self.selection is not None and filter_reason is None and episodes:
+            key = self._task_keys.pop(group_id, None)
+            if key is None:  # resumed after a restart
+                key = (await store.get_task(episodes[0].task_id))["key"]
+            self.selection.observe(key, values)
         if filter_reason is None and cfg.filter_zero_variance and len(values) > 1 and max(values) == min(values):
             filter_reason = f"zero reward variance (all {values[0]:g})"
         try:

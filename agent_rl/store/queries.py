@@ -224,6 +224,29 @@ class Queries(StoreBase):
         )
 
     @read
+    def task_outcomes(self, conn: Connection, run_id: int, env_id: str,
+                      limit: int = 5000) -> list[tuple[str, list[float]]]:
+        """The run's newest `limit` decided groups of `env_id`, oldest first: each one's task key
+        and the rewards of its finished episodes (for task selection at a restart)."""
+        groups = (
+            select(GroupRow.id, TaskRow.key).join(TaskRow, TaskRow.id == GroupRow.task_id)
+            .where(GroupRow.run_id == run_id, GroupRow.env_id == env_id,
+                   GroupRow.status != "open", GroupRow.status != "failed")
+            .order_by(GroupRow.id.desc()).limit(limit)
+        ).subquery()
+        rows = conn.execute(
+            select(groups.c.id, groups.c.key, EpisodeRow.reward)
+            .join(EpisodeRow, EpisodeRow.group_id == groups.c.id)
+            .where(EpisodeRow.status.in_(("completed", "trained", "filtered")),
+                   EpisodeRow.reward.is_not(None))
+            .order_by(groups.c.id, EpisodeRow.id)
+        ).all()
+        out: dict[int, tuple[str, list[float]]] = {}
+        for gid, key, reward in rows:
+            out.setdefault(gid, (key, []))[1].append(float(reward))
+        return list(out.values())
+
+    @read
     def unfinished_groups(self, conn: Connection, run_id: int, env_id: str | None = None) -> list[dict[str, Any]]:
         """Open groups of the run with their task and the ids of their still-waiting episodes
         (admitted but never started, e.g. before a restart), oldest first."""
