@@ -49,6 +49,26 @@ class PreparedSandbox(WorkerSandbox):
         """`Sandbox.own`: the file belongs to tool code's uid and gid from now on."""
         os.chown(path, self.tool_uid, self.tool_uid)
 
+    def _worker_pid(self) -> int | None:
+        """The host process running worker.py under the sandbox's own uid (its real uid: only
+        the worker and, on bubblewrap, the sandbox's init hold it)."""
+        if self.uid is None:
+            return None
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{name}/status") as f:
+                    uid = next(int(x.split()[1]) for x in f if x.startswith("Uid:"))
+                if uid != self.uid:
+                    continue
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except (OSError, StopIteration, ValueError):
+                continue
+            if os.path.basename(argv[0]).startswith(b"python") and any(
+                    a.endswith(b"/worker.py") for a in argv):  # (not bwrap's own processes)
+                return int(name)
+        return None
+
 
 P = TypeVar("P", bound=PreparedSandbox)
 

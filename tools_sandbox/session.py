@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import secrets
 import struct
 import time
@@ -111,6 +112,7 @@ class WorkerSandbox(ABC):
         self._lock = anyio.Lock()
         self._chan: Channel | None = None
         self._closed = False
+        self._worker: tuple[int, set[int]] | None = None  # host pid and CPUs, once known
 
     @property
     def id(self) -> str:
@@ -141,6 +143,36 @@ class WorkerSandbox(ABC):
         """What the sandbox's start-up printed, for an error message (empty if unknown)."""
         return ""
 
+    def _worker_pid(self) -> int | None:
+        """The worker's host pid, looked up once it has answered (None: unknown, and its
+        scheduling is left as it is)."""
+        return None
+
+    def _found_worker(self) -> None:
+        pid = self._worker_pid()
+        try:
+            self._worker = None if pid is None else (pid, os.sched_getaffinity(pid))
+        except OSError:
+            self._worker = None
+
+    def _restore_scheduling(self) -> None:
+        """The worker's priority, policy and CPUs back to what it started with, before every
+        request. Tool code's uid is the worker's effective one, so a call may renice it, make it
+        SCHED_IDLE or pin it to one CPU (slowing its own call: the deadlines still hold); the
+        worker, with no capability, could not undo that itself, so the host does."""
+        if self._worker is None:
+            return
+        pid, cpus = self._worker
+        try:
+            if os.getpriority(os.PRIO_PROCESS, pid) != 0:
+                os.setpriority(os.PRIO_PROCESS, pid, 0)
+            if os.sched_getscheduler(pid) != os.SCHED_OTHER:
+                os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+            if os.sched_getaffinity(pid) != cpus:
+                os.sched_setaffinity(pid, cpus)
+        except OSError:
+            pass  # the worker is gone (the request finds out) or this host does not allow it
+
     # ---- lifecycle
     async def start(self) -> None:
         """Spawn the worker and wait for its first answer; on failure, clean up and raise."""
@@ -148,6 +180,7 @@ class WorkerSandbox(ABC):
             with anyio.fail_after(START_TIMEOUT_S):
                 self._chan = await self._spawn()
                 await self._chan.request({"op": "ping"}, 1024)
+            self._found_worker()
         except (Exception, anyio.get_cancelled_exc_class()) as e:
             with anyio.CancelScope(shield=True):
                 why = await self._diagnostics()
@@ -191,6 +224,7 @@ class WorkerSandbox(ABC):
     async def _respawn(self) -> None:
         await self._kill()
         self._chan = None
+        self._worker = None
         try:
             with anyio.fail_after(START_TIMEOUT_S):
                 chan = await self._spawn()
@@ -198,6 +232,7 @@ class WorkerSandbox(ABC):
         except Exception as e:
             raise SandboxError(f"sandbox {self._id} could not be restarted: {e}") from e
         self._chan = chan
+        self._found_worker()
 
     # ---- calls
     async def _request(self, req: dict[str, Any], wait_s: float, max_answer: int) -> dict[str, Any]:
@@ -207,6 +242,7 @@ class WorkerSandbox(ABC):
         if self._chan is None:
             await self._respawn()
         assert self._chan is not None
+        self._restore_scheduling()
         try:
             with anyio.fail_after(wait_s):
                 return await self._chan.request(req, max_answer)
@@ -238,6 +274,11 @@ class WorkerSandbox(ABC):
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
                     anyio.IncompleteRead, OSError) as e:
                 failure, answer = f"the sandbox died ({type(e).__name__}) and was restarted", {}
+            if answer.get("error") == "resources":
+                # no process, pipe or memory left to run the call: tool code exhausted them
+                failure = (f"the sandbox ran out of resources ({answer.get('message')}) and was "
+                           "restarted")
+                answer = {}
             oom = self._oom_kills() > before or bool(answer.get("oom"))
             if failure:
                 log.warning("sandbox %s: %s", self._id, failure)
@@ -292,6 +333,14 @@ class WorkerSandbox(ABC):
         req = {"op": "py", "code": code, "stdin": _b64(stdin, "stdin"), "persistent": persistent}
         return await self._call(req, self._timeout(timeout))
 
+    async def restart(self) -> None:
+        """`Sandbox.restart`: every process killed (by the backend's cgroup, pid namespace or
+        container, as a whole), then a fresh worker on the same work dir."""
+        if self._closed:
+            raise SandboxError(f"sandbox {self._id} is closed")
+        async with self._lock:
+            await self._respawn()
+
     async def _file_op(self, req: dict[str, Any], max_answer: int) -> dict[str, Any]:
         if self._closed:
             raise SandboxError(f"sandbox {self._id} is closed")
@@ -301,8 +350,13 @@ class WorkerSandbox(ABC):
             except ProtocolViolation:
                 raise
             except Exception as e:
+                # the worker died or hung (tool code can starve it): restarted, the operation
+                # is the caller's to retry; a restart that fails is the host's, SandboxError
+                log.warning("sandbox %s: %s failed (%s: %s); restarting", self._id, req["op"],
+                            type(e).__name__, e)
                 await self._respawn()
-                raise SandboxError(f"sandbox {self._id}: file operation failed: {e}") from e
+                raise ToolError(f"{req['op']} {req['path']!r}: the sandbox stopped answering "
+                                "and was restarted (files in /work are kept); try again") from e
         if answer.get("error") == "worker":
             raise SandboxError(f"sandbox {self._id}: the worker could not serve {req['op']}: "
                                f"{answer.get('message')}")

@@ -12,8 +12,10 @@ its answer repeats, so the host can tell answers to its requests from anything e
 
 Each call runs in a forked child in its own process group with per-call rlimits, its output is
 read up to `cap` bytes, and past the deadline or the cap the group is killed. When a call ends,
-every other process of tool code's uid (double forks, setsid daemons) is killed too, so a call
-leaves nothing running. `persistent` Python runs in a long-lived session child whose globals
+every other process of tool code's uid (double forks, setsid daemons, a zombie leader whose
+threads run on) is killed too, so a call leaves nothing running. A call that cannot start for
+want of processes, pipes or memory (tool code exhausted them) gets the error "resources", for
+which the host restarts the sandbox; verifiers run after such a restart, never beside tool code. `persistent` Python runs in a long-lived session child whose globals
 survive across calls until one of them has to be killed. Between its calls the session is
 stopped (SIGSTOP): threads it started live on, but run only while a persistent call runs, never
 during another call or a file operation.
@@ -23,7 +25,8 @@ Tool code must not be able to impersonate the worker. Where the backend provides
 it may signal tool code and use its files, while tool code may neither signal nor trace it. It
 holds no capabilities and is not dumpable (so nobody without CAP_SYS_PTRACE can reach its
 descriptors or memory; the session and Python calls are not dumpable either), and it closes its
-channels in every child. Input never kills it: a request it cannot serve gets an error answer.
+channels in every child. Input never kills it: a request it cannot serve gets an error answer. Tool code, whose uid is
+the worker's effective one, can renice it; the host undoes that before each request.
 The host still bounds every answer, checks its nonce and respawns the sandbox when the worker
 misbehaves.
 """
@@ -159,17 +162,21 @@ def child_setup() -> None:
             pass
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the worker ignores it; tool code should not
     os.setsid()  # a process group, and a session: SIGCONT is allowed within one, whatever the uid
-    if CONF.get("ids"):
-        uid, gid = tool_ids()
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-    prctl(PR_SET_DUMPABLE, 1)  # /proc/self is root's while not dumpable: make it writable
-    try:  # be the first victim of the OOM killer, so the worker survives a memory hog
+    # Be the first victim of the OOM killer, so the worker survives a memory hog. /proc/self is
+    # root's while not dumpable: it is made writable for this, and only while the real and
+    # saved ids are still the worker's (tool code's uid can reach no process holding them),
+    # never after the change to tool code's ids.
+    prctl(PR_SET_DUMPABLE, 1)
+    try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
     except OSError:
         pass
-    prctl(PR_SET_DUMPABLE, 0)  # (exec makes a program dumpable again, as usual)
+    prctl(PR_SET_DUMPABLE, 0)
+    if CONF.get("ids"):
+        uid, gid = tool_ids()
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)  # (not dumpable still; exec makes a program dumpable again)
     limits = [(resource.RLIMIT_CPU, CONF["cpu_s"]), (resource.RLIMIT_NOFILE, CONF["nofile"]),
               (resource.RLIMIT_FSIZE, CONF["fsize"]), (resource.RLIMIT_CORE, 0)]
     if CONF.get("as_bytes"):  # the rlimit backend has no cgroups: per-process caps instead
@@ -210,6 +217,15 @@ def proc_state(pid: str) -> tuple[int, str] | None:
     return None
 
 
+def live_threads(pid: str) -> bool:
+    """A process has a thread that is not a zombie (its leader may be one)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any((proc_state(f"{pid}/task/{tid}") or (0, "Z"))[1] not in "ZX" for tid in tids)
+
+
 def kill_strays(keep: set[int]) -> None:
     """Kill every process of tool code's uid except `keep`, until none is left (fork bombs
     refill)."""
@@ -223,7 +239,9 @@ def kill_strays(keep: set[int]) -> None:
             if not name.isdigit() or int(name) in keep:
                 continue
             owner = proc_state(name)
-            if owner is None or owner[0] != uid or owner[1] == "Z":  # zombies: nothing to kill
+            # a zombie too: a leader that left through the raw exit syscall shows as one while
+            # its other threads run on, and SIGKILL to its pid takes them all
+            if owner is None or owner[0] != uid or (owner[1] == "Z" and not live_threads(name)):
                 continue
             try:
                 os.kill(int(name), signal.SIGKILL)
@@ -472,7 +490,12 @@ class Repl:
         def done() -> bool:
             if not answer and select.select([self.sock], [], [], 0)[0]:
                 try:  # the session is tool code: take only an int status and a str value
-                    got = json.loads(recv_frame(self.sock, b"", CONF["cap"] + 65536))
+                    # (a partial frame must not hold the worker past the call's deadline)
+                    self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+                    try:
+                        got = json.loads(recv_frame(self.sock, b"", CONF["cap"] + 65536))
+                    finally:
+                        self.sock.settimeout(None)
                     status = got["status"] if type(got.get("status")) is int else None
                     answer.update(status=status, value=cap_value(got.get("value")))
                 except (OSError, ValueError, EOFError, AttributeError):
@@ -631,7 +654,14 @@ def handle(req: dict) -> dict:
     if op == "ping":
         return {"ok": True, "pid": os.getpid()}
     if op in ("exec", "py"):
-        return run_call(req)
+        try:
+            return run_call(req)
+        except (OSError, MemoryError) as e:  # no process, pipe or memory left: tool code's doing
+            try:  # (the host restarts the sandbox, which frees all of it)
+                settle()
+            except (OSError, MemoryError):
+                pass
+            return {"error": "resources", "message": f"{type(e).__name__}: {e}"}
     if op in ("read", "write"):
         return file_op(req)
     return {"error": "protocol", "message": f"unknown op {op!r}"}

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from agent_rl.config.base import Section
+
+HEADROOM_MB = 32
+"""Memory a sandbox's processes keep however full its tmpfs mounts are (`SandboxLimits`)."""
 
 
 class SandboxLimits(Section):
@@ -40,6 +43,20 @@ class SandboxLimits(Section):
 
     cpus: float = Field(default=1.0, gt=0)
     """CPU cores the whole sandbox may use at once (a cgroup CPU quota; not enforced by rlimit)."""
+
+    @model_validator(mode="after")
+    def _tmpfs_fits_in_memory(self) -> SandboxLimits:
+        """The work dir, /tmp and /dev/shm are tmpfs charged to the sandbox's memory: full, they
+        must leave its processes (the worker, a verifier) room to run, or tool code that fills
+        them makes every later call, a verifier's included, fail for want of memory."""
+        tmpfs = self.disk_mb + 2 * self.tmp_mb
+        if tmpfs > self.memory_mb - HEADROOM_MB:
+            raise ValueError(
+                f"disk_mb ({self.disk_mb}) + 2 x tmp_mb ({self.tmp_mb}, for /tmp and /dev/shm) = "
+                f"{tmpfs} MiB of tmpfs, which tool code can fill, leaves less than {HEADROOM_MB} "
+                f"MiB of memory_mb ({self.memory_mb}) to the sandbox's processes: lower disk_mb "
+                f"or tmp_mb, or raise memory_mb to at least {tmpfs + HEADROOM_MB}")
+        return self
 
 
 class SandboxConfig(Section):

@@ -5,8 +5,10 @@ An episode's sandbox tools and verifiers run in a `Sandbox`, made by a backend f
 `ExecResult` that always says what happened (exit code, captured output up to a cap, timed out,
 output truncated, killed for memory, restarted). A misbehaving call is data, not an exception:
 it costs one turn, and the next call in the same sandbox works, because a backend respawns its
-sandbox when a call had to kill it. Exceptions (`SandboxError`) are reserved for the
-infrastructure failing, and for an answer that broke the protocol (the call then has no result).
+sandbox when a call had to kill it; so is anything else the sandboxed code can cause (the pids,
+memory or disk it exhausted, a worker it starved). Exceptions (`SandboxError`) are reserved for
+the infrastructure failing, and for an answer that broke the protocol (the call then has no
+result). `restart()` kills everything in the sandbox at once; verifiers run after it.
 
 Files live in the sandbox's work dir (`/work` inside the sandbox), which survives a respawn;
 `read_file`/`write_file` take paths relative to it (or absolute under `/work`) and refuse to
@@ -236,6 +238,14 @@ class Sandbox(Protocol):
     def own(self, path: str) -> None:
         """Give the host file `path` (one that a mount exposes) to the uid the sandbox's code
         runs as, so that code may write to it: a socket it connects to, a file it fills."""
+        ...
+
+    async def restart(self) -> None:
+        """Kill every process of the sandbox as a whole (its cgroup, pid namespace or container:
+        atomic against forks, zombies and their threads included) and start it afresh on the same
+        work dir, so that nothing an earlier call started runs any more. Verifiers run after it
+        (`agent_rl.sdk.rewards.run_json_program`). The REPL's globals are lost; raises
+        SandboxError only when the fresh start fails."""
         ...
 
     async def close(self) -> None:

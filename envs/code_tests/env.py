@@ -82,7 +82,7 @@ class CodeTestsEnv(Env):
 
     tools = (python_repl,)
     uses_sandbox = True
-    sandbox_spec = SandboxSpec(limits=Limits(wall_s=20.0, cpu_s=20, memory_mb=256))
+    sandbox_spec = SandboxSpec(limits=Limits(wall_s=20.0, cpu_s=20, memory_mb=256, disk_mb=64, tmp_mb=32))
 
     def __init__(
         self, *, per_test_timeout_s: int = 2, max_turns: int | None = 6, **kwargs: Any

@@ -103,7 +103,7 @@ class PythonMathEnv(Env):
     """Math problems solved with a sandboxed Python interpreter; exact numeric reward."""
 
     tools = (python_repl,)
-    sandbox_spec = SandboxSpec(limits=Limits(wall_s=10.0, cpu_s=10, memory_mb=256))
+    sandbox_spec = SandboxSpec(limits=Limits(wall_s=10.0, cpu_s=10, memory_mb=256, disk_mb=64, tmp_mb=32))
 
     def __init__(self, *, max_turns: int | None = 6, **kwargs: Any) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
