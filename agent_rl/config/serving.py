@@ -69,7 +69,7 @@ class RolloutConfig(Section):
     all-equal group in a row, up to 8x), so the long tail of groups with no signal is not
     generated again and again (agent_rl/rollout/task_selection.py)."""
 
-    task_pause: int = Field(default=2, ge=1)
+    task_pause: int = Field(default=4, ge=1)
     """With `task_selection = "skip_all_equal"`: draws of a task skipped after one all-equal
     group."""
 
