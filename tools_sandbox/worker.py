@@ -15,8 +15,9 @@ read up to `cap` bytes, and past the deadline or the cap the group is killed. Wh
 every other process of tool code's uid (double forks, setsid daemons, a zombie leader whose
 threads run on) is killed too, so a call leaves nothing running. A call that cannot start for
 want of processes, pipes or memory (tool code exhausted them) gets the error "resources", for
-which the host restarts the sandbox; verifiers run after such a restart, never beside tool code. `persistent` Python runs in a long-lived session child whose globals
-survive across calls until one of them has to be killed. Between its calls the session is
+which the host restarts the sandbox (verifiers, too, run only after a restart, never beside
+tool code). `persistent` Python runs in a long-lived session child whose globals survive across
+calls until one of them has to be killed. Between its calls the session is
 stopped (SIGSTOP): threads it started live on, but run only while a persistent call runs, never
 during another call or a file operation.
 
@@ -25,9 +26,9 @@ Tool code must not be able to impersonate the worker. Where the backend provides
 it may signal tool code and use its files, while tool code may neither signal nor trace it. It
 holds no capabilities and is not dumpable (so nobody without CAP_SYS_PTRACE can reach its
 descriptors or memory; the session and Python calls are not dumpable either), and it closes its
-channels in every child. Input never kills it: a request it cannot serve gets an error answer. Tool code, whose uid is
-the worker's effective one, can renice it; the host undoes that before each request.
-The host still bounds every answer, checks its nonce and respawns the sandbox when the worker
+channels in every child. Input never kills it: a request it cannot serve gets an error answer.
+Tool code, whose uid is the worker's effective one, can renice it; the host undoes that before
+each request. The host still bounds every answer, checks its nonce and respawns the sandbox when the worker
 misbehaves.
 """
 
