@@ -28,8 +28,8 @@ holds no capabilities and is not dumpable (so nobody without CAP_SYS_PTRACE can 
 descriptors or memory; the session and Python calls are not dumpable either), and it closes its
 channels in every child. Input never kills it: a request it cannot serve gets an error answer.
 Tool code, whose uid is the worker's effective one, can renice it; the host undoes that before
-each request. The host still bounds every answer, checks its nonce and respawns the sandbox when the worker
-misbehaves.
+each request. The host still bounds every answer, checks its nonce and respawns the sandbox
+when the worker misbehaves.
 """
 
 from __future__ import annotations
