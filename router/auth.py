@@ -11,7 +11,12 @@ empty one would be no check at all. The token rules are the API's too
 (slime's rollout lists `GET /workers` and aborts through them). It is refused unless the router
 binds a loopback address, where only processes of this machine can reach it.
 
-The check wraps the control handlers only; proxied routes pay nothing for it.
+The control handlers also answer only requests for the router's own Host (and a POST only
+from no Origin or an allowed one: `agent_rl.config.access.HostRule`), so a web page in a browser
+on this machine cannot reach them by DNS rebinding, even in tokenless control mode. A request
+with two `Authorization` headers carries no token.
+
+The checks wrap the control handlers only; proxied routes pay nothing for them.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import secrets
 from aiohttp import web
 
 from agent_rl.config import RouterConfig
-from agent_rl.config.access import bearer_matches, is_loopback, token_value
+from agent_rl.config.access import HostRule, bearer_matches, is_loopback, one_header, token_value
 from agent_rl.kernel.errors import ConfigError
 from router.errors import Handler, error_response
 
@@ -56,18 +61,25 @@ class AdminGuard:
         """True when no token was configured and this one was made for the process."""
         self.token = configured or secrets.token_urlsafe(24)
         self.open = config.tokenless_control
-        """Tokenless control mode: the wrapper lets every call through."""
+        """Tokenless control mode: the wrapper lets every call through with the right Host."""
+        self.hosts = HostRule(config.host, config.allowed_hosts)
 
     def allows(self, authorization: str) -> bool:
         return bearer_matches(authorization, self.token)
 
     def wrap(self, handler: Handler) -> Handler:
-        """`handler` behind the token (or as is, in tokenless control mode)."""
-        if self.open:
-            return handler
+        """`handler` behind the Host rule and the token (the rule alone in tokenless mode)."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
-            if not self.allows(request.headers.get("Authorization", "")):
+            sockname = request.transport.get_extra_info("sockname") if request.transport else None
+            port = sockname[1] if isinstance(sockname, tuple) and len(sockname) > 1 else None
+            refused = self.hosts.refusal(request.method, request.headers.getall("Host", []),
+                                         request.headers.getall("Origin", []), port)
+            if refused is not None:
+                return error_response(*refused)
+            if self.open:
+                return await handler(request)
+            if not self.allows(one_header(request.headers.getall("Authorization", []))):
                 response = error_response(401, "this endpoint needs the router's admin token: "
                                           "send Authorization: Bearer <[router] admin_token>")
                 response.headers["WWW-Authenticate"] = 'Bearer realm="agent-rl router"'

@@ -32,6 +32,7 @@ from multidict import CIMultiDict
 from opentelemetry.trace import Span
 
 from agent_rl.config import RouterConfig
+from agent_rl.config.secrets import redact_url
 from router.balance import Balancer
 from router.errors import error_response
 from router.health import Health
@@ -113,7 +114,7 @@ class Proxy:
             if attempt:
                 self.metrics.retries.labels(worker.url).inc()
             if span is not None:
-                span.set_attribute("server.address", worker.url)
+                span.set_attribute("server.address", redact_url(worker.url))
             try:
                 return await self._send(request, worker, body, headers, rids)
             except _NotSent as e:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agent_rl.config import Config
-from agent_rl.kernel.errors import EngineError, StoreError
+from agent_rl.kernel.errors import ConfigError, EngineError, StoreError
 from agent_rl.kernel.heap import long_lived_heap
 from agent_rl.rollout.scheduler import Scheduler, SchedulerStats
 from agent_rl.store import Endings, Ledger, Store
@@ -93,10 +93,12 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
     from agent_rl.rollout.render import ChatRenderer
     from agent_rl.rollout.runner import RunnerContext
 
-    # The environment first: an unknown id, a broken import or a bad kwarg is a one-line error
-    # before anything (an engine takes half a minute) starts.
+    # The environment and the binds first: an unknown id, a broken import, a bad kwarg or a
+    # public bind without a token is a one-line error before anything (an engine takes half a
+    # minute) starts.
     env = make(cfg.rollout.env, **cfg.rollout.env_kwargs)
     env.task_source(cfg.rollout.split)
+    check_binds(cfg, env, with_api=with_api)
     telemetry.configure(cfg.telemetry.exporter)
     model = default_model(cfg.engine.model)
     store = await Store.open(cfg.store, create=True)
@@ -150,6 +152,26 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
         )  # fmt: skip
 
 
+def check_binds(cfg: Config, env: Env, *, with_api: bool) -> None:
+    """Refuse, naming the setting, a bind beyond loopback without `api.token`: the web API's
+    (`api.host`) when serve mounts it, the agent gateway's (`rollout.gateway_host`) for an
+    agent env."""
+    from agent_rl.config.access import is_loopback, token_value
+    from agent_rl.sdk.agent import AgentEnv
+
+    if with_api:
+        from agent_rl.app.api.app import check_exposure
+
+        check_exposure(cfg.api)
+    host = cfg.rollout.gateway_host
+    if isinstance(env, AgentEnv) and not is_loopback(host) and token_value(cfg.api.token) is None:
+        raise ConfigError(
+            f"rollout.gateway_host is {host}, not loopback, and api.token is unset or blank: a "
+            "public bind needs api.token set (AGENT_RL_API__TOKEN), or set "
+            "rollout.gateway_host = 127.0.0.1"
+        )
+
+
 async def _sandbox_pool(stack: AsyncExitStack, env: Env, cfg: Config) -> SandboxPool:
     """The pool every episode's sandbox comes from, closed (every sandbox with it) when serve
     returns; its warm sandboxes of the env's spec started before the first episode asks."""
@@ -191,9 +213,10 @@ async def _agent_gateway(tg: anyio.abc.TaskGroup, env: Any, cfg: Config, model_n
 
     gateway = Gateway(model_name)
     # The episode keys are the gateway's only credential: like the API, it binds loopback
-    # unless told otherwise (and then needs the API's token to be set, as the API does).
+    # unless told otherwise (and then needs api.token to be set: `check_binds`).
     where = ApiConfig(host=cfg.rollout.gateway_host, port=cfg.rollout.gateway_port, token=cfg.api.token)
-    port = await tg.start(serve_api, gateway_app(gateway), where)
+    app = gateway_app(gateway, cfg.rollout.gateway_host, cfg.rollout.gateway_allowed_hosts)
+    port = await tg.start(serve_api, app, where)
     host = cfg.rollout.gateway_host
     gateway.base_url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     log.info("agent gateway at %s/agents/{episode_key}/v1", gateway.base_url)
@@ -215,9 +238,10 @@ async def sample_engines(store: Store, client: EngineClient, url: str, run_id: i
 
 
 def _engine_load(load: dict[str, Any], url: str, t: float) -> EngineLoad:
+    from agent_rl.config.secrets import redact_url
     from agent_rl.store import EngineLoad
 
-    engine = str(load.get("worker") or url)
+    engine = redact_url(str(load.get("worker") or url))  # shown by the audit: no credentials
     if load.get("dp_rank"):
         engine += f"#dp{load['dp_rank']}"
     usage, gen = load.get("token_usage"), load.get("gen_throughput")

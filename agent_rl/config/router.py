@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from agent_rl.config.access import BearerToken
+from agent_rl.config.access import BearerToken, HostList
 from agent_rl.config.base import Section
 
 
@@ -85,6 +85,12 @@ class RouterConfig(Section):
     """Bearer token for /workers and the control endpoints. Unset, empty or blank means none: on
     a loopback host a random token is then generated at start and printed once; on any other
     host the router refuses to start."""
+
+    allowed_hosts: HostList = []
+    """Host header values /workers and the control endpoints answer besides the bind address
+    and localhost, 127.0.0.1 and [::1] on the router's port (`name` on any port, `name:port`
+    on that one, `*` any); other Hosts get 421, a foreign Origin on a POST 403 (a web page
+    reaching a loopback router: DNS rebinding). Proxied routes answer any Host."""
 
     tokenless_control: bool = False
     """Let /workers and the control endpoints answer without the admin token, for tools that send

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_serializer
 
-from agent_rl.config.access import BearerToken
+from agent_rl.config.access import BearerToken, HostList
 from agent_rl.config.base import Section
+from agent_rl.config.secrets import MASK
 
 
 class RolloutConfig(Section):
@@ -16,7 +17,14 @@ class RolloutConfig(Section):
     """Registry id of the environment `serve` runs (`agent-rl envs list`)."""
 
     env_kwargs: dict[str, Any] = {}
-    """Keyword arguments for `make(env, **env_kwargs)` (e.g. `tasks = "my_tasks.jsonl"`)."""
+    """Keyword arguments for `make(env, **env_kwargs)` (e.g. `tasks = "my_tasks.jsonl"`). Those
+    named like secrets (`api_key`, `*_token`, `password`, ...) and those in `secret_env_kwargs`
+    are masked wherever the config is stored or shown."""
+
+    secret_env_kwargs: list[str] = []
+    """Names of `env_kwargs` whose values are secrets, beyond those named like one: masked in
+    the run's stored config, the API, the viewer and `config show` (a replay or fork takes
+    them from the config of the process that serves it)."""
 
     split: str = "train"
     """Task split to draw from."""
@@ -100,14 +108,26 @@ class RolloutConfig(Section):
 
     gateway_host: str = "127.0.0.1"
     """Address of the OpenAI-compatible gateway that agent environments' programs call
-    (`/agents/{episode_key}/v1`); loopback by default, since the agents run beside serve."""
+    (`/agents/{episode_key}/v1`); loopback by default, since the agents run beside serve. Any
+    other address needs `api.token` set (serve refuses to start without it); requests are
+    still authenticated by their episode's key alone (docs/agents.md)."""
 
     gateway_port: int = Field(default=0, ge=0, le=65535)
     """Port of the gateway (0 picks a free one; serve logs where it listens)."""
 
+    gateway_allowed_hosts: HostList = []
+    """Host header values the gateway answers besides its bind address and localhost,
+    127.0.0.1 and [::1] (`name` on any port, `name:port` on that one, `*` any): what agents
+    call it by behind a proxy or by a DNS name. Other Hosts get 421 (DNS rebinding)."""
+
     decode_table: Path | None = None
     """bench/decode.py's `--out` file: `agent-rl audit` compares the run's decode throughput
     with its cell for the run's completion length and concurrency."""
+
+    @field_serializer("env_kwargs", when_used="json")
+    def _mask_named(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        named = set(self.secret_env_kwargs)
+        return {k: MASK if k in named and v not in (None, "") else v for k, v in kwargs.items()}
 
 
 class ApiConfig(Section):
@@ -117,6 +137,12 @@ class ApiConfig(Section):
 
     port: int = Field(default=30200, ge=0, le=65535)
     """Port of the web API and viewer (0 picks a free one)."""
+
+    allowed_hosts: HostList = []
+    """Host header values the API and viewer answer besides the bind address and localhost,
+    127.0.0.1 and [::1] on its port (`name` on any port, `name:port` on that one, `*` any):
+    the names a proxy or a DNS name forwards. Other Hosts get 421, and a state-changing request
+    whose Origin is not one of them 403 (a web page reaching a loopback API: DNS rebinding)."""
 
     token: BearerToken = None
     """Bearer token for the mutating endpoints (replay, fork); unset, empty or blank: they

@@ -7,12 +7,14 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from agent_rl.config.base import Section
+from agent_rl.config.secrets import redact_url
 
 
 class StoreConfig(Section):
     url: str = "sqlite:///agent_rl.db"
     """Database URL. `sqlite:///PATH` (relative to the working directory) or
-    `postgresql://user@host/db` (driven by psycopg 3)."""
+    `postgresql://user@host/db` (driven by psycopg 3). Its password is masked wherever the
+    config is stored or shown."""
 
     compress_tokens: bool = False
     """zlib-compress token arrays (smaller rows, more CPU per write)."""
@@ -28,7 +30,8 @@ class StoreConfig(Section):
     def _known_backend(cls, url: str) -> str:
         if not url.startswith(("sqlite", "postgresql", "postgres://")):
             raise ValueError(
-                f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://USER@HOST/DB"
+                f"unsupported database URL {redact_url(url)!r}: use sqlite:///PATH or "
+                "postgresql://USER@HOST/DB"
             )
         return url
 

@@ -46,8 +46,9 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from agent_rl.config import StoreConfig
+from agent_rl.config.secrets import redact_text, redact_url
 from agent_rl.kernel.errors import StoreError
-from agent_rl.store.db import BEGIN_OPTION, SYNC_OPTION, create_database, is_sqlite
+from agent_rl.store.db import BEGIN_OPTION, SYNC_OPTION, create_database, database_url, is_sqlite
 from agent_rl.store.models import SCHEMA_REVISION
 
 P = ParamSpec("P")
@@ -166,8 +167,10 @@ class StoreBase:
             raise
         except (SQLAlchemyError, OSError) as e:
             db.dispose()
+            password = [database_url(cfg.url).password]
             raise StoreError(
-                f"cannot open the store at {cfg.url}: {one_line(e)}; check store.url"
+                f"cannot open the store at {redact_url(cfg.url)}: "
+                f"{redact_text(one_line(e), password)}; check store.url"
             ) from e
         return cls(db, cfg)
 

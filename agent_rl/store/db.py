@@ -17,6 +17,7 @@ from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import URL, make_url
 
 from agent_rl.config import StoreConfig
+from agent_rl.config.secrets import redact_url
 from agent_rl.kernel.errors import ConfigError
 
 BEGIN_OPTION = "agent_rl_sqlite_begin"
@@ -30,7 +31,7 @@ def database_url(url: str) -> URL:
     try:
         parsed = make_url(url)
     except Exception as e:
-        raise ConfigError(f"invalid database URL {url!r}: {e}; set store.url") from e
+        raise ConfigError(f"invalid database URL {redact_url(url)!r}; set store.url") from e
     backend, _, driver = parsed.drivername.partition("+")
     if backend == "sqlite":
         if driver not in ("", "pysqlite"):
@@ -40,7 +41,8 @@ def database_url(url: str) -> URL:
         if driver not in ("", "psycopg"):
             raise ConfigError(f"PostgreSQL driver {driver!r} is not supported: use postgresql://...")
         return parsed.set(drivername="postgresql+psycopg")
-    raise ConfigError(f"unsupported database {backend!r} in {url!r}: use sqlite or postgresql")
+    raise ConfigError(f"unsupported database {backend!r} in {redact_url(url)!r}: use sqlite or "
+                      "postgresql")
 
 
 def is_sqlite(db: Engine) -> bool:

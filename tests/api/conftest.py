@@ -22,6 +22,9 @@ from tests._databases import fresh_database
 from tests.api.fill import Filled, fill
 
 TOKEN = "test-token-1234"
+LOOPBACK = "http://127.0.0.1"
+"""Base URL of in-process clients: the API answers its own Host only (TestClient's default
+`testserver` gets 421)."""
 T = TypeVar("T")
 
 
@@ -73,7 +76,7 @@ def filled(db_url: str, tokenizer_dir: Path) -> Filled:
 
 @pytest.fixture
 def client(filled: Filled) -> Iterator[TestClient]:
-    with TestClient(create_app(api_config(filled.url))) as c:
+    with TestClient(create_app(api_config(filled.url)), base_url=LOOPBACK) as c:
         yield c
 
 

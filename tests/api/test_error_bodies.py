@@ -22,7 +22,7 @@ from agent_rl.app.api import create_app
 from agent_rl.app.api.app import EmbeddedServer
 from agent_rl.config import Config, StoreConfig
 from agent_rl.store.db import create_database
-from tests.api.conftest import TOKEN, api_config
+from tests.api.conftest import LOOPBACK, TOKEN, api_config
 from tests.api.fill import Filled
 
 INTERNALS = re.compile(r"SELECT|FROM |WHERE |\[SQL|\[parameters|sqlalche\.me|Background on this|"
@@ -52,7 +52,7 @@ def paths(filled: Filled) -> list[tuple[str, str]]:
 
 def test_no_sql_in_any_error_body(filled: Filled) -> None:
     break_schema(filled.url)
-    with TestClient(create_app(api_config(filled.url)), raise_server_exceptions=False) as client:
+    with TestClient(create_app(api_config(filled.url)), base_url=LOOPBACK, raise_server_exceptions=False) as client:
         failed = 0
         for method, path in paths(filled):
             r = client.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"})

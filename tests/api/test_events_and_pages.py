@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from agent_rl.app.api import create_app
 from agent_rl.app.api.tokens import load_tokenizer
 from agent_rl.store import Store
-from tests.api.conftest import api_config
+from tests.api.conftest import LOOPBACK, api_config
 from tests.api.fill import Filled, play, write_transcript
 
 
@@ -57,7 +57,7 @@ def test_events_stream_turns_of_a_running_episode_until_it_ends(
 
     thread = threading.Thread(target=runner)
     thread.start()
-    with TestClient(create_app(cfg)) as c:
+    with TestClient(create_app(cfg), base_url=LOOPBACK) as c:
         with c.stream("GET", f"/api/v1/episodes/{episode}/events") as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             connected.set()
@@ -83,7 +83,7 @@ def test_events_stream_turns_of_a_running_episode_until_it_ends(
 def test_viewer_pages_render_without_javascript(client: TestClient, filled: Filled) -> None:
     home = client.get("/", params={"env": "calculator", "has_tool_error": "true"})
     assert home.status_code == 200 and home.headers["content-type"].startswith("text/html")
-    assert f'href="http://testserver/episodes/{filled.bad}"' in home.text
+    assert f'href="{LOOPBACK}/episodes/{filled.bad}"' in home.text
     assert f'/episodes/{filled.calculator[0]}"' not in home.text
     page = client.get(f"/episodes/{filled.calculator[0]}").text
     assert '<details class="toolcall ok">' in page and 'class="strip"' in page

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from agent_rl.app.api import create_app
 from agent_rl.app.api.filters import Sort
-from tests.api.conftest import TOKEN, api_config
+from tests.api.conftest import LOOPBACK, TOKEN, api_config
 from tests.api.fill import Filled
 
 pytestmark = pytest.mark.slow  # a few hundred requests per database
@@ -61,7 +61,7 @@ def values_for(schema: dict[str, Any]) -> st.SearchStrategy[str]:
 
 @pytest.fixture
 def app_client(filled: Filled) -> Any:
-    with TestClient(create_app(api_config(filled.url)), raise_server_exceptions=False) as c:
+    with TestClient(create_app(api_config(filled.url)), base_url=LOOPBACK, raise_server_exceptions=False) as c:
         yield c
 
 

@@ -6,6 +6,7 @@ import math
 
 from fastapi.testclient import TestClient
 
+from tests.api.conftest import LOOPBACK
 from tests.api.fill import Filled
 
 V1 = "/api/v1"
@@ -59,7 +60,7 @@ def test_page_size_is_clamped_to_the_config(filled: Filled) -> None:
     from agent_rl.app.api import create_app
     from tests.api.conftest import api_config
 
-    with TestClient(create_app(api_config(filled.url, max_page_size=3))) as c:
+    with TestClient(create_app(api_config(filled.url, max_page_size=3)), base_url=LOOPBACK) as c:
         page = c.get(f"{V1}/episodes", params={"limit": 1000}).json()
         assert len(page["items"]) == 3 and page["next_cursor"]
 

@@ -20,7 +20,7 @@ from agent_rl.config import SandboxConfig
 from agent_rl.store import Store
 from agent_rl.store.db import database_url
 from agent_rl.store.models import MessageRow
-from tests.api.conftest import TOKEN, api_config
+from tests.api.conftest import LOOPBACK, TOKEN, api_config
 from tests.api.fill import Filled, add_episode, play
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -89,18 +89,18 @@ def test_running_episode_cannot_be_replayed(client: TestClient, filled: Filled) 
 
 
 def test_mutating_endpoints_need_the_token(filled: Filled) -> None:
-    with TestClient(create_app(api_config(filled.url))) as c:
+    with TestClient(create_app(api_config(filled.url)), base_url=LOOPBACK) as c:
         path = f"/api/v1/episodes/{filled.calculator[0]}/replay"
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
             r = c.post(path, headers=headers)
             assert r.status_code == 401 and "bearer token" in r.json()["detail"], headers
             assert r.headers["www-authenticate"] == "Bearer"
         assert c.get(f"/api/v1/episodes/{filled.calculator[0]}").status_code == 200
-    with TestClient(create_app(api_config(filled.url, token=None))) as c:
+    with TestClient(create_app(api_config(filled.url, token=None)), base_url=LOOPBACK) as c:
         r = c.post(path, headers=AUTH)
         assert r.status_code == 403 and "set api.token" in r.json()["detail"]
     # Off loopback, everything needs the token: reads, the viewer, the spec, static files.
-    with TestClient(create_app(api_config(filled.url, host="0.0.0.0"))) as c:
+    with TestClient(create_app(api_config(filled.url, host="0.0.0.0")), base_url=LOOPBACK) as c:
         for page in ("/api/v1/runs", "/", "/openapi.json", "/static/viewer.css"):
             r = c.get(page)
             assert r.status_code == 401 and "bearer token" in r.json()["detail"], page
@@ -110,7 +110,7 @@ def test_mutating_endpoints_need_the_token(filled: Filled) -> None:
     # An empty or blank configured token is no token: nothing matches it, not even an empty
     # bearer (the comparison of "" with "" once let `Authorization: Bearer` through).
     for blank in ("", "   "):
-        with TestClient(create_app(api_config(filled.url, token=blank))) as c:
+        with TestClient(create_app(api_config(filled.url, token=blank)), base_url=LOOPBACK) as c:
             for header in ("Bearer", "Bearer ", f"Bearer {blank}"):
                 r = c.post(path, headers={"Authorization": header})
                 assert r.status_code == 403 and "set api.token" in r.json()["detail"]
@@ -176,7 +176,7 @@ def test_python_math_replays_in_a_fresh_sandbox(
     episodes = anyio.run(record)
     cfg = api_config(filled.url)
     cfg.sandbox = sandbox_cfg
-    with TestClient(create_app(cfg)) as c:
+    with TestClient(create_app(cfg), base_url=LOOPBACK) as c:
         for e in episodes:
             out = replay(c, e)
             assert out["reproduced"] and out["replayed_reward"] == 1.0, out

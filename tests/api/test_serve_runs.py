@@ -15,7 +15,7 @@ from agent_rl.app.api import create_app
 from agent_rl.config import Config
 from agent_rl.app.serve import serve
 from agent_rl.store.migrate import upgrade
-from tests.api.conftest import TOKEN, fill_database, in_thread
+from tests.api.conftest import LOOPBACK, TOKEN, fill_database, in_thread
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 # The session's SGLang server takes 20-35 s to start on an idle machine (minutes on a busy one);
@@ -49,7 +49,7 @@ def test_api_over_a_served_run(db_url: str, sglang_moe_server: Any, tiny_moe_mod
         assert stats.admitted == 4
 
     in_thread(run)
-    with TestClient(create_app(cfg)) as c:
+    with TestClient(create_app(cfg), base_url=LOOPBACK) as c:
         page = c.get("/api/v1/episodes", params={"run": "default", "sort": "id"}).json()
         assert len(page["items"]) == 4
         # On PostgreSQL an episode can fail when the random model's text holds a NUL byte,
@@ -104,7 +104,7 @@ def test_fork_copies_the_turns_before_k_and_generates_the_rest(
             api={"token": TOKEN},
         )
         parent_id = filled.calculator[2]
-        with TestClient(create_app(cfg)) as c:
+        with TestClient(create_app(cfg), base_url=LOOPBACK) as c:
             r = c.post(f"/api/v1/episodes/{parent_id}/fork", params={"turn": 1}, headers=AUTH)
             assert r.status_code == 200, r.text
             fork_id = r.json()["episode_id"]

@@ -19,6 +19,7 @@ import pytest
 from agent_rl.config import StoreConfig
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.store import Store
+from tests.api.conftest import LOOPBACK
 from tests.rollout.invariants import check_episode
 
 AGENT_RL = str(Path(sys.executable).parent / "agent-rl")
@@ -253,7 +254,7 @@ def test_budget_truncations_are_reported_everywhere(tmp_path: Path, sglang_moe_s
     assert "truncated: max_turns" in listed.stdout, listed.stdout
 
     cfg = load_config(tmp_path / "agent-rl.toml", store={"url": f"sqlite:///{tmp_path / 'agent_rl.db'}"})
-    with TestClient(create_app(cfg)) as c:
+    with TestClient(create_app(cfg), base_url=LOOPBACK) as c:
         stats = c.get("/api/v1/stats", params={"run": "default"}).json()
         truncated = stats["endings"]["truncated"].get("max_turns", 0)
         assert truncated >= 1

@@ -30,7 +30,7 @@ from agent_rl.app.api.errors import install_error_handlers
 from agent_rl.app.api.limits import BodySizeLimit
 from agent_rl.app.api.routes import api_router, viewer
 from agent_rl.config import ApiConfig, Config
-from agent_rl.config.access import is_loopback, token_value
+from agent_rl.config.access import HostGuard, HostRule, is_loopback, token_value
 from agent_rl.kernel.errors import ConfigError
 from agent_rl.store import Store
 
@@ -87,6 +87,8 @@ def create_app(
     if not is_loopback(config.api.host):
         # Added last, so outermost: no route, spec or static file answers without the token.
         app.add_middleware(TokenGate, token=config.api.token)
+    # Outermost: a request for another Host (DNS rebinding) gets nothing, not even a 401.
+    app.add_middleware(HostGuard, rule=HostRule(config.api.host, config.api.allowed_hosts))
     app.include_router(api_router, prefix=API_PREFIX)
     app.include_router(viewer.router, include_in_schema=False)
     app.mount(

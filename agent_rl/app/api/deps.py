@@ -4,7 +4,8 @@
 never open their own. Reads are open while the API binds loopback; on any other address they
 need the token too (`TokenGate`, in front of everything the app serves). `replay` and `fork`
 always need `Authorization: Bearer <api.token>`, and
-answer 403 with how to enable them when no token is configured.
+answer 403 with how to enable them when no token is configured. Two `Authorization` headers
+are no credential, for the gate and the routes alike (`one_header`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_rl.config import Config
-from agent_rl.config.access import bearer_matches, token_value
+from agent_rl.config.access import bearer_matches, one_header, token_value
 from agent_rl.store import Store
 
 
@@ -46,7 +47,7 @@ def bearer_refusal(authorization: str, configured: SecretStr | None) -> tuple[in
 
 
 def _check_bearer(request: Request, cfg: Config) -> None:
-    refused = bearer_refusal(request.headers.get("authorization", ""), cfg.api.token)
+    refused = bearer_refusal(one_header(request.headers.getlist("authorization")), cfg.api.token)
     if refused is not None:
         raise HTTPException(refused[0], refused[1], headers={"WWW-Authenticate": "Bearer"})
 
@@ -60,8 +61,9 @@ class TokenGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            header = dict(scope["headers"]).get(b"authorization", b"")
-            refused = bearer_refusal(header.decode("latin-1"), self.token)
+            header = one_header(v.decode("latin-1") for k, v in scope["headers"]
+                                if k == b"authorization")
+            refused = bearer_refusal(header, self.token)
             if refused is not None:
                 response = JSONResponse({"detail": refused[1]}, status_code=refused[0],
                                         headers={"WWW-Authenticate": "Bearer"})

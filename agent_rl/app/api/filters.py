@@ -180,7 +180,8 @@ async def fetch_page(
     """One page of episodes for the query, and the cursor of the next page (None at the end)."""
     limit = min(query.limit, max_page_size)
     after_key, after_id = (
-        (None, None) if query.cursor is None else decode_cursor(query.cursor, query.sort)
+        # An empty cursor (`?cursor=`, which the schema allows) is the first page.
+        (None, None) if not query.cursor else decode_cursor(query.cursor, query.sort)
     )
     run_id = await store.run_id(query.run) if query.run else None
     episodes = await store.list_episodes(

@@ -114,6 +114,10 @@ def _first_leaf(group: BaseException) -> BaseException:
 def _fail(e: BaseException) -> None:
     from rich.markup import escape
 
-    # The message is text, not markup: "[router] admin_token" must print as written.
-    common.err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    from agent_rl.config.secrets import redact_text
+
+    # The message is text, not markup: "[router] admin_token" must print as written. A URL's
+    # password in it (a driver's message quoting its connection string) is masked.
+    message = redact_text(str(e), [])
+    common.err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(1)

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from agent_rl.app.cli.common import err_console, state
 from agent_rl.config import ApiConfig, Config
+from agent_rl.config.secrets import redact_url
 from agent_rl.kernel.errors import ConfigError
 
 
@@ -52,7 +53,7 @@ async def run(config: Config) -> None:
         port = await tg.start(serve_api, create_app(config), config.api)
         host = config.api.host if ":" not in config.api.host else f"[{config.api.host}]"
         err_console.print(
-            f"agent-rl api on http://{host}:{port}/ (store {_safe(config.store.url)})",
+            f"agent-rl api on http://{host}:{port}/ (store {redact_url(config.store.url)})",
             highlight=False,
             soft_wrap=True,
         )
@@ -60,13 +61,3 @@ async def run(config: Config) -> None:
             async for _ in signals:
                 break
         tg.cancel_scope.cancel()
-
-
-def _safe(url: str) -> str:
-    """The store URL without its password."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - only for display
-        return url.split("@")[-1]

@@ -22,11 +22,12 @@ app = typer.Typer(help="Manage and check the trajectory store.", no_args_is_help
 @app.command("upgrade")
 def upgrade_cmd(ctx: typer.Context) -> None:
     """Create or migrate the store's schema to this version of agent-rl."""
+    from agent_rl.config.secrets import redact_url
     from agent_rl.store.migrate import head_revision
 
     cfg = state(ctx).config().store
     anyio.run(_upgrade, cfg)
-    console.print(f"store at {cfg.url} is at revision {head_revision()} (head)", highlight=False)
+    console.print(f"store at {redact_url(cfg.url)} is at revision {head_revision()} (head)", highlight=False)
 
 
 async def _upgrade(cfg: StoreConfig) -> None:

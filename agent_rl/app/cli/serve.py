@@ -13,6 +13,8 @@ import typer
 from rich.table import Table
 
 from agent_rl.app.cli.common import console, state
+from agent_rl.config import Config
+from agent_rl.kernel.errors import ConfigError
 
 if TYPE_CHECKING:
     from agent_rl.app.serve import ServeSummary
@@ -31,9 +33,10 @@ def serve(
     api: Annotated[bool, typer.Option("--api/--no-api", help="Serve the web API and viewer too.")] = True,
 ) -> None:
     """Run the scheduler and episode runners; by default with an embedded router and engine."""
+    cfg = state(ctx).config()
+    check_public_binds(cfg, with_api=api)  # before the imports below take their seconds
     from agent_rl.app.serve import serve as run_serve
 
-    cfg = state(ctx).config()
     updates = {}
     if env is not None or router_url is not None:
         rollout = cfg.rollout.model_copy(update={k: v for k, v in {"env": env, "router_url": router_url}.items() if v is not None})
@@ -48,6 +51,23 @@ def serve(
     signal.signal(signal.SIGTERM, _exit_quietly)
     print_summary(summary)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the interpreter's teardown has nothing to stop
+
+
+def check_public_binds(cfg: Config, *, with_api: bool) -> None:
+    """A bind beyond loopback without `api.token` is a one-line error at once: the API's
+    (`api.host`) when serve mounts it, the agent gateway's (`rollout.gateway_host`; serve
+    checks again, knowing the env, in `agent_rl.app.serve.check_binds`)."""
+    from agent_rl.config.access import is_loopback, token_value
+
+    if token_value(cfg.api.token) is not None:
+        return
+    for setting, host, used in (("api.host", cfg.api.host, with_api),
+                                ("rollout.gateway_host", cfg.rollout.gateway_host, True)):
+        if used and not is_loopback(host):
+            raise ConfigError(
+                f"{setting} is {host}, not loopback, and api.token is unset or blank: a public "
+                f"bind needs api.token set (AGENT_RL_API__TOKEN), or set {setting} = 127.0.0.1"
+            )
 
 
 def _exit_quietly(signum: int, frame: object) -> None:

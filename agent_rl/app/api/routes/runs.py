@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path
 from agent_rl.app.api.convert import draft_acceptance, json_safe, metric_series, policy_version_out
 from agent_rl.app.api.deps import StoreDep
 from agent_rl.app.api.schemas import EvaluationOut, RunOut, RunSummaryOut
+from agent_rl.config.secrets import redact
 from agent_rl.store.models import ID_MAX
 
 router = APIRouter(tags=["runs"])
@@ -37,7 +38,7 @@ async def get_run(run_id: Annotated[int, Path(ge=0, le=ID_MAX)], store: StoreDep
         evaluates_version=run["evaluates_version"],
         evaluations=[EvaluationOut(**e) for e in await store.evaluations(run_id)]
         if run["kind"] == "train" else [],
-        config=json_safe(run["config"] or {}),
+        config=redact(json_safe(run["config"] or {})),
         policy_versions=[policy_version_out(v) for v in versions],
         metrics=metric_series(versions),
         draft_acceptance=draft_acceptance(versions),

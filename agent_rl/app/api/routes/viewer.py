@@ -23,6 +23,7 @@ from agent_rl.app.api.filters import NO_NUL, EpisodeQueryDep, fetch_page
 from agent_rl.app.api.stats import run_stats
 from agent_rl.app.api.tokens import token_view
 from agent_rl.app.api.viewer_data import MAX_STRIP_TOKENS, eval_curve, plot, stacked, token_strip
+from agent_rl.config.secrets import redact
 from agent_rl.store.models import ID_MAX
 
 router = APIRouter(default_response_class=HTMLResponse)
@@ -121,7 +122,7 @@ async def run_page(request: Request, run_id: Id, store: StoreDep) -> HTMLRespons
         request,
         "run.html",
         run=run,
-        config=json_safe(run["config"] or {}),
+        config=redact(json_safe(run["config"] or {})),
         versions=versions,
         plots=plots,
         drafts=drafts,
