@@ -8,15 +8,19 @@ The key in the path selects the episode and must also be the request's bearer to
 (`Authorization: Bearer {key}`, what an OpenAI client sends as its API key), so a program
 holding one episode's key can reach that episode only. Every refusal is in OpenAI's error
 shape: 400 for a malformed request or a spent budget, 401 for a wrong key, 404 for an
-unknown episode, 409 for an episode that has ended, 502 when the engine failed.
+unknown episode, 409 for an episode that has ended, 502 when the engine failed. The scheme
+`Bearer` is case-insensitive, as in the web API; two `Authorization` headers are no key.
+
+Like the web API, the gateway answers only its own Host (its bind address and the loopback
+names on its port, plus `rollout.gateway_allowed_hosts`; 421 otherwise), so a web page
+in a browser on this machine cannot reach it by DNS rebinding.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,12 +28,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agent_rl.config.access import HostGuard, HostRule, bearer_matches, one_header
 from agent_rl.rollout.gateway import AgentSession, Gateway
+from agent_rl.rollout.gateway_relay import SANDBOX_PORT
 from agent_rl.rollout.openai_wire import ChatRequest, GatewayError
 
 
-def gateway_app(gateway: Gateway) -> FastAPI:
+def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequence[str] = ()) -> FastAPI:
+    """The gateway's app for a bind on `host`, answering its Host rule plus `allowed_hosts`
+    and the in-sandbox relay's `127.0.0.1:SANDBOX_PORT` (a byte pipe: the agent's Host)."""
     app = FastAPI(title="agent-rl agent gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    rule = HostRule(host, [*allowed_hosts, f"127.0.0.1:{SANDBOX_PORT}"])
+    app.add_middleware(HostGuard, rule=rule, body=lambda message: GatewayError(421, message).body())
 
     @app.exception_handler(GatewayError)
     async def refused(request: Request, e: GatewayError) -> JSONResponse:
@@ -70,9 +80,7 @@ def gateway_app(gateway: Gateway) -> FastAPI:
 
 def _authorized(gateway: Gateway, key: str, request: Request) -> AgentSession:
     session = gateway.session(key)
-    auth = request.headers.get("authorization", "")
-    token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
-    if not hmac.compare_digest(token.encode(), key.encode()):
+    if not bearer_matches(one_header(request.headers.getlist("authorization")), key):
         raise GatewayError(401, "the API key must be this episode's key (the one in the URL)",
                            type="authentication_error", code="invalid_api_key")
     return session
