@@ -249,7 +249,7 @@ async def test_a_partial_frame_does_not_hold_the_worker(isolating: SandboxBacken
     async with await isolating.create(SPEC) as sb:
         t = time.monotonic()
         r = await sb.run_python(code, persistent=True, timeout=1.0)
-        assert time.monotonic() - t < 2.5 and not r.restarted and not r.ok, r
+        assert time.monotonic() - t < 4.0 and not r.restarted and not r.ok, r  # (was 6 s+)
         r = await sb.run_python("print('next')", persistent=True)
         assert r.ok and r.stdout == "next\n", r
 
