@@ -45,7 +45,8 @@ class TrainingData:
     model_tokens: int
     """Tokens trained on (loss mask 1)."""
     stale_tokens: int = 0
-    """Model tokens left out for being sampled below the staleness floor."""
+    """Model tokens of the trained episodes left out for being sampled below the staleness floor
+    (a stale sibling's are not counted here: the store records the episode as filtered)."""
     row_episodes: list[int] = field(default_factory=list)
     """The episode of each batch row, in row order (an episode of several segments has one row
     per segment, consecutive); empty: one row per episode, as `episode_ids`."""
@@ -105,7 +106,6 @@ async def load_batch(
         tokens = e.tokens
         keep = trained_tokens(tokens.versions, floor, measure)
         sampled = tokens.loss_mask.astype(bool)
-        stale_tokens += int((sampled & ~keep).sum())
         if sampled.any() and not (sampled & keep).any():
             stale_siblings[e.id] = (
                 f"stale sibling: every token was sampled by policy version "
@@ -113,6 +113,7 @@ async def load_batch(
                 f"floor {floor}; its reward counted in its group's baseline"
             )
             continue
+        stale_tokens += int((sampled & ~keep).sum())
         e = replace(e, tokens=replace(
             tokens, loss_mask=np.where(keep, tokens.loss_mask, 0).astype(tokens.loss_mask.dtype)))
         staleness.append(staleness_of(version, tokens.versions[keep]))

@@ -136,8 +136,8 @@ async def test_a_stale_sibling_counts_in_the_baseline_and_trains_no_token(db_url
     whose three long siblings ran on (a turn at version 1, then one at version 4), at version 5
     with max_staleness 2 (floor 3): the group is claimed, not dropped; the three fresh siblings
     train their recent tokens (the old turn masked, per token), with advantages computed over
-    all four rewards; the stale sibling is no batch row, its tokens count as stale, and the
-    commit records it filtered as a stale sibling. Under `drop_group` (the rule before) the
+    all four rewards; the stale sibling is no batch row, and the commit records it filtered as
+    a stale sibling. Under `drop_group` (the rule before) the
     same group can only be filtered as stale."""
     from agent_rl.store.staleness import Siblings
     from trainer.advantages import grpo
@@ -172,7 +172,7 @@ async def test_a_stale_sibling_counts_in_the_baseline_and_trains_no_token(db_url
             assert data.batch.advantages[row] == pytest.approx(data.advantages[eid])
             mask = data.batch.loss_mask[row, : data.lengths[row]].tolist()
             assert mask == [0.0] * 12 + [0.0] * 5 + [1.0] * 7
-        assert data.stale_tokens == 7 + 3 * 7 and data.model_tokens == 3 * 7
+        assert data.stale_tokens == 3 * 7 and data.model_tokens == 3 * 7  # the siblings' own
         assert list(data.stale_siblings) == [stale]
         assert "stale sibling" in data.stale_siblings[stale]
 
