@@ -156,8 +156,7 @@ class Queries(StoreBase):
         order.append(EpisodeRow.id.desc() if desc else EpisodeRow.id.asc())
         query = select(*_SUMMARY_COLUMNS).where(*cond).order_by(*order)
         if text:
-            rows = search.page(conn, self.sqlite, text, query, limit, by_id=key is None, desc=desc,
-                               after_id=after_id)
+            rows = search.page(conn, self.sqlite, text, query, limit)
         else:
             rows = conn.execute(query.limit(limit)).all()
         return [EpisodeSummary(*r) for r in rows]

@@ -2,35 +2,35 @@
 message, at a cost bounded by the page rather than by how common the text is.
 
 Each backend has a text index (revision 0003): SQLite's FTS5 trigram table, PostgreSQL's
-pg_trgm GIN index under ILIKE. The index gives *every* message containing the text: a handful
-for a rare text, most messages for a common word, and collecting all of them (PostgreSQL then
-rechecks each with ILIKE, ~13 us a message) took 55 ms on SQLite and 284-477 ms on PostgreSQL
-at 10k episodes. So how many messages match is found out cheaply first, and the query chosen:
+pg_trgm GIN index. The index gives *every* message containing the text: a handful for a rare
+text, most messages for a common word, and collecting all of them (PostgreSQL then rechecks
+each candidate's text) took 55 ms on SQLite and 284-477 ms on PostgreSQL at 10k episodes; on
+PostgreSQL even reading a common word's trigram lists costs tens of ms. So:
 
-- few (SQLite: the FTS5 index counts at most `SQLITE_FEW` hits, a few ms; PostgreSQL: the
-  planner's estimate, from EXPLAIN, is at most `POSTGRES_FEW`): the episodes of the index's
-  matches (`messages_with`; on PostgreSQL collected by a statement of their own, with
-  sequential scans off: inside the page's statement the planner joins them along the
-  episodes' order instead, rechecking every message on its way);
-- many, SQLite: each episode in the page's order checked for a matching message with LIKE
-  (`EXISTS` over its messages, by the messages' episode index), which stops once the page is
-  full: a common word fills it within its first episodes;
-- many, PostgreSQL, a page ordered by id: ranges of episode ids from the page's start, each
-  four times the last; in a range the index's matches are intersected with the range's
-  messages (a BitmapAnd), so only matching messages are rechecked, and a text whose matches
-  lie far down the order (the tags `ep1` of episodes 1, 10-19, 100-199, ...) costs its
-  matches, not a walk past every episode; ordered by another key: the `EXISTS` walk.
+- SQLite counts the FTS5 matches up to `SQLITE_FEW` + 1 (a few ms). Few: the page is sorted
+  from the index's matches. Many: `EXISTS` with LIKE over each episode's messages, in the
+  page's order, which stops once the page is full.
+- PostgreSQL first checks the page's first `CHUNK` x limit episodes, in its order, their
+  messages read by the episode index in one statement of ours (`WALK_CHUNKS` chunks): a
+  common word fills the page there without touching the trigram index. A page not full then
+  comes from every match through the trigram index, which is cheap when the text is not
+  common. Statements of our own, with bitmap or sequential scans off where needed, because
+  the planner's estimate of a long pattern's matches is far too low (4 for 3,600) and its
+  plans follow it.
 
-All answer the same rows (tests/store/test_search.py runs every case both ways). Left slow: a
-text under three characters on PostgreSQL (no trigrams: the check scans), and, ordered by a
-key other than id, a common text whose matches all lie far down that order. On SQLite a text
-with non-ASCII letters always takes the index, whose case folding is Unicode's (LIKE folds
-ASCII only).
+PostgreSQL checks a message with a case-insensitive regular expression of the escaped text
+(`~*`), which the trigram index serves as it does ILIKE and which costs a third of ILIKE's
+check (ILIKE lowercases the whole message first). Every path answers the same rows
+(tests/store/test_search.py runs every case each way). Left slow: a text under three
+characters on PostgreSQL (no trigrams: the check scans), and a text in thousands of messages
+none of which are near the page's start (PostgreSQL collects them all; SQLite, past
+`SQLITE_FEW`, walks to them). On SQLite a text with non-ASCII letters always takes the index,
+whose case folding is Unicode's (LIKE folds ASCII only).
 """
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,31 +54,29 @@ from agent_rl.store.models import MESSAGE_SEARCH, EpisodeRow, MessageRow
 SQLITE_FEW = 5000
 """Most FTS5 hits (messages) for which SQLite sorts the page from the index's matches."""
 
-POSTGRES_FEW = 500
-"""Most messages (the planner's estimate) for which PostgreSQL collects the index's matches
-(each costs a recheck of its text, ~13 us); above it, ranges of ids (or the walk) are cheaper."""
+CHUNK = 4
+"""PostgreSQL: episodes checked per statement, as a multiple of the page."""
+
+WALK_CHUNKS = 1
+"""PostgreSQL: chunks walked before a page not yet full is taken from the index's matches (a
+word in a quarter of the episodes fills a page in one)."""
 
 
 def page(
-    conn: Connection,
-    sqlite: bool,
-    text: str,
-    query: Select[Any],
-    limit: int,
-    *,
-    by_id: bool,
-    desc: bool,
-    after_id: int | None,
+    conn: Connection, sqlite: bool, text: str, query: Select[Any], limit: int
 ) -> list[Row[Any]]:
-    """The first `limit` rows of `query` (episodes, filtered and ordered, `by_id`: by id
-    alone) whose transcript contains `text`; `after_id` is where an id-ordered page starts."""
+    """The first `limit` rows of `query` (episodes, filtered and ordered) whose transcript
+    contains `text`."""
     if sqlite or len(text) < 3:
         return list(conn.execute(query.where(_text_filter(conn, sqlite, text)).limit(limit)))
-    if _estimated_matches(conn, text) <= POSTGRES_FEW:
-        return list(conn.execute(query.where(_collected(conn, text)).limit(limit)))
-    if not by_id:
-        return list(conn.execute(query.where(_walk(text, sqlite)).limit(limit)))
-    return _by_id_windows(conn, text, query, limit, desc=desc, after_id=after_id)
+    rows, walked_all = _walk_in_chunks(conn, text, query, limit, WALK_CHUNKS)
+    if len(rows) == limit or walked_all:
+        return rows
+    # Not common near the page's start: every match, through the index, then the page.
+    conn.exec_driver_sql("SET LOCAL enable_seqscan = off")  # this read's transaction
+    ids = conn.scalars(messages_with(text, sqlite=False).distinct()).all()
+    conn.exec_driver_sql("SET LOCAL enable_seqscan = on")
+    return list(conn.execute(query.where(_any_of(ids)).limit(limit)))
 
 
 def _text_filter(conn: Connection, sqlite: bool, text: str) -> ColumnElement[bool]:
@@ -94,71 +92,71 @@ def _walk(text: str, sqlite: bool) -> ColumnElement[bool]:
     )
 
 
-def _collected(conn: Connection, text: str) -> ColumnElement[bool]:
-    """PostgreSQL: the episodes of every message the index finds, collected by a statement of
-    their own first (inside the page's statement the planner would join them along the
-    episodes' order, rechecking every message on its way)."""
-    conn.exec_driver_sql("SET LOCAL enable_seqscan = off")  # this read's transaction
-    ids = conn.scalars(messages_with(text, sqlite=False).distinct()).all()
-    conn.exec_driver_sql("SET LOCAL enable_seqscan = on")
-    return _any_of(ids)
-
-
 def _any_of(ids: Sequence[int]) -> ColumnElement[bool]:
     return EpisodeRow.id == func.any(bindparam("hits", list(ids), type_=ARRAY(Integer)))
 
 
-def _by_id_windows(
-    conn: Connection, text: str, query: Select[Any], limit: int, *, desc: bool, after_id: int | None
-) -> list[Row[Any]]:
-    """PostgreSQL, a common text, a page by id: ranges of episode ids from the page's start,
-    each four times the last, until the page is full. Within a range the index's matches are
-    intersected with the range's messages (a BitmapAnd), so only matching messages in it are
-    rechecked: a text common near the start fills the page in the first range, and one whose
-    matches lie far down still costs only its matches, not a walk past every episode."""
-    low, high = conn.execute(select(func.min(EpisodeRow.id), func.max(EpisodeRow.id))).one()
-    if low is None:
-        return []
-    if after_id is not None:
-        low, high = (low, min(high, after_id - 1)) if desc else (max(low, after_id + 1), high)
+def _walk_in_chunks(
+    conn: Connection, text: str, query: Select[Any], limit: int, chunks: int
+) -> tuple[list[Row[Any]], bool]:
+    """PostgreSQL: the page's episodes in its order, `CHUNK` x limit at a time, each chunk's
+    messages checked in one statement (by the messages' episode index), for at most `chunks`
+    chunks; the rows found, and whether every episode was checked. Statements of our own, not
+    one join: the planner's estimate of a long pattern's matches is far too low (4 for 3,600),
+    and its plan then collected every match through the index."""
     rows: list[Row[Any]] = []
-    edge, width = (high if desc else low), 4 * limit
-    while len(rows) < limit and low <= edge <= high:
-        lo, hi = (edge - width + 1, edge) if desc else (edge, edge + width - 1)
-        hits = (
-            select(MessageRow.episode_id)
-            .where(MessageRow.episode_id.between(lo, hi), _matches(text, sqlite=False))
-            .distinct()
-        )
-        ids = conn.scalars(hits).all()  # on its own, or the planner walks the range instead
-        if ids:
-            window = query.where(EpisodeRow.id.between(lo, hi), _any_of(ids))
-            rows += conn.execute(window.limit(limit - len(rows))).all()
-        edge, width = (lo - 1 if desc else hi + 1), width * 4
-    return rows
+    size = CHUNK * limit
+    for n in range(chunks):
+        chunk = conn.execute(query.offset(n * size).limit(size)).all()
+        hits = _hits_among(conn, text, [r.id for r in chunk])
+        rows += [r for r in chunk if r.id in hits][: limit - len(rows)]
+        if len(rows) == limit or len(chunk) < size:
+            return rows, len(chunk) < size
+    return rows, False
+
+
+def _hits_among(conn: Connection, text: str, ids: list[int]) -> set[int]:
+    """Which of these episodes have a message containing `text`: their messages read by the
+    episode index (bitmap scans off: the planner, misled by its estimate, would take the
+    trigram index and recheck every match of the word instead)."""
+    if not ids:
+        return set()
+    conn.exec_driver_sql("SET LOCAL enable_bitmapscan = off")  # this read's transaction
+    conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+    among = MessageRow.episode_id == func.any(bindparam("ids", ids, type_=ARRAY(Integer)))
+    hits = set(
+        conn.scalars(select(MessageRow.episode_id).distinct().where(among, _matches(text, False)))
+    )
+    conn.exec_driver_sql("SET LOCAL enable_bitmapscan = on")
+    conn.exec_driver_sql("SET LOCAL enable_seqscan = on")
+    return hits
 
 
 def messages_with(text: str, sqlite: bool) -> Select[tuple[int]]:
     """Episode ids of the messages containing `text`, case-insensitively, through the
     backend's text search index: SQLite's FTS5 trigram table, PostgreSQL's pg_trgm index
-    under ILIKE. Trigrams need three characters; a shorter text scans."""
+    under `~*`. Trigrams need three characters; a shorter text scans."""
     if sqlite and len(text) >= 3:
         return select(MessageRow.episode_id).where(MessageRow.id.in_(_fts_rowids(text)))
     return select(MessageRow.episode_id).where(_matches(text, sqlite))
 
 
 def _matches(text: str, sqlite: bool) -> ColumnElement[bool]:
-    """A message's own check: SQLite's LIKE (case-insensitive for ASCII), PostgreSQL's ILIKE."""
+    """A message's own check: SQLite's LIKE (case-insensitive for ASCII), PostgreSQL's `~*`."""
     pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     if sqlite:
         if not text.isascii():  # LIKE would not fold its case: ask the index about this row
             return MessageRow.id.in_(_fts_rowids(text))
         return MessageRow.content.like(pattern, escape="\\")
-    # Written into the SQL, not bound: PostgreSQL plans a bound pattern once it is prepared
-    # (psycopg prepares a statement run five times) with a generic plan that cannot see the
-    # trigrams, and walked every message for a rare text (0.3-1.5 s at 10k episodes).
-    inline = bindparam("pattern", pattern, literal_execute=True)
-    return MessageRow.content.ilike(inline, escape="\\")
+    # A case-insensitive regular expression of the text, every ASCII character that is not a
+    # letter or digit escaped (a literal then): it matches what ILIKE '%text%' matches, the
+    # trigram index serves it the same way, and its check of a message costs a third of
+    # ILIKE's, which lowercases the whole message first. Written into the SQL, not bound:
+    # PostgreSQL plans a bound pattern once it is prepared (psycopg prepares a statement run
+    # five times) with a generic plan that cannot see the trigrams.
+    literal = re.sub(r"([\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f])", r"\\\1", text)
+    inline = bindparam("pattern", literal, literal_execute=True)
+    return MessageRow.content.op("~*")(inline)
 
 
 def _fts_rowids(text: str) -> Select[tuple[int]]:
@@ -174,13 +172,3 @@ def _fts_hits(conn: Connection, text: str) -> int:
     """Messages the FTS5 index matches, counted up to SQLITE_FEW + 1 (a few ms at most)."""
     capped = _fts_rowids(text).limit(SQLITE_FEW + 1).subquery()
     return int(conn.scalar(select(literal_column("count(*)")).select_from(capped)) or 0)
-
-
-def _estimated_matches(conn: Connection, text: str) -> float:
-    """The planner's estimate of the messages containing `text` (EXPLAIN: no execution)."""
-    query = select(MessageRow.id).where(_matches(text, sqlite=False))
-    compiled = query.compile(conn, compile_kwargs={"literal_binds": True})
-    plan = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {compiled}").scalar()
-    if isinstance(plan, str):
-        plan = json.loads(plan)
-    return float(plan[0]["Plan"]["Plan Rows"])

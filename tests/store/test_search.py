@@ -37,17 +37,20 @@ async def episodes_with(store: Store, run: int, texts: list[str]) -> list[int]:
     return eps
 
 
-@pytest.mark.parametrize("common", [False, True], ids=["rare", "common"])
+@pytest.mark.parametrize("way", ["index", "walk", "default"])
 async def test_search_matches_substrings_case_insensitively(
-    db_url: str, common: bool, monkeypatch: pytest.MonkeyPatch
+    db_url: str, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both ways a search runs answer the same: the index's matches collected (a rare text),
-    and the common text's (SQLite: each episode's messages checked in the page's order;
-    PostgreSQL: ranges of ids from the page's start, one page of one episode at a time here
-    so that every case crosses several ranges, both ways)."""
-    if common:  # every text counts as common
+    """Every way a search runs answers the same: through the index's matches (a rare text),
+    walking the episodes in the page's order (a common text: SQLite's EXISTS, PostgreSQL's
+    chunks of episodes, one episode a chunk here so that every case crosses several), and the
+    default choice between them; paged one episode at a time, both ways."""
+    if way == "index":
+        monkeypatch.setattr(search, "WALK_CHUNKS", 0)
+    elif way == "walk":  # every text counts as common, and PostgreSQL walks to the end
         monkeypatch.setattr(search, "SQLITE_FEW", -1)
-        monkeypatch.setattr(search, "POSTGRES_FEW", -1)
+        monkeypatch.setattr(search, "WALK_CHUNKS", 10_000)
+        monkeypatch.setattr(search, "CHUNK", 1)
     async with await migrated_store(db_url) as store:
         run = await store.ensure_run("search")
         eps = await episodes_with(store, run, TEXTS)
@@ -61,7 +64,7 @@ async def test_search_matches_substrings_case_insensitively(
         }
         for q, expected in cases.items():
             assert found(await store.list_episodes(text=q)) == expected, q
-            if common and len(q) >= 3:
+            if len(q) >= 3:
                 for sort in ("id", "-id"):
                     paged, after = [], None
                     while page := await store.list_episodes(text=q, sort=sort, limit=1,
