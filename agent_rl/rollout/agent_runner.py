@@ -13,7 +13,8 @@ gateway records each of its model calls as a turn while it does. Then:
 - the agent returned -> `score(task, result, transcript)` -> completed with the reward;
 - the agent raised, or the command exited non-zero -> failed (EnvError) with the traceback or
   the command's stderr; an engine failure behind one of its calls -> failed (EngineError);
-- the agent returned without calling the model -> failed: there is nothing to train on.
+- no call of the agent was kept (it returned without calling the model, or its first call was
+  refused for a budget) -> failed: there is nothing to train on.
 """
 
 from __future__ import annotations
@@ -90,20 +91,28 @@ class AgentRunner(EpisodeRunner):
         try:
             result = await self._agent(env, session)
         except Exception as e:
-            if session.truncated is not None:  # refused for its budget, then gave up
+            if session.truncated is not None and session.calls:  # refused for its budget, then gave up
                 return self._truncated(session)
             if session.engine_error is not None:
                 raise EngineError(f"agent call failed in the engine: {session.engine_error}") from e
+            if session.truncated is not None:
+                raise self._nothing(session) from e
             raise
         await session.close()
+        if session.calls == 0:
+            raise self._nothing(session)
         if session.truncated is not None:
             return self._truncated(session)
-        if session.calls == 0:
-            raise EnvError(f"{self.env_id}: the agent returned without calling the model at "
-                           f"{session.base_url}: there is nothing to train on")
         reward = as_reward(await env.score(self.task, result, session.transcript()))
         details = {"reward": reward.model_dump(mode="json"), **_counts(session)}
         return EpisodeEnd("completed", reward=reward.value, reward_details=details)
+
+    def _nothing(self, session: AgentSession) -> EnvError:
+        """No call was kept: there is nothing to train on (a first call refused for its budget
+        included: a prompt over `rollout.max_tokens` has no turn to train)."""
+        why = (f"its first call was refused ({session.truncated} budget spent)" if session.truncated
+               else f"the agent returned without calling the model at {session.base_url}")  # fmt: skip
+        return EnvError(f"{self.env_id}: {why}: there is nothing to train on")
 
     def _truncated(self, session: AgentSession) -> EpisodeEnd:
         end = _truncated(session.truncated or "env")

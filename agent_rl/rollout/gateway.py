@@ -17,11 +17,23 @@ routed experts for MoE), and answered in OpenAI's shape with the tool calls pars
   segment as a sequence of its own. Earlier answers the request keeps are rendered as the model
   wrote them. Segments and rewrites are counted in the episode's reward details.
 
-Budgets are the rollout's: `max_turns` calls, `max_tokens` carried tokens, `max_new_tokens`
-per call (a cut is an OpenAI `length` finish), the deadline. Once the turn or token budget is
-spent a call is refused with a 400 saying so and the episode ends as that truncation (reward
-0), whatever the agent does next. Calls after the episode ended get 409. One call runs at a
-time per episode (concurrent ones wait their turn).
+Budgets are the rollout's: `max_turns` calls, `max_tokens` tokens of the episode (all its
+segments together: what is stored and trained), `max_new_tokens` per call (a cut is an OpenAI
+`length` finish), the deadline. Once the turn or token budget is spent a call is refused with a
+400 saying so and the episode ends as that truncation (reward 0), whatever the agent does next.
+Calls after the episode ended get 409. One call runs at a time per episode (concurrent ones
+wait their turn).
+
+**Every call is atomic**: it completes and is kept (its turn recorded, the episode carrying its
+answer), or it leaves the episode exactly as it was: carried tokens, history, segment, budgets,
+call count (`_save` / `_restore`). So a stream the client closes, a client that times out (the
+engine request is aborted: the app cancels the call when its client goes away), an engine error
+and a request the engine refuses (a forced tool call's schema its constrained decoding cannot
+compile: 400) leave nothing behind, and the next call's prompt is the kept calls' tokens.
+
+Every dialect (OpenAI chat completions here, Anthropic Messages in `anthropic_wire`) builds a
+`ChatRequest` and goes through `answer` (not streamed) or `pieces` (streamed): one recording
+path, only the answer's shape differs.
 
 A call's turn is answered first and committed while the episode's next call generates (as the
 runner does for an SDK env's turns), so no call waits for the store; writes land in order, the
@@ -36,6 +48,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +81,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ABORT_WAIT_S = 2.0
+"""How long an abandoned call's abort may take before the gateway stops waiting for it."""
+
 ENDED_KEYS_KEPT = 100_000
 """Keys of ended episodes remembered, so that a late call gets 409 rather than 404."""
 
@@ -89,6 +105,39 @@ class _Prepared:
     params: dict[str, Any]
     drift: bool
     started: float
+    rid: str
+    """The engine request's id (to abort it when the client goes away)."""
+
+
+@dataclass
+class Answer:
+    """A generated call, to be answered in its dialect's shape and kept."""
+
+    prepared: _Prepared
+    gen: Generation
+    turn: AssistantTurn
+    """The completion parsed: its text and tool calls."""
+    finish: FinishReason
+    record: TurnRecord
+    text: str
+    """The completion decoded, end-of-turn text included."""
+    usage: dict[str, int]
+    """OpenAI's usage: prompt (the whole carried prompt), completion and total tokens."""
+    cid: str
+    stop: str | None
+    """The request's stop string the completion ended on, if it ended on one."""
+
+
+@dataclass
+class _Saved:
+    """An episode's state before a call (`AgentSession._save`)."""
+
+    conv: Conversation | None
+    checkpoint: Any
+    segments: int
+    rewrites: int
+    tools_key: str
+    spent: int
 
 
 class AgentSession:
@@ -109,6 +158,8 @@ class AgentSession:
         """The last call's messages as sent, and its answer as returned."""
         self._internal: list[Message] = []
         self._tools_key = ""
+        self._spent = 0
+        """Tokens of the episode's earlier segments (`rollout.max_tokens` is the episode's)."""
         self._answers: dict[str, Message] = {}
         """Every answer so far, by its OpenAI form's key, as the model wrote it."""
         self._last_ids: list[int] = []
@@ -154,52 +205,121 @@ class AgentSession:
 
     # ------------------------------------------------------------------ calls
 
-    async def complete(self, req: ChatRequest) -> dict[str, Any]:
-        """One non-streaming call: its OpenAI completion body."""
+    async def answer(self, req: ChatRequest) -> Answer:
+        """One call, not streamed: generated, then kept (every dialect's recording path)."""
         async with self._calls:
-            p = self._prepare(req)
-            gen = await self._generate(p)
-            turn, finish = await self._record(p, gen)
-        message = reply_message(turn)
-        logprobs = self._logprobs(gen) if req.logprobs else None
-        return completion_body(_cid(self, gen), self._model(req), message, finish, logprobs,
-                               self._usage(p, gen))  # fmt: skip
+            saved = self._save()
+            try:
+                p = self._prepare(req)
+                answer = self._answer(p, await self._generate(p))
+            except BaseException:
+                self._restore(saved)
+                raise
+            self._keep(answer)
+        return answer
+
+    async def pieces(self, req: ChatRequest) -> AsyncIterator[Generation | Answer | None]:
+        """One call, streamed (every dialect's recording path): None once the engine took it
+        and produced its first piece (a refusal or failure raises before: budget, a bad
+        message, a tool schema the engine's constrained decoding cannot compile, so it is an
+        HTTP error rather than a cut stream), then the cumulative generations, then the
+        `Answer`. The call is kept when the consumer asks for more after the `Answer` (once
+        it sent the answer's last events); one closed before that leaves the episode as it
+        was (`_save`)."""
+        async with self._calls:
+            saved, kept = self._save(), False
+            try:
+                p = self._prepare(req)
+                # Committed before the first chunk (a failure is then an error, not a cut stream):
+                # a generator cannot hold a task group across its yields to overlap the two.
+                with anyio.CancelScope(shield=True):
+                    async with self._write:
+                        await self._commit()
+                gen: Generation | None = None
+                async with aclosing(self._generate_stream(p)) as generations:
+                    async for gen in generations:
+                        yield gen
+                assert gen is not None  # the stream ends with a generation or raises
+                answer = self._answer(p, gen)
+                yield answer
+                self._keep(answer)
+                kept = True
+            finally:
+                if not kept:
+                    self._restore(saved)
+
+    async def complete(self, req: ChatRequest) -> dict[str, Any]:
+        """One chat-completions call, not streamed: its OpenAI completion body."""
+        a = await self.answer(req)
+        logprobs = self._logprobs(a.gen) if req.logprobs else None
+        return completion_body(a.cid, self._model(req), reply_message(a.turn), a.finish, logprobs, a.usage)
 
     async def stream(self, req: ChatRequest) -> AsyncIterator[dict[str, Any]]:
-        """One streaming call: OpenAI chunks, the content as it is generated (text that may
-        open a tool call is held back until it is known), then the tool calls, the finish
-        reason and, with `stream_options.include_usage`, the usage."""
-        async with self._calls:
-            p = self._prepare(req)
-            # Committed before the first chunk (a failure is then an error, not a cut stream):
-            # a generator cannot hold a task group across its yields to overlap the two.
-            with anyio.CancelScope(shield=True):
-                async with self._write:
-                    await self._commit()
-            cid, model, sent, logged = f"chatcmpl-{self.episode_id}-{self.calls}", self._model(req), "", 0
-            yield chunk(cid, model, {"role": "assistant", "content": ""})
-            gen: Generation | None = None
-            async for gen in self._generate_stream(p):
-                visible = _streamable(self.ctx.renderer.decode(gen.output_ids), self.ctx.renderer.eos_text)
-                logprobs = self._logprobs(gen, logged) if req.logprobs else None
-                logged = len(gen.output_ids)
-                if len(visible) > len(sent) or logprobs:
-                    yield chunk(cid, model, {"content": visible[len(sent):]}, logprobs=logprobs)
-                    sent = visible
-            assert gen is not None  # the stream ends with a generation or raises
-            turn, finish = await self._record(p, gen)
-            message = reply_message(turn)
-            content = message["content"] or ""
-            delta: dict[str, Any] = {}
-            if content.startswith(sent) and len(content) > len(sent):
-                delta["content"] = content[len(sent):]
-            if turn.tool_calls:
-                delta["tool_calls"] = [{"index": i, **tool_call(c)} for i, c in enumerate(turn.tool_calls)]
-            if delta:
-                yield chunk(cid, model, delta)
-            yield chunk(cid, model, {}, finish=finish)
-            if (req.stream_options or {}).get("include_usage"):
-                yield chunk(cid, model, {}, usage=self._usage(p, gen), choices=False)
+        """One chat-completions call, streamed: OpenAI chunks, the content as it is generated
+        (text that may open a tool call is held back until it is known), then the tool calls,
+        the finish reason and, with `stream_options.include_usage`, the usage."""
+        cid, model, sent, logged = f"chatcmpl-{self.episode_id}-{self.calls}", self._model(req), "", 0
+        async with aclosing(self.pieces(req)) as pieces:
+            async for piece in pieces:
+                if piece is None:
+                    yield chunk(cid, model, {"role": "assistant", "content": ""})
+                elif isinstance(piece, Generation):
+                    visible = self.visible(piece)
+                    logprobs = self._logprobs(piece, logged) if req.logprobs else None
+                    logged = len(piece.output_ids)
+                    if len(visible) > len(sent) or logprobs:
+                        yield chunk(cid, model, {"content": visible[len(sent):]}, logprobs=logprobs)
+                        sent = visible
+                else:
+                    message = reply_message(piece.turn)
+                    content = message["content"] or ""
+                    delta: dict[str, Any] = {}
+                    if content.startswith(sent) and len(content) > len(sent):
+                        delta["content"] = content[len(sent):]
+                    if piece.turn.tool_calls:
+                        delta["tool_calls"] = [{"index": i, **tool_call(c)} for i, c in enumerate(piece.turn.tool_calls)]
+                    if delta:
+                        yield chunk(cid, model, delta)
+                    yield chunk(cid, model, {}, finish=piece.finish)
+                    if (req.stream_options or {}).get("include_usage"):
+                        yield chunk(cid, model, {}, usage=piece.usage, choices=False)
+
+    def prompt_tokens(self) -> int:
+        """The carried prompt's length (during a call: the prompt it generates after)."""
+        return len(self._conv.ids) if self._conv is not None else 0
+
+    def visible(self, gen: Generation) -> str:
+        """The part of a generation so far that is surely content (`_streamable`)."""
+        return _streamable(self.ctx.renderer.decode(gen.output_ids), self.ctx.renderer.eos_text)
+
+    def count_tokens(self, req: ChatRequest) -> int:
+        """The tokens of `req` rendered as a fresh prompt (the episode is not touched)."""
+        internal: list[Message] = []
+        names: dict[str, str] = {}
+        for i, m in enumerate(req.messages):
+            ours = self._answers.get(_answer_key(m))
+            internal.append(to_message(m, i, names) if ours is None else ours)
+            _note_calls(m, names)
+        renderer = self.ctx.renderer
+        return len(renderer.encode(renderer.render(internal, req.function_tools())))
+
+    # ------------------------------------------------------------------ atomic calls
+
+    def _save(self) -> _Saved:
+        """What a call changes before it is kept: the carried tokens (and the conversation
+        they belong to), the segment and rewrite counts, the tools. A call that fails or is
+        abandoned (the client went away, the engine failed or refused it) is undone with
+        `_restore`, so the next call's prompt is the kept calls' tokens and nothing else."""
+        conv = self._conv
+        return _Saved(conv, conv.checkpoint() if conv is not None else None,
+                      self.segments, self.rewrites, self._tools_key, self._spent)  # fmt: skip
+
+    def _restore(self, saved: _Saved) -> None:
+        self._conv = saved.conv
+        if saved.conv is not None and saved.checkpoint is not None:
+            saved.conv.restore(saved.checkpoint)
+        self.segments, self.rewrites, self._tools_key = saved.segments, saved.rewrites, saved.tools_key
+        self._spent = saved.spent
 
     # ------------------------------------------------------------------ steps of a call
 
@@ -237,11 +357,13 @@ class AgentSession:
                 internal.append(to_message(m, i, names) if ours is None else ours)
                 _note_calls(m, names)
             new = list(internal)
+            if self._conv is not None:  # the segment that ends: its tokens count in the budget
+                self._spent += len(self._conv.ids) + len(self._last_ids)
             self._conv = Conversation(self.ctx.renderer, tools)
             pending, drift = self._conv.start(internal), False
             self.segments += 1
             self.rewrites += self.calls > 0
-        budget = cfg.max_tokens - len(self._conv.ids)
+        budget = cfg.max_tokens - self._spent - len(self._conv.ids)
         if budget <= 0:
             self.truncated = "max_tokens"
             raise GatewayError(400, f"the episode's token budget is spent (rollout.max_tokens = "
@@ -261,50 +383,76 @@ class AgentSession:
         elif cfg.seeded_sampling and self.runner.seed is not None:
             params["sampling_seed"] = request_seed(self.runner.seed, self.calls)
         self._tools_key = tools_key
-        return _Prepared(req, sent, internal, new, tools, pending, params, drift, started)
+        rid = f"agent-{self.episode_id}-call-{self.calls}-{time.monotonic_ns()}"
+        return _Prepared(req, sent, internal, new, tools, pending, params, drift, started, rid)
 
     def _options(self, p: _Prepared) -> dict[str, Any]:
         persisted = len(self._conv.ids) - len(p.pending) if self._conv else 0
         experts = self.ctx.routed_experts
         extra = {"top_logprobs_num": p.request.top_logprobs} if p.request.top_logprobs else None
-        return dict(rid=f"agent-{self.episode_id}-call-{self.calls}-{time.monotonic_ns()}",
-                    return_logprob=True, return_routed_experts=experts,
+        return dict(rid=p.rid, return_logprob=True, return_routed_experts=experts,
                     routed_experts_start_len=persisted if experts else 0,
                     routing_key=f"episode-{self.episode_id}", extra=extra)  # fmt: skip
 
     async def _generate(self, p: _Prepared) -> Generation:
         assert self._conv is not None
         with telemetry.chat(self.ctx.model_name, p.params["max_new_tokens"], p.params["temperature"]) as span:
-            gen = await self._while_writing(self._engine(
-                lambda: self.ctx.client.generate(self._conv.ids, p.params, **self._options(p))))  # type: ignore[union-attr]
+            try:
+                gen = await self._while_writing(self._engine(
+                    lambda: self.ctx.client.generate(self._conv.ids, p.params, **self._options(p))))  # type: ignore[union-attr]
+            except anyio.get_cancelled_exc_class():
+                await self._abort(p)
+                raise
             telemetry.record_usage(span, len(self._conv.ids), len(gen.output_ids),
                                    gen.finish_reason.type if gen.finish_reason else None)
         return self._checked(gen)
 
-    async def _generate_stream(self, p: _Prepared) -> AsyncIterator[Generation]:
+    async def _generate_stream(self, p: _Prepared) -> AsyncIterator[Generation | None]:
+        """None once the engine took the request and produced its first piece, then the
+        cumulative generations; a refusal or failure raises before the None."""
         assert self._conv is not None
         last: Generation | None = None
+        done = False
         try:
-            async for last in self.ctx.client.stream(self._conv.ids, p.params, **self._options(p)):  # type: ignore[misc]
-                yield last
+            async with aclosing(self.ctx.client.stream(self._conv.ids, p.params, **self._options(p))) as pieces:  # type: ignore[arg-type]
+                async for last in pieces:
+                    if last.aborted:
+                        self._checked(last)
+                    if not done:
+                        done = True
+                        yield None
+                    yield last
         except EngineError as e:
-            self.engine_error = str(e)
-            raise GatewayError(502, f"the engine failed: {e}", type="server_error") from e
+            raise self._engine_failed(e) from e
+        except (anyio.get_cancelled_exc_class(), GeneratorExit):
+            if last is None or not last.finish_reason:
+                with anyio.CancelScope(shield=True):
+                    await self._abort(p)
+            raise
         if last is None:
             self.engine_error = "the engine's stream ended without a generation"
             raise GatewayError(502, self.engine_error, type="server_error")
         self._checked(last)
 
+    async def _abort(self, p: _Prepared) -> None:
+        """Best effort: tell the engine to stop a generation nobody waits for any more (its
+        connection is closed too, which SGLang notices on its own, within seconds)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_WAIT_S):
+            try:
+                await self.ctx.client.abort(p.rid)
+            except EngineError as e:  # a router without its admin token refuses it: no harm
+                log.debug("episode %d: abort of %s: %s", self.episode_id, p.rid, e)
+
     async def _engine(self, call: Callable[[], Awaitable[Generation]]) -> Generation:
         """The engine's answer; a 503 (no engine took it, nothing generated) is sent again
-        until the episode's deadline; any other engine failure is a 502 and fails the episode."""
+        until the episode's deadline; a request the engine refuses (a tool schema its
+        constrained decoding cannot compile) is a 400; any other engine failure is a 502."""
         try:  # the retry machinery costs more CPU than the request: only after a 503
             return await call()
         except EngineUnavailableError:
             pass
         except EngineError as e:
-            self.engine_error = str(e)
-            raise GatewayError(502, f"the engine failed: {e}", type="server_error") from e
+            raise self._engine_failed(e) from e
         retrying = AsyncRetrying(retry=retry_if_exception_type(EngineUnavailableError),
                                  wait=wait_exponential_jitter(initial=0.5, max=5.0),
                                  stop=stop_after_delay(self.ctx.cfg.episode_timeout_s), reraise=True)  # fmt: skip
@@ -313,13 +461,23 @@ class AgentSession:
                 with attempt:
                     return await call()
         except EngineError as e:
-            self.engine_error = str(e)
-            raise GatewayError(502, f"the engine failed: {e}", type="server_error") from e
+            raise self._engine_failed(e) from e
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _engine_failed(self, e: Exception) -> GatewayError:
+        message = str(e)
+        if _refused_schema(message):
+            return GatewayError(400, f"the engine's constrained decoding refused the forced tool "
+                                     f"call's schema: {message}", param="tools")  # fmt: skip
+        self.engine_error = message
+        return GatewayError(502, f"the engine failed: {message}", type="server_error")
 
     def _checked(self, gen: Generation) -> Generation:
         problem = None
         if gen.aborted:
+            why = gen.finish_reason.message if gen.finish_reason else None
+            if why and _refused_schema(why):
+                raise self._engine_failed(EngineError(why))
             problem = f"generation aborted by the engine: {gen.finish_reason}"
         elif gen.logprobs is None or len(gen.logprobs) != len(gen.output_ids):
             problem = "the engine returned no logprob for some generated tokens"
@@ -328,51 +486,58 @@ class AgentSession:
             raise GatewayError(502, problem, type="server_error")
         return gen
 
-    async def _record(self, p: _Prepared, gen: Generation) -> tuple[AssistantTurn, FinishReason]:
-        """Persist the call as a turn, then remember it for the next one."""
+    def _answer(self, p: _Prepared, gen: Generation) -> Answer:
+        """The call's answer and its turn record; nothing of the episode changes yet."""
         assert self._conv is not None
         renderer = self.ctx.renderer
-        ids = gen.output_ids
-        text = renderer.decode(ids)
+        text = renderer.decode(gen.output_ids)
         content = text[: -len(renderer.eos_text)] if text.endswith(renderer.eos_text) else text
         turn = parse_completion(content, id_prefix=f"call_{self.calls}_")
-        answer = turn.to_message()
-        reply = reply_message(turn)
         record = TurnRecord(
             tokens=self.runner._span(p.pending, gen), num_prompt_tokens=len(p.pending),
             started_at=p.started, finished_at=time.time(),
-            messages=[_record(m) for m in [*p.new, answer]], tool_calls=_tool_records(turn),
+            messages=[_record(m) for m in [*p.new, turn.to_message()]], tool_calls=_tool_records(turn),
             finish_reason=gen.finish_reason.type if gen.finish_reason else None, drift=p.drift,
             segment=self.segments - 1,
         )  # fmt: skip
+        length = gen.finish_reason is not None and gen.finish_reason.type == "length"
+        finish: FinishReason = "length" if length else "tool_calls" if turn.tool_calls else "stop"
+        prompt = len(self._conv.ids)
+        usage = {"prompt_tokens": prompt, "completion_tokens": len(gen.output_ids),
+                 "total_tokens": prompt + len(gen.output_ids)}  # fmt: skip
+        matched = gen.finish_reason.matched if gen.finish_reason is not None else None
+        stop = matched if isinstance(matched, str) and matched in p.params.get("stop", ()) else None
+        return Answer(p, gen, turn, finish, record, text, usage, f"chatcmpl-{self.episode_id}-{self.calls}", stop)
+
+    def _keep(self, a: Answer) -> None:
+        """The call is kept: its turn is held for the next commit, and the episode carries its
+        answer. No await in here: a kept call is kept whole."""
+        assert self._conv is not None
+        p, gen, turn, record, text = a.prepared, a.gen, a.turn, a.record, a.text
         if self.closed:  # `close` sets it before its last commit, so this turn would be lost
             raise GatewayError(409, f"episode {self.episode_id} ended during this call",
                                code="episode_ended")
         self._unwritten = record  # committed during the next call's generation, or by `close`
         self.calls += 1
+        self.engine_error = None
         if p.drift:
             log.warning("episode %d call %d: carried tokens drifted from the chat template",
                         self.episode_id, self.calls - 1)
+        answer = turn.to_message()
+        reply = reply_message(turn)
+        ids = gen.output_ids
         self._history = [*p.messages, reply]
         self._internal = [*p.internal, answer]
         self._answers[_answer_key(reply)] = answer
         self._last_ids, self._last_text = list(ids), text
         length = gen.finish_reason is not None and gen.finish_reason.type == "length"
-        if length and len(self._conv.ids) + len(ids) >= self.ctx.cfg.max_tokens:
+        if length and self._spent + len(self._conv.ids) + len(ids) >= self.ctx.cfg.max_tokens:
             self.truncated = "max_tokens"
-        finish: FinishReason = "length" if length else "tool_calls" if turn.tool_calls else "stop"
-        return turn, finish
 
     # ------------------------------------------------------------------ shapes
 
     def _model(self, req: ChatRequest) -> str:
         return req.model or self.ctx.model_name
-
-    def _usage(self, p: _Prepared, gen: Generation) -> dict[str, int]:
-        assert self._conv is not None
-        prompt = len(self._conv.ids)
-        return {"prompt_tokens": prompt, "completion_tokens": len(gen.output_ids),
-                "total_tokens": prompt + len(gen.output_ids)}  # fmt: skip
 
     def _logprobs(self, gen: Generation, start: int = 0) -> list[dict[str, Any]]:
         """OpenAI's `logprobs.content` for output tokens from `start` on."""
@@ -391,16 +556,19 @@ class AgentSession:
         return out
 
 
+def _refused_schema(message: str) -> bool:
+    """Whether an engine error is SGLang refusing the request's grammar (a forced tool call's
+    schema that xgrammar cannot compile, e.g. a `$ref` to a missing definition): the client's
+    request is at fault, not the engine."""
+    return "grammar" in message.lower() and ("compile" in message.lower() or "invalid" in message.lower())
+
+
 def _note_calls(m: dict[str, Any], names: dict[str, str]) -> None:
     """Remember the tool names of a message's calls by id (tool messages name their tool)."""
     for c in m.get("tool_calls") or []:
         fn = c.get("function") if isinstance(c, dict) else None
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
             names[str(c.get("id") or "")] = fn["name"]
-
-
-def _cid(session: AgentSession, gen: Generation) -> str:
-    return f"chatcmpl-{session.episode_id}-{session.calls - 1}"
 
 
 def _answer_key(m: dict[str, Any]) -> str:

@@ -1,11 +1,14 @@
-"""The agent gateway over HTTP: OpenAI's `/v1/chat/completions` and `/v1/models`, one base URL
-per running agent episode.
+"""The agent gateway over HTTP: OpenAI's `/v1/chat/completions` and `/v1/models` and Anthropic's
+`/v1/messages` and `/v1/messages/count_tokens`, one base URL per running agent episode.
 
     POST /agents/{key}/v1/chat/completions    (stream or not)
     GET  /agents/{key}/v1/models
+    POST /agents/{key}/v1/messages            (stream or not; also under .../v1/v1/)
+    POST /agents/{key}/v1/messages/count_tokens
 
 The key in the path selects the episode and must also be the request's bearer token
-(`Authorization: Bearer {key}`, what an OpenAI client sends as its API key), so a program
+(`Authorization: Bearer {key}`, what an OpenAI client sends as its API key) or its `x-api-key`
+header (what Anthropic's client sends), so a program
 holding one episode's key can reach that episode only. Every refusal is in OpenAI's error
 shape: 400 for a malformed request or a spent budget, 401 for a wrong key, 404 for an
 unknown episode, 409 for an episode that has ended, 502 when the engine failed. The scheme
@@ -18,20 +21,26 @@ in a browser on this machine cannot reach it by DNS rebinding.
 
 from __future__ import annotations
 
+import contextlib
+import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, TypeVar
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_rl.config.access import HostGuard, HostRule, bearer_matches, one_header
+from agent_rl.rollout import anthropic_wire
 from agent_rl.rollout.gateway import AgentSession, Gateway
 from agent_rl.rollout.gateway_relay import SANDBOX_PORT
 from agent_rl.rollout.openai_wire import ChatRequest, GatewayError
+
+T = TypeVar("T")
 
 
 def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequence[str] = ()) -> FastAPI:
@@ -43,16 +52,18 @@ def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequen
 
     @app.exception_handler(GatewayError)
     async def refused(request: Request, e: GatewayError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return _refusal(request, e)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        error = GatewayError(e.status_code, str(e.detail), code="not_found" if e.status_code == 404 else None)
-        return JSONResponse(error.body(), status_code=e.status_code)
+        if e.status_code == 404:
+            return _refusal(request, GatewayError(404, f"no such route: {request.method} {request.url.path}; "
+                                                       f"the gateway serves {ROUTES}", code="not_found"))
+        return _refusal(request, GatewayError(e.status_code, str(e.detail)))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        return JSONResponse(GatewayError(400, str(e.errors()[0].get("msg", e))).body(), status_code=400)
+        return _refusal(request, GatewayError(400, str(e.errors()[0].get("msg", e))))
 
     @app.get("/agents/{key}/v1/models")
     async def models(key: str, request: Request) -> dict[str, Any]:
@@ -63,38 +74,146 @@ def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequen
     @app.post("/agents/{key}/v1/chat/completions", response_model=None)
     async def chat_completions(key: str, request: Request) -> Any:
         session = _authorized(gateway, key, request)
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise GatewayError(400, f"the request body is not JSON: {e}") from e
-        req = ChatRequest.parse(body)
+        req = ChatRequest.parse(await _body(request))
         if not req.stream:  # plain JSON, not FastAPI's encoder: it walks every value again
-            return Response(json.dumps(await session.complete(req), separators=(",", ":")),
-                            media_type="application/json")
+            answer = await until_disconnected(request, session.complete(req))
+            return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
         chunks = session.stream(req)
         first = await anext(chunks)  # refusals (budget, 409, a bad message) come before any byte
-        return StreamingResponse(_sse(first, chunks), media_type="text/event-stream")
+        return _Stream(_sse(first, chunks), media_type="text/event-stream")
+
+    # Anthropic's client appends /v1/messages to its base URL: the episode's base URL with or
+    # without its /v1 reaches the same route.
+    @app.post("/agents/{key}/v1/messages", response_model=None)
+    @app.post("/agents/{key}/v1/v1/messages", response_model=None)
+    async def messages(key: str, request: Request) -> Any:
+        session = _authorized(gateway, key, request)
+        req = anthropic_wire.to_chat(await _body(request))
+        model = req.model or gateway.model_name
+        if not req.stream:
+            answer = await until_disconnected(request, session.answer(req))
+            body = anthropic_wire.message_body(answer, model) if answer is not None else {}
+            return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+        events = anthropic_wire.stream(session, req, model)
+        first = await anext(events)
+        return _Stream(_named_sse(first, events), media_type="text/event-stream")
+
+    @app.post("/agents/{key}/v1/messages/count_tokens", response_model=None)
+    @app.post("/agents/{key}/v1/v1/messages/count_tokens", response_model=None)
+    async def count_tokens(key: str, request: Request) -> Any:
+        session = _authorized(gateway, key, request)
+        return {"input_tokens": session.count_tokens(anthropic_wire.to_chat(await _body(request), counting=True))}
 
     return app
 
 
+ROUTES = ("POST /agents/{key}/v1/chat/completions, GET /agents/{key}/v1/models, "
+          "POST /agents/{key}/v1/messages, POST /agents/{key}/v1/messages/count_tokens")  # fmt: skip
+"""What a 404 names (the Anthropic routes answer under .../v1/v1/... too)."""
+
+
+def _anthropic(request: Request) -> bool:
+    return "/messages" in request.url.path
+
+
+def _refusal(request: Request, e: GatewayError) -> JSONResponse:
+    """A refusal in the shape of the route's dialect."""
+    body = anthropic_wire.error_body(e) if _anthropic(request) else e.body()
+    return JSONResponse(body, status_code=e.status)
+
+
+async def _body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise GatewayError(400, f"the request body is not JSON: {e}") from e
+
+
 def _authorized(gateway: Gateway, key: str, request: Request) -> AgentSession:
     session = gateway.session(key)
+    api_key = one_header(request.headers.getlist("x-api-key"))  # what Anthropic's client sends
+    if api_key and hmac.compare_digest(api_key.encode("utf-8", "surrogateescape"), key.encode()):
+        return session
     if not bearer_matches(one_header(request.headers.getlist("authorization")), key):
         raise GatewayError(401, "the API key must be this episode's key (the one in the URL)",
                            type="authentication_error", code="invalid_api_key")
     return session
 
 
+class _Stream(StreamingResponse):
+    """A stream that stops as soon as its client goes away, its events' iterator cancelled
+    (so the call is undone and the engine request aborted): uvicorn drops the writes to a
+    closed connection without a word, so a plain stream would run to its end for nobody."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def stream() -> None:
+                with contextlib.suppress(OSError):
+                    await self.stream_response(send)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            tg.cancel_scope.cancel()
+
+
+async def until_disconnected(request: Request, call: Awaitable[T]) -> T | None:
+    """`call`'s result, or None once the client went away first (a timeout, a closed
+    connection): the call is then cancelled, so the engine request is aborted and the episode
+    is left as it was (`AgentSession._save`)."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:  # neither side raises in it: it would wrap it
+        tg.start_soon(watch)
+        try:
+            result.append(await call)
+        except Exception as e:  # noqa: BLE001 - raised below, outside the task group
+            failure.append(e)
+        tg.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return result[0] if result else None
+
+
 async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    yield _event(first)
     try:
-        async for c in rest:
-            yield _event(c)
-    except GatewayError as e:  # after the headers: the error is the stream's last event
-        yield _event(e.body())
-        return
-    yield b"data: [DONE]\n\n"
+        yield _event(first)
+        try:
+            async for c in rest:
+                yield _event(c)
+        except GatewayError as e:  # after the headers: the error is the stream's last event
+            yield _event(e.body())
+            return
+        yield b"data: [DONE]\n\n"
+    finally:  # a client gone mid-stream: the call is abandoned (and undone) now, not at GC
+        with anyio.CancelScope(shield=True):
+            await rest.aclose()  # type: ignore[attr-defined]
+
+
+async def _named_sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Anthropic's server-sent events: each named by its type; an error after the headers is
+    the stream's last event."""
+    try:
+        yield _named(first)
+        try:
+            async for event in rest:
+                yield _named(event)
+        except GatewayError as e:
+            yield _named(anthropic_wire.error_body(e))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await rest.aclose()  # type: ignore[attr-defined]
+
+
+def _named(body: dict[str, Any]) -> bytes:
+    return f"event: {body['type']}\ndata: ".encode() + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _event(body: dict[str, Any]) -> bytes:

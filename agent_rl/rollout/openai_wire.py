@@ -54,10 +54,11 @@ class ChatRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
-    logprobs: bool = False
+    # OpenAI accepts an explicit null for these: it means the default.
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    n: int = 1
-    stream: bool = False
+    n: int | None = 1
+    stream: bool | None = False
     stream_options: dict[str, Any] | None = None
 
     @classmethod
@@ -71,7 +72,7 @@ class ChatRequest(BaseModel):
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise GatewayError(400, f"{where}: {first['msg']}", param=where or None) from e
-        if req.n != 1:
+        if req.n not in (None, 1):
             raise GatewayError(400, "n must be 1: each call is one turn of the episode", param="n")
         if req.top_logprobs and not req.logprobs:
             raise GatewayError(400, "top_logprobs needs logprobs: true", param="top_logprobs")

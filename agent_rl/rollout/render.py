@@ -138,6 +138,15 @@ class Conversation:
         self.ids = TokenIds(self.renderer.encode(self.prompt_text))
         return list(self.ids)
 
+    def checkpoint(self) -> tuple[tuple[int, int], Any]:
+        """The state `add_turn` changes, for `restore`."""
+        return self.ids.mark(), self.previous
+
+    def restore(self, checkpoint: tuple[tuple[int, int], Any]) -> None:
+        """Back to `checkpoint`: the turns carried since are forgotten."""
+        mark, self.previous = checkpoint
+        self.ids.rewind(mark)
+
     def add_turn(self, completion_ids: list[int], messages: list[Message], *,
                  text: str | None = None) -> tuple[list[int], bool]:  # fmt: skip
         """Carry a completion and the observations that followed it (the last messages of

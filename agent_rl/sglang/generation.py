@@ -161,6 +161,16 @@ class TokenIds(list):  # type: ignore[type-arg]
     def json(self) -> str:
         return f"[{self._json}]"
 
+    def mark(self) -> tuple[int, int]:
+        """Where the ids end now, for `rewind`."""
+        return len(self), len(self._json)
+
+    def rewind(self, mark: tuple[int, int]) -> None:
+        """Drop every id added since `mark` (a call that did not complete takes back its prompt)."""
+        count, chars = mark
+        list.__delitem__(self, slice(count, None))
+        self._json = self._json[:chars]
+
 
 def json_body(body: dict[str, Any]) -> bytes:
     """A request body's JSON; `input_ids` given as `TokenIds` is spliced in as it is kept."""

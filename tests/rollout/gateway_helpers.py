@@ -8,6 +8,7 @@ so a test can compare the store with the engine's own answers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,6 +31,11 @@ class Tap:
         self.generations: list[tuple[list[int], list[int]]] = []
         """(input_ids, output_ids) of every /generate, in order of completion."""
         self.routing_keys: list[str | None] = []
+        self.requests: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        """(request body, the engine's last answer) of every /generate, in order of completion."""
+        self.fail_rids: set[str] = set()
+        """Fault injection: a /generate whose rid starts with one of these is answered 500
+        without reaching the engine (the prefix is then used up)."""
         self.url = ""
 
     def outputs_for(self, input_ids: list[int]) -> list[list[int]]:
@@ -37,22 +43,52 @@ class Tap:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        if request.path == "/generate" and self.fail_rids:
+            rid = str(json.loads(body).get("rid"))
+            hit = next((p for p in self.fail_rids if rid.startswith(p)), None)
+            if hit is not None:
+                self.fail_rids.discard(hit)
+                return web.Response(status=500, text="injected engine failure")
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}
         async with self._session.request(request.method, self.upstream + request.path_qs, data=body or None,
                                          headers=headers) as resp:  # fmt: skip
+            generate = request.path == "/generate" and resp.status == 200
+            sent = json.loads(body) if generate else {}
+            if generate and sent.get("stream"):
+                return await self._stream(request, resp, sent)
             payload = await resp.read()
-            if request.path == "/generate" and resp.status == 200:
-                sent = json.loads(body)
-                self.routing_keys.append(request.headers.get("X-SMG-Routing-Key"))
-                if sent.get("stream"):
-                    last = [line for line in payload.decode().splitlines()
-                            if line.startswith("data:") and "[DONE]" not in line][-1]  # fmt: skip
-                    out = json.loads(last[len("data:"):])
-                else:
-                    out = json.loads(payload)
-                self.generations.append((list(sent["input_ids"]), list(out["output_ids"])))
+            if generate:
+                self._keep(sent, json.loads(payload), request)
             return web.Response(body=payload, status=resp.status,
                                 content_type=resp.content_type if resp.content_type else None)  # fmt: skip
+
+    async def _stream(self, request: web.Request, resp: Any, sent: dict[str, Any]) -> web.StreamResponse:
+        """A streamed generation passed on as it comes (so the gateway sees its first tokens
+        while the engine still writes), read to its end even when the gateway went away, so
+        what the engine did with it (finished, aborted) is kept."""
+        out = web.StreamResponse(status=resp.status, headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        last, gone = None, False
+        async for line in resp.content:
+            text = line.decode().strip()
+            if text.startswith("data:") and "[DONE]" not in text:
+                last = json.loads(text[len("data:"):])
+            if not gone:
+                try:
+                    await out.write(line)
+                except (ConnectionError, RuntimeError):
+                    gone = True
+        if last is not None and "output_ids" in last:
+            self._keep(sent, last, request)
+        if not gone:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await out.write_eof()
+        return out
+
+    def _keep(self, sent: dict[str, Any], out: dict[str, Any], request: web.Request) -> None:
+        self.routing_keys.append(request.headers.get("X-SMG-Routing-Key"))
+        self.generations.append((list(sent["input_ids"]), list(out["output_ids"])))
+        self.requests.append((sent, out))
 
     @asynccontextmanager
     async def running(self):  # type: ignore[no-untyped-def]

@@ -101,3 +101,47 @@ def test_tool_choice_is_checked_against_the_tools_and_becomes_a_structural_tag()
         assert e.value.status == 400 and e.value.param == "tool_choice"
     with pytest.raises(GatewayError):
         ChatRequest.parse({"messages": base["messages"], "tool_choice": "required"})
+
+
+def test_openai_nulls_mean_the_defaults() -> None:
+    req = ChatRequest.parse({"messages": [USER], "n": None, "stream": None, "logprobs": None,
+                             "max_tokens": None, "stop": None, "tools": None, "tool_choice": None})  # fmt: skip
+    assert not req.stream and not req.logprobs and req.forced_tools() is None
+
+
+def test_anthropic_messages_become_the_same_chat_request() -> None:
+    """A Messages body and the chat-completions body of the same conversation render alike:
+    system, text blocks, a tool_use answer, its tool_result, tools with input_schema, and
+    tool_choice any / tool / none."""
+    from agent_rl.rollout.anthropic_wire import error_body, to_chat
+
+    schema = {"type": "object", "properties": {"expression": {"type": "string"}}}
+    body = {"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "Be terse."}],
+            "tools": [{"name": "calc", "description": "Evaluate.", "input_schema": schema}],
+            "stop_sequences": ["END"], "messages": [
+                {"role": "user", "content": "2+3?"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                                  {"type": "tool_use", "id": "call_0_0", "name": "calc",
+                                                   "input": {"expression": "2+3"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_0_0",
+                                              "content": [{"type": "text", "text": "5"}]},
+                                             {"type": "text", "text": "Sure?"}]}]}  # fmt: skip
+    req = to_chat(body)
+    assert req.messages == [
+        {"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0_0", "type": "function", "function": {
+            "name": "calc", "arguments": '{"expression": "2+3"}'}}]},
+        {"role": "tool", "tool_call_id": "call_0_0", "content": "5"}, {"role": "user", "content": "Sure?"}]  # fmt: skip
+    assert req.function_tools() == [{"type": "function", "function": {
+        "name": "calc", "description": "Evaluate.", "parameters": schema}}]  # fmt: skip
+    assert req.stops() == ["END"] and req.max_tokens == 8
+    assert to_chat({**body, "tool_choice": {"type": "any"}}).tool_choice == "required"
+    assert to_chat({**body, "tool_choice": {"type": "tool", "name": "calc"}}).forced_tools() == req.function_tools()
+    assert to_chat({**body, "tool_choice": {"type": "none"}}).function_tools() == []
+    for bad in ({**body, "max_tokens": None}, {**body, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+                {**body, "tool_choice": {"type": "tool", "name": "search"}},
+                {**body, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}):  # fmt: skip
+        with pytest.raises(GatewayError) as e:
+            to_chat(bad)
+        assert error_body(e.value)["error"]["type"] == "invalid_request_error"
+    assert to_chat({**body, "max_tokens": None}, counting=True).max_tokens is None
