@@ -4,28 +4,26 @@ message, at a cost bounded by the page rather than by how common the text is.
 Each backend has a text index (revision 0003): SQLite's FTS5 trigram table, PostgreSQL's
 pg_trgm GIN index. The index gives *every* message containing the text: a handful for a rare
 text, most messages for a common word, and collecting all of them (PostgreSQL then rechecks
-each candidate's text) took 55 ms on SQLite and 284-477 ms on PostgreSQL at 10k episodes; on
-PostgreSQL even reading a common word's trigram lists costs tens of ms. So:
+each candidate's text) took 55 ms on SQLite and 284-477 ms on PostgreSQL at 10k episodes. So:
 
 - SQLite counts the FTS5 matches up to `SQLITE_FEW` + 1 (a few ms). Few: the page is sorted
   from the index's matches. Many: `EXISTS` with LIKE over each episode's messages, in the
-  page's order, which stops once the page is full.
-- PostgreSQL first checks the page's first `CHUNK` x limit episodes, in its order, their
-  messages read by the episode index in one statement of ours (`WALK_CHUNKS` chunks): a
-  common word fills the page there without touching the trigram index. A page not full then
-  comes from every match through the trigram index, which is cheap when the text is not
-  common. Statements of our own, with bitmap or sequential scans off where needed, because
-  the planner's estimate of a long pattern's matches is far too low (4 for 3,600) and its
-  plans follow it.
+  page's order, which stops once the page is full (a common word fills it at once).
+- PostgreSQL, where even reading a common word's trigram lists costs tens of ms, checks the
+  page's first `CHUNK` x limit episodes first, their messages read by the episode index in
+  one statement (`WALK_CHUNKS` chunks): a common word fills the page there without touching
+  the trigram index. A page not full then comes from every match through the trigram index,
+  which is cheap when the text is not common. These are statements of our own, with bitmap
+  or sequential scans off where needed: the planner's estimate of a long pattern's matches is
+  far too low (4 for 3,600) and its plans follow it.
 
-PostgreSQL checks a message with a case-insensitive regular expression of the escaped text
-(`~*`), which the trigram index serves as it does ILIKE and which costs a third of ILIKE's
-check (ILIKE lowercases the whole message first). Every path answers the same rows
-(tests/store/test_search.py runs every case each way). Left slow: a text under three
-characters on PostgreSQL (no trigrams: the check scans), and a text in thousands of messages
-none of which are near the page's start (PostgreSQL collects them all; SQLite, past
-`SQLITE_FEW`, walks to them). On SQLite a text with non-ASCII letters always takes the index,
-whose case folding is Unicode's (LIKE folds ASCII only).
+A message's own check: SQLite's LIKE (it folds ASCII case; a text with other letters always
+takes the FTS5 index, whose folding is Unicode's); PostgreSQL's case-insensitive regular
+expression of the escaped text (`~*`), which the trigram index serves as it does ILIKE and
+which costs a third of ILIKE's check (ILIKE lowercases the whole message first). Every path
+answers the same rows (tests/store/test_search.py runs every case each way). Left slow: a
+text under three characters (no trigrams: episodes are checked in the page's order until the
+page is full), and a text in thousands of messages none of which are near the page's start.
 """
 
 from __future__ import annotations
@@ -52,7 +50,8 @@ from sqlalchemy import (
 from agent_rl.store.models import MESSAGE_SEARCH, EpisodeRow, MessageRow
 
 SQLITE_FEW = 5000
-"""Most FTS5 hits (messages) for which SQLite sorts the page from the index's matches."""
+"""SQLite: at most this many FTS5 matches (counted, a few ms) sorts the page from the index's
+matches; more is a common text, found walking the episodes in the page's order."""
 
 CHUNK = 4
 """PostgreSQL: episodes checked per statement, as a multiple of the page."""
@@ -67,8 +66,15 @@ def page(
 ) -> list[Row[Any]]:
     """The first `limit` rows of `query` (episodes, filtered and ordered) whose transcript
     contains `text`."""
-    if sqlite or len(text) < 3:
-        return list(conn.execute(query.where(_text_filter(conn, sqlite, text)).limit(limit)))
+    if len(text) < 3:  # no trigrams: each episode's messages are checked in the page's order
+        return list(conn.execute(query.where(_walk(text, sqlite)).limit(limit)))
+    if sqlite:
+        rare = not text.isascii() or _fts_hits(conn, text, SQLITE_FEW) <= SQLITE_FEW
+        return list(
+            conn.execute(
+                query.where(_indexed(text, sqlite) if rare else _walk(text, sqlite)).limit(limit)
+            )
+        )
     rows, walked_all = _walk_in_chunks(conn, text, query, limit, WALK_CHUNKS)
     if len(rows) == limit or walked_all:
         return rows
@@ -79,10 +85,14 @@ def page(
     return list(conn.execute(query.where(_any_of(ids)).limit(limit)))
 
 
-def _text_filter(conn: Connection, sqlite: bool, text: str) -> ColumnElement[bool]:
-    if len(text) >= 3 and sqlite and (not text.isascii() or _fts_hits(conn, text) <= SQLITE_FEW):
-        return EpisodeRow.id.in_(messages_with(text, sqlite))
-    return _walk(text, sqlite)
+def _indexed(text: str, sqlite: bool) -> ColumnElement[bool]:
+    return EpisodeRow.id.in_(messages_with(text, sqlite))
+
+
+def _fts_hits(conn: Connection, text: str, cap: int) -> int:
+    """SQLite: messages the FTS5 index matches, counted up to `cap` + 1."""
+    capped = _fts_rowids(text).limit(cap + 1).subquery()
+    return int(conn.scalar(select(func.count()).select_from(capped)) or 0)
 
 
 def _walk(text: str, sqlite: bool) -> ColumnElement[bool]:
@@ -116,17 +126,16 @@ def _walk_in_chunks(
 
 
 def _hits_among(conn: Connection, text: str, ids: list[int]) -> set[int]:
-    """Which of these episodes have a message containing `text`: their messages read by the
-    episode index (bitmap scans off: the planner, misled by its estimate, would take the
-    trigram index and recheck every match of the word instead)."""
+    """PostgreSQL: which of these episodes have a message containing `text`, their messages
+    read by the episode index (bitmap scans off: the planner, misled by its estimate, would
+    take the trigram index and recheck every match of the word instead)."""
     if not ids:
         return set()
     conn.exec_driver_sql("SET LOCAL enable_bitmapscan = off")  # this read's transaction
     conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
     among = MessageRow.episode_id == func.any(bindparam("ids", ids, type_=ARRAY(Integer)))
-    hits = set(
-        conn.scalars(select(MessageRow.episode_id).distinct().where(among, _matches(text, False)))
-    )
+    found = select(MessageRow.episode_id).distinct().where(among, _matches(text, False))
+    hits = set(conn.scalars(found))
     conn.exec_driver_sql("SET LOCAL enable_bitmapscan = on")
     conn.exec_driver_sql("SET LOCAL enable_seqscan = on")
     return hits
@@ -166,9 +175,3 @@ def _fts_rowids(text: str) -> Select[tuple[int]]:
         .select_from(table(MESSAGE_SEARCH))
         .where(literal_column(MESSAGE_SEARCH).op("MATCH")(phrase))
     )
-
-
-def _fts_hits(conn: Connection, text: str) -> int:
-    """Messages the FTS5 index matches, counted up to SQLITE_FEW + 1 (a few ms at most)."""
-    capped = _fts_rowids(text).limit(SQLITE_FEW + 1).subquery()
-    return int(conn.scalar(select(literal_column("count(*)")).select_from(capped)) or 0)

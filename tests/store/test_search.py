@@ -43,13 +43,14 @@ async def test_search_matches_substrings_case_insensitively(
 ) -> None:
     """Every way a search runs answers the same: through the index's matches (a rare text),
     walking the episodes in the page's order (a common text: SQLite's EXISTS, PostgreSQL's
-    chunks of episodes, one episode a chunk here so that every case crosses several), and the
+    chunks, of one episode here so that every case crosses several), and the
     default choice between them; paged one episode at a time, both ways."""
     if way == "index":
         monkeypatch.setattr(search, "WALK_CHUNKS", 0)
-    elif way == "walk":  # every text counts as common, and PostgreSQL walks to the end
-        monkeypatch.setattr(search, "SQLITE_FEW", -1)
+        monkeypatch.setattr(search, "SQLITE_FEW", 10_000)
+    elif way == "walk":  # every text counts as common: the walk goes to the end
         monkeypatch.setattr(search, "WALK_CHUNKS", 10_000)
+        monkeypatch.setattr(search, "SQLITE_FEW", -1)
         monkeypatch.setattr(search, "CHUNK", 1)
     async with await migrated_store(db_url) as store:
         run = await store.ensure_run("search")
