@@ -20,10 +20,38 @@ terminal episodes (audit), the trainer's idle fraction, the share of model token
 staleness, the staleness histogram of trained episodes, the length bias (mean token length of trained episodes / that of all completed ones;
 1.0 = no bias) and the stale-filtered share (stale-filtered / completed).
 
-Run: `python bench/long_tail.py` (about 4-5 minutes; needs `agent-rl engine install`).
-Last line: RESULT {"lost", "not_terminal", "length_bias", "stale_filtered_share",
+Run: `python bench/long_tail.py --designs` (about 4-5 minutes; needs `agent-rl engine
+install`). Last line: RESULT {"lost", "not_terminal", "length_bias", "stale_filtered_share",
 "baseline_length_bias", "baseline_stale_filtered_share", "trainer_idle", ...} (the fair
 design's worst over both loads).
+
+The long tail II (issue 49), `python bench/long_tail.py` (the default, under 5 minutes): a
+searcher-shaped `long-tail` (`SEARCH`: each episode's turns drawn around its task's, a few to
+30, so a group's short siblings finish long before its long ones; the env's and the rollout's
+max_turns 30, past which an episode is truncated with reward 0, so a task whose turns lie past
+it fails in every sibling; 6 tasks that come back, of 21, 89, 90, 3, 9 and 14 turns: two no
+sibling can finish, four whose siblings' rewards differ), at `trainer.max_staleness = 1` and an
+admission queue 4x the default (`rollout.max_queued_groups = 4 x groups_per_step`), zero-variance
+groups filtered as serve does by default. Two runs of the same seed and length: without task
+selection and with `rollout.task_selection = "skip_all_equal"`. Measured from the store:
+
+- `stale_filtered_share`: episodes of groups filtered as stale / finished episodes (a stale
+  sibling no longer takes its group with it: `stale_sibling_share` is those that counted in
+  their group's baseline and trained no token);
+- `length_bias_tokens`: mean tokens of the episodes trained / of all that reached the trainer
+  (trained, stale siblings, stale groups); > 1 when it is the short siblings that are left out;
+- `tokens_generated_per_trained` (with selection) and `..._without_selection`: model tokens
+  generated in the run (every episode's, as the audit counts them: those still running when the
+  run stops too, since their compute was spent) / model tokens trained (the steps' loss-mask
+  tokens, stale ones masked); `decided_per_trained` counts only the episodes decided (trained or
+  filtered);
+- `reward_at_version`: each run's mean trained reward over the versions both reached (the env's
+  reward is a coin and the truncation, so this shows selection does not change what is
+  trained, not learning).
+
+Last line: RESULT {"stale_filtered_share", "length_bias_tokens", "tokens_generated_per_trained",
+"tokens_generated_per_trained_without_selection", "waste_cut", "reward_at_version", ...} (the
+stale share and bias: the worse of the two runs).
 """
 
 from __future__ import annotations
@@ -46,6 +74,7 @@ from agent_rl.config import (  # noqa: E402
     StoreConfig,
     TrainerConfig,
 )
+from agent_rl.store.migrate import upgrade  # noqa: E402
 from bench._serving import RouterThread, ServeThread  # noqa: E402
 
 RUN_S = 38.0  # training time per run, after the trainer is up
@@ -117,7 +146,8 @@ def train_for(cfg: Config, model: Path, seconds: float, pad_s: float) -> dict[st
     stale = sum(h.get("stale_tokens", 0) for h in history)
     trained = sum(h.get("tokens", 0) for h in history)
     return {"steps": loop.stats.steps, "trainer_idle": idle / max(idle + busy, 1e-9),
-            "stale_token_share": stale / max(stale + trained, 1)}
+            "stale_token_share": stale / max(stale + trained, 1), "trained_tokens": trained,
+            "rewards": [h.get("reward_mean", 0.0) for h in history]}
 
 
 def measure(cfg: Config) -> dict[str, Any]:
@@ -153,6 +183,117 @@ def measure(cfg: Config) -> dict[str, Any]:
     return asyncio.run(go())
 
 
+SEARCH = {"turns_median": 16.0, "sigma": 1.4, "sibling_sigma": 0.5, "length_median": 3.0,
+          "max_length": 8, "max_drawn_turns": 90, "task_pool": 6, "pool_seed": 32,
+          "max_turns": 30}
+"""Issue 49's searcher, shaped: turns a few to 30 (the limit), short siblings beside long ones."""
+II_RUN_S = 75.0
+II_GROUPS = 2
+II_ETA = 1
+II_CONCURRENCY = 12
+SELECTIONS = ("all", "skip_all_equal")
+
+
+def config_ii(work: Path, router: RouterThread, model: Path, run: str, selection: str) -> Config:
+    return Config(
+        run={"name": run},
+        store=StoreConfig(url=f"sqlite:///{work / f'{run}.db'}"),
+        engine=EngineConfig(model=model),
+        router={"admin_token": router.token},
+        rollout=RolloutConfig(
+            env="long-tail", env_kwargs=SEARCH, router_url=router.url, group_size=4,
+            max_turns=30, max_new_tokens=64, max_tokens=8192, max_concurrent_episodes=II_CONCURRENCY,
+            heartbeat_s=1.0, max_queued_groups=4 * max(II_ETA, 1) * II_GROUPS,
+            task_selection=selection, seed=0,
+        ),  # fmt: skip
+        trainer=TrainerConfig(
+            groups_per_step=II_GROUPS, micro_batch_size=8, optim={"lr": 1e-5},
+            max_staleness=II_ETA, weight_sync={"router_url": router.url}, data_poll_s=0.05,
+            checkpoint_every=10_000, export_every=1, checkpoint_dir=work / run / "ckpt",
+            export_dir=work / run / "exports", tensorboard_dir=None,
+        ),  # fmt: skip
+    )
+
+
+def measure_ii(cfg: Config) -> dict[str, Any]:
+    from agent_rl.store import Store
+
+    async def go() -> dict[str, Any]:
+        async with await Store.open(cfg.store) as store:
+            run = await store.run_id(cfg.run.name)
+            audit = await store.audit(run)
+            endings = await store.endings(run)
+            episodes = await store.list_episodes(run_id=run, limit=1_000_000)
+            reasons = {e.id: (await store.get_episode(e.id)).episode.filter_reason or ""
+                       for e in episodes if e.status == "filtered"}
+        finished = [e for e in episodes if e.status in ("completed", "trained", "filtered")]
+        trained = [e for e in episodes if e.status == "trained"]
+        stale = [e for e in episodes if e.status == "filtered" and reasons[e.id].startswith("stale")]
+        decided = [e for e in episodes if e.status in ("trained", "filtered")]
+        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        return {
+            "lost": audit.lost, "not_terminal": audit.not_terminal,
+            "finished": len(finished), "trained": len(trained),
+            "stale_filtered": endings.filtered.get("stale", 0),
+            "stale_siblings": endings.filtered.get("stale_sibling", 0),
+            "zero_variance": endings.filtered.get("zero_variance", 0),
+            "length_bias_tokens": mean([e.num_tokens for e in trained])
+            / mean([e.num_tokens for e in trained + stale]),
+            "length_bias_turns": mean([e.num_turns for e in trained])
+            / mean([e.num_turns for e in trained + stale]),
+            "generated": sum(e.num_model_tokens for e in episodes),
+            "generated_decided": sum(e.num_model_tokens for e in decided),
+            "trained_model_tokens": sum(e.num_model_tokens for e in trained),
+            "turns_max": max((e.num_turns for e in finished), default=0),
+            "at_limit": sum(e.num_turns >= 30 for e in finished),
+            "truncated": endings.truncated,
+        }
+
+    return asyncio.run(go())
+
+
+def long_tail_ii(work: Path, router: RouterThread, model: Path, reset: Any) -> dict[str, Any]:
+    results: dict[str, dict[str, Any]] = {}
+    for selection in SELECTIONS:
+        run = f"search-{selection}"
+        cfg = config_ii(work, router, model, run, selection)
+        asyncio.run(upgrade(cfg.store))
+        reset()
+        seconds = float(sys.argv[sys.argv.index("--run-s") + 1]) if "--run-s" in sys.argv else II_RUN_S
+        trained = train_for(cfg, model, seconds, 0.0)
+        m = measure_ii(cfg)
+        m["rewards"] = trained["rewards"]
+        m["steps"] = trained["steps"]
+        m["trainer_idle"] = round(trained["trainer_idle"], 3)
+        m["trained_tokens"] = trained["trained_tokens"]  # the steps' loss-mask tokens
+        m["generated_per_trained"] = m["generated"] / max(m["trained_tokens"], 1)
+        m["decided_per_trained"] = m["generated_decided"] / max(m["trained_tokens"], 1)
+        m["stale_filtered_share"] = m["stale_filtered"] / max(m["finished"], 1)
+        m["stale_sibling_share"] = m["stale_siblings"] / max(m["finished"], 1)
+        results[selection] = m
+        print(f"{run}: {json.dumps({k: v for k, v in m.items() if k != 'rewards'})}", flush=True)
+    off, on = results["all"], results["skip_all_equal"]
+    versions = min(len(off["rewards"]), len(on["rewards"]))
+    reward = {k: round(sum(r["rewards"][:versions]) / max(versions, 1), 3) for k, r in results.items()}
+    return {
+        "lost": off["lost"] + on["lost"], "not_terminal": off["not_terminal"] + on["not_terminal"],
+        "stale_filtered_share": round(max(off["stale_filtered_share"], on["stale_filtered_share"]), 4),
+        "stale_sibling_share": {k: round(r["stale_sibling_share"], 4) for k, r in results.items()},
+        "length_bias_tokens": round(min(off["length_bias_tokens"], on["length_bias_tokens"]), 3),
+        "length_bias_turns": round(min(off["length_bias_turns"], on["length_bias_turns"]), 3),
+        "tokens_generated_per_trained": round(on["generated_per_trained"], 3),
+        "tokens_generated_per_trained_without_selection": round(off["generated_per_trained"], 3),
+        "waste_cut": round(1 - on["generated_per_trained"] / off["generated_per_trained"], 3),
+        "decided_per_trained": {k: round(r["decided_per_trained"], 3) for k, r in results.items()},
+        "reward_at_version": {"versions": versions, **reward},
+        "by_run": {k: {"steps": r["steps"], "trainer_idle": r["trainer_idle"],
+                       "finished": r["finished"], "trained": r["trained"],
+                       "zero_variance": r["zero_variance"], "stale_filtered": r["stale_filtered"],
+                       "stale_siblings": r["stale_siblings"], "at_limit": r["at_limit"],
+                       "turns_max": r["turns_max"]} for k, r in results.items()},
+    }
+
+
 def main() -> None:
     import torch
 
@@ -160,7 +301,6 @@ def main() -> None:
     from agent_rl.sglang.client import EngineClient
     from agent_rl.engine.launcher import EngineServer
     from agent_rl.models import init_model
-    from agent_rl.store.migrate import upgrade
 
     torch.set_num_threads(1)
     started = time.monotonic()
@@ -174,6 +314,18 @@ def main() -> None:
         router.start()
         router.ready.wait(60)
         try:
+            def reset_weights() -> None:
+                async def go() -> None:
+                    async with EngineClient(engine.url) as c:
+                        await c.update_weights_from_disk(model, weight_version="default")
+
+                asyncio.run(go())
+
+            if "--designs" not in sys.argv:
+                result = long_tail_ii(work, router, model, reset_weights)
+                print(f"wall {time.monotonic() - started:.0f} s")
+                print("RESULT " + json.dumps(result))
+                return
             for load in LOADS:
                 for design in DESIGNS:
                     run = f"{load}-{design}"

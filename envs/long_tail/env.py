@@ -43,18 +43,20 @@ class LongTailEnv(Env):
 
     def __init__(self, *, turns_median: float = 2.0, length_median: float = 16.0,
                  sigma: float = 1.0, max_drawn_turns: int = 64, max_length: int = 1024,
-                 sibling_sigma: float = 0.0, task_pool: int = 0,
+                 sibling_sigma: float = 0.0, task_pool: int = 0, pool_seed: int = 0,
                  **kwargs: Any) -> None:  # fmt: skip
         """`turns_median`/`length_median`: medians of the turns an episode lasts and of the tokens
         a completion has; `sigma`: the lognormal's shape (both); `max_drawn_turns`,
         `max_length`: caps of the draws; `sibling_sigma`: the shape of each episode's turns
         around its task's (0: every sibling lasts the task's turns); `task_pool`: cycle over
-        this many tasks (0: a new task each time). `max_turns` (Env's): the env's own limit."""
+        this many tasks (0: a new task each time), the first of the stream of `pool_seed`.
+        `max_turns` (Env's): the env's own limit."""
         super().__init__(**kwargs)
         self.shape = dict(turns_median=turns_median, length_median=length_median, sigma=sigma,
                           max_drawn_turns=max_drawn_turns, max_length=max_length)
         self.sibling_sigma = sibling_sigma
         self.task_pool = task_pool
+        self.pool_seed = pool_seed
         self.episode_turns = 0
 
     def builtin_tasks(self, split: str = "train") -> TaskSource:
@@ -67,7 +69,7 @@ class LongTailEnv(Env):
             return {"question": f"Talk for {turns} turns.", "turns": turns, "lengths": lengths}
 
         tasks = GeneratedTasks("long-tail", draw, split=split)
-        return ListTasks(tasks.take(self.task_pool)) if self.task_pool else tasks
+        return ListTasks(tasks.take(self.task_pool, self.pool_seed)) if self.task_pool else tasks
 
     async def initial_messages(self, task: Any) -> list[Message]:
         """The task's question; also draws this episode's turns (see `sibling_sigma`)."""

@@ -61,3 +61,27 @@ async def test_the_engine_writes_exactly_the_lengths_asked(
                 assert why == "max_turns" and len(written) == 4
             else:
                 assert why is False and len(written) == task["payload"]["turns"]
+
+
+async def test_siblings_differ_a_pool_cycles_and_the_env_truncates_at_its_max_turns() -> None:
+    """`sibling_sigma`: each episode's turns drawn around its task's from its seed, so siblings
+    differ; `task_pool` (of `pool_seed`'s stream): the same tasks come back; `max_turns`: an
+    episode longer than the env's limit ends truncated there with reward 0."""
+    from agent_rl.sdk.demonstrations import run_demonstration
+
+    kwargs = {"turns_median": 16.0, "sigma": 1.4, "sibling_sigma": 0.5, "length_median": 3.0,
+              "task_pool": 6, "pool_seed": 32, "max_turns": 30, "max_drawn_turns": 90}
+    env = make("long-tail", **kwargs)
+    tasks = env.task_source().take(12)
+    assert [t.id for t in tasks[:6]] != [t.id for t in tasks[6:]]  # each epoch reshuffled
+    assert sorted(t.id for t in tasks[:6]) == sorted(t.id for t in tasks[6:])
+    assert sorted(t["turns"] for t in tasks[:6]) == [3, 9, 14, 21, 89, 90]
+    task = next(t for t in tasks if t["turns"] == 21)
+    runs = [await run_demonstration(make("long-tail", **kwargs), task, seed=s) for s in range(8)]
+    turns = [len(r.completions()) for r in runs]
+    assert len(set(turns)) > 3 and max(turns) == 30  # siblings differ; some reach the limit
+    for r, n in zip(runs, turns):
+        assert (n == 30 and r.reward == 0.0) if r.cut else r.terminated
+    hopeless = next(t for t in tasks if t["turns"] == 90)
+    cut = [await run_demonstration(make("long-tail", **kwargs), hopeless, seed=s) for s in range(4)]
+    assert all(r.cut and r.reward == 0.0 and len(r.completions()) == 30 for r in cut)
