@@ -26,7 +26,7 @@ import secrets
 import struct
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -331,6 +331,27 @@ class WorkerSandbox(ABC):
     ) -> ExecResult:
         _encoded(code, "code")
         req = {"op": "py", "code": code, "stdin": _b64(stdin, "stdin"), "persistent": persistent}
+        return await self._call(req, self._timeout(timeout))
+
+    async def run_verifier(
+        self,
+        program: str | Sequence[str],
+        *,
+        files: Mapping[str, str | bytes] | None = None,
+        stdin: str | bytes = b"",
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """`Sandbox.run_verifier`: op "verify" of worker.py (`judge_setup`)."""
+        req: dict[str, Any] = {"op": "verify", "stdin": _b64(stdin, "stdin"),
+                               "files": {_work_path(p): _b64(d, "content")
+                                         for p, d in (files or {}).items()}}
+        if isinstance(program, str):
+            _encoded(program, "code")
+            req["code"] = program
+        else:
+            if not program or not all(isinstance(a, str) for a in program):
+                raise ToolError("argv must be a non-empty list of strings")
+            req["argv"] = [_no_nul(a, f"argv[{i}]") for i, a in enumerate(program)]
         return await self._call(req, self._timeout(timeout))
 
     async def restart(self) -> None:

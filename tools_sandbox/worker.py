@@ -9,6 +9,7 @@ its answer repeats, so the host can tell answers to its requests from anything e
   {"op": "exec", "argv": [...], "stdin": b64, "timeout": s}
   {"op": "py", "code": str, "stdin": b64, "timeout": s, "persistent": bool}
   {"op": "read", "path": rel, "max": n}      {"op": "write", "path": rel, "data": b64}
+  {"op": "verify", "code": str | "argv": [...], "files": {rel: b64}, "stdin": b64, "timeout": s}
 
 Each call runs in a forked child in its own process group with per-call rlimits, its output is
 read up to `cap` bytes, and past the deadline or the cap the group is killed. When a call ends,
@@ -20,6 +21,11 @@ tool code). `persistent` Python runs in a long-lived session child whose globals
 calls until one of them has to be killed. Between its calls the session is
 stopped (SIGSTOP): threads it started live on, but run only while a persistent call runs, never
 during another call or a file operation.
+
+A verifier ("verify") runs under the worker's own uid as real, effective and saved uid, so no
+process of tool code's may signal, trace, /proc-open or renice it; it writes its files itself
+(mode 0600), and runs the model's code through a runner under tool code's ids that it forked
+before taking its own (`judge_setup`, `tool_runner`, `run_as_tool`).
 
 Tool code must not be able to impersonate the worker. Where the backend provides two ids
 (`ids`), the worker keeps its own as real and saved ids and holds tool code's as effective ids:
@@ -47,6 +53,7 @@ import socket
 import stat
 import struct
 import sys
+import threading
 import time
 import traceback
 
@@ -342,8 +349,9 @@ def python_main(code: str, ns: dict) -> tuple[int, str | None]:
     return status, value
 
 
-def spawn(target) -> tuple[int, int, list[int], int]:
-    """Fork a call's child: pid, its stdin writer, [stdout, stderr] readers, status reader."""
+def spawn(target, setup=None) -> tuple[int, int, list[int], int]:
+    """Fork a call's child: pid, its stdin writer, [stdout, stderr] readers, status reader.
+    `setup` (default `child_setup`) takes the child from the worker's state to the call's."""
     i_r, i_w = os.pipe()
     o_r, o_w = os.pipe()
     e_r, e_w = os.pipe()
@@ -356,7 +364,7 @@ def spawn(target) -> tuple[int, int, list[int], int]:
             os.dup2(e_w, 2)
             for fd in (i_r, i_w, o_r, o_w, e_r, e_w, s_r):
                 os.close(fd)
-            child_setup()
+            (setup or child_setup)()
             target(s_w)
         except BaseException:
             traceback.print_exc()
@@ -405,6 +413,177 @@ def collect(fds: list[int], deadline: float, done, wake: int, status_fd: int = -
             truncated = True
             break
     return {"out": out, "timed_out": timed_out, "truncated": truncated, "status": bytes(status)}
+
+
+TOOL_RUNNER: list[socket.socket] = []  # in a verifier: its channel to its tool runner
+
+
+def judge_setup() -> None:
+    """A verifier's process (op "verify") before its program runs: the worker's channels closed,
+    a session of its own, a tool runner forked (tool code's ids: `tool_runner`), then every id
+    the worker's own, real, effective and saved, so no process of tool code's uid may signal,
+    trace, /proc-open or renice it. It was never dumpable (a fork of the worker, which is not,
+    and an id change keeps it so); an exec'd verifier becomes dumpable to the worker's uid only.
+    Per-call limits as for tool code, except that the OOM killer takes tool code first."""
+    for fd in PRIVATE_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.setsid()
+    mine, theirs = socket.socketpair()
+    if os.fork() == 0:
+        try:
+            mine.close()
+            child_setup()
+            tool_runner(theirs)
+        finally:
+            os._exit(0)
+    theirs.close()
+    TOOL_RUNNER[:] = [mine]
+    if CONF.get("ids"):
+        uid, gid = CONF["ids"]["worker"]
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    for res, value in [(resource.RLIMIT_CPU, CONF["cpu_s"]), (resource.RLIMIT_CORE, 0),
+                       (resource.RLIMIT_NOFILE, CONF["nofile"]),
+                       (resource.RLIMIT_FSIZE, CONF["fsize"])]:
+        resource.setrlimit(res, (value, value))
+    os.chdir(CONF["work"])
+
+
+def tool_runner(sock: socket.socket) -> None:
+    """Serve a verifier's `run_as_tool` under tool code's ids: one request at a time, a program
+    (Python source or an argv) with the stdio the verifier sends along (SCM_RIGHTS) and a
+    timeout, run in a process group of its own and killed past the timeout; the answer is its
+    exit status. Holds none of the verifier's descriptors but this socket, which it closes in
+    the programs it runs."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # not the verifier's stdio, which leads to the host
+        os.dup2(null, fd)
+    while True:
+        first, fds, _, _ = socket.recv_fds(sock, 65536, 3)
+        if len(first) < 4 or len(fds) != 3:
+            return
+        req = json.loads(recv_frame(sock, first))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                for target, fd in zip((0, 1, 2), fds):  # noqa: B905 (runs on Python 3.9)
+                    os.dup2(fd, target)
+                    os.close(fd)
+                os.setpgid(0, 0)
+                if req.get("argv"):
+                    os.execvpe(req["argv"][0], req["argv"], CONF["env"])
+                os._exit(python_main(req["code"], {"__name__": "__main__"})[0])
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        if not select.select([pidfd], [], [], max(0.0, float(req["timeout"])))[0]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os.close(pidfd)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        sock.sendall(frame(json.dumps({"status": status}).encode()))
+
+
+def run_as_tool(program, stdin: bytes = b"", timeout: float = 10.0) -> dict:
+    """In a verifier: run `program` (Python source, or an argv) under tool code's ids, with
+    `stdin`, killed after `timeout` s (its process group). Returns {"exit_code": int or None,
+    "timed_out": bool, "stdout": bytes, "stderr": bytes} (each capped like a call's output).
+    The program cannot reach this verifier (another uid): what it gives back is what it wrote
+    to its stdout and stderr and its exit status, to be judged as such."""
+    sock = TOOL_RUNNER[0]
+    key = "code" if isinstance(program, str) else "argv"
+    request = frame(json.dumps({key: program if key == "code" else list(program),
+                                "timeout": timeout}).encode())
+    i_r, i_w = os.pipe()
+    o_r, o_w = os.pipe()
+    e_r, e_w = os.pipe()
+    answer: dict = {}
+    try:
+        socket.send_fds(sock, [request], [i_r, o_w, e_w])
+    except OSError:  # the runner is gone (tool code killed it): nothing ran
+        answer["status"] = None
+    for fd in (i_r, o_w, e_w):
+        os.close(fd)
+    if len(stdin) <= 65536:
+        feed(i_w, stdin)
+    else:  # more than a pipe holds: written beside the reading, never blocking the verifier
+        threading.Thread(target=write_all, args=(i_w, stdin), daemon=True).start()
+    deadline = time.monotonic() + timeout + 1.0
+    out = {o_r: bytearray(), e_r: bytearray()}
+    open_fds, runner = [o_r, e_r], not answer
+    end = deadline  # once the output is closed (or the status is in): a short wait for the rest
+    timed_out = False
+    while True:
+        if not open_fds or "status" in answer:
+            end = min(end, time.monotonic() + (DRAIN_S if "status" in answer else 0.2))
+        if (not open_fds and (answer or not runner)) or time.monotonic() >= end:
+            timed_out = bool(open_fds) and time.monotonic() >= deadline
+            break
+        wait = open_fds + ([sock] if runner and not answer else [])
+        for fd in select.select(wait, [], [], max(0.0, end - time.monotonic()))[0]:
+            if fd is sock:  # the runner's answer; tool code may have killed or stopped it
+                try:
+                    sock.settimeout(max(0.001, deadline - time.monotonic()))
+                    got = json.loads(recv_frame(sock, b"", 4096))
+                    answer["status"] = got["status"] if type(got.get("status")) is int else None
+                except (OSError, ValueError, EOFError, AttributeError, KeyError):
+                    runner = False  # gone: the output alone tells when the program is done
+                finally:
+                    sock.settimeout(None)
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.remove(fd)
+            elif len(out[fd]) < CONF["cap"]:
+                out[fd] += chunk[:CONF["cap"] - len(out[fd])]
+    for fd in (o_r, e_r):
+        os.close(fd)
+    status = answer.get("status")
+    return {"exit_code": status, "timed_out": timed_out or status == -signal.SIGKILL,
+            "stdout": bytes(out[o_r]), "stderr": bytes(out[e_r])}
+
+
+def write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data[:65536]):]
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def write_verifier_files(files: dict) -> None:
+    """In a verifier, under its ids: its files in the work dir, each replacing whatever tool
+    code left at that path, created afresh (never through a link) and readable by the verifier
+    only, so tool code can neither read nor rewrite them."""
+    work = os.path.realpath(CONF["work"])
+    for rel, data in files.items():
+        path = os.path.join(work, rel)
+        parent = os.path.realpath(os.path.dirname(path))
+        if parent != work and not parent.startswith(work + os.sep):
+            raise OSError(f"{rel!r} resolves outside the work dir")
+        os.makedirs(parent, exist_ok=True)
+        path = os.path.join(parent, os.path.basename(path))
+        try:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(path, flags, 0o600), "wb") as f:
+                f.write(base64.b64decode(data))
+        except OSError as e:
+            raise OSError(f"{rel!r}: {e}") from e
 
 
 class Repl:
@@ -588,7 +767,28 @@ def run_call(req: dict) -> dict:
         return decode_result(r, list(r["out"]), r["exit_code"], r["value"],
                              oom_count() > oom_before or r["exit_code"] == 137)
 
-    if req["op"] == "exec":
+    setup = None
+    if req["op"] == "verify":
+        setup = judge_setup
+        files, argv, code = req.get("files") or {}, req.get("argv"), req.get("code")
+        env = CONF["env"]
+
+        def target(status_fd: int) -> None:
+            try:
+                write_verifier_files(files)
+            except OSError as e:
+                sys.stderr.write(f"the sandbox refused the verifier's files: {e}\n")
+                os._exit(2)
+            if argv:
+                os.close(status_fd)
+                fd = TOOL_RUNNER[0].fileno()
+                os.set_inheritable(fd, True)
+                os.execvpe(argv[0], argv, {**env, "AGENT_RL_TOOL_RUNNER": str(fd)})
+            ns = {"__name__": "__main__", "run_as_tool": run_as_tool}
+            status, value = python_main(code, ns)
+            os.write(status_fd, json.dumps({"value": value}).encode())
+            os._exit(status)
+    elif req["op"] == "exec":
         argv, env = req["argv"], CONF["env"]
 
         def target(status_fd: int) -> None:
@@ -600,7 +800,19 @@ def run_call(req: dict) -> dict:
             os.write(status_fd, json.dumps({"value": value}).encode())
             os._exit(status)
 
-    pid, stdin_w, fds, status_r = spawn(target)
+    work_mode = stat.S_IMODE(os.stat(CONF["work"]).st_mode)
+    if setup is not None:  # the verifier (the worker's uid) may create its files in /work
+        os.chmod(CONF["work"], 0o777)
+    try:
+        return finish_call(spawn(target, setup), stdin, deadline, oom_before)
+    finally:
+        if setup is not None:
+            os.chmod(CONF["work"], work_mode)
+
+
+def finish_call(spawned: tuple[int, int, list[int], int], stdin: bytes, deadline: float,
+                oom_before: int) -> dict:
+    pid, stdin_w, fds, status_r = spawned
     feed(stdin_w, stdin)
     status: list[int] = []
 
@@ -654,7 +866,7 @@ def handle(req: dict) -> dict:
     op = req.get("op")
     if op == "ping":
         return {"ok": True, "pid": os.getpid()}
-    if op in ("exec", "py"):
+    if op in ("exec", "py", "verify"):
         try:
             return run_call(req)
         except (OSError, MemoryError) as e:  # no process, pipe or memory left: tool code's doing

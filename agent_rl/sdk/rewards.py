@@ -135,28 +135,24 @@ async def run_json_program(
     files: Mapping[str, str] | None = None,
     timeout: float | None = None,
 ) -> SandboxRun:
-    """Restart the sandbox, write `files` to its work dir, run `program` (Python source, run in
-    a fresh interpreter, or an argv, run as a command), and parse the last line it printed as
-    JSON.
+    """Restart the sandbox, run `program` (Python source, or an argv) as its verifier
+    (`Sandbox.run_verifier`: the verifier's own uid, `files` written by it, readable by it
+    alone), and parse the last line it printed as JSON.
 
     The restart (`Sandbox.restart`) kills every process the model's calls started, as a whole,
-    before anything is written: nothing of the model's runs while the files are written or the
-    program runs, so what the program reads and prints is its own (and what it runs of the
-    model's). Whatever the model's code can cause, a file it left in the way, a timeout, a death
-    without a result line, a sandbox out of processes or memory, is `ok=False` with the reason:
-    a scored 0, never a failed episode. Only a sandbox that cannot be started again (the host's
-    failure) raises `SandboxError`."""
+    before anything is written: nothing of the model's runs while the files are written and the
+    program starts, and nothing of the model's can reach the program later (the model's code it
+    runs with `run_as_tool` included). Whatever the model's code can cause, a file it left in
+    the way, a timeout, a death without a result line, a sandbox out of processes or memory, is
+    `ok=False` with the reason: a scored 0, never a failed episode. Only a sandbox that cannot
+    be started again (the host's failure) raises `SandboxError`."""
     await sandbox.restart()
-    for path, text in (files or {}).items():
-        try:
-            await sandbox.write_file(path, text)
-        except ToolError as e:
-            # The model may have put a directory there, or filled /work: its doing, scored 0.
-            return SandboxRun(ok=False, detail=f"the sandbox refused the verifier's file {path!r}: {e}")
-    if isinstance(program, str):
-        res = await sandbox.run_python(program, timeout=timeout)
-    else:
-        res = await sandbox.exec(list(program), timeout=timeout)
+    try:
+        res = await sandbox.run_verifier(
+            program if isinstance(program, str) else list(program), files=files, timeout=timeout
+        )
+    except ToolError as e:  # a path or text that cannot be encoded: the caller's files
+        return SandboxRun(ok=False, detail=f"the sandbox refused the verifier's files: {e}")
     lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
     if lines and not res.timed_out and not res.restarted:
         try:
@@ -183,14 +179,13 @@ async def verify_in_sandbox(
     """Run a verifier (Python source, or an argv) whose last stdout line is a JSON `Reward`; 0,
     with the reason in `detail`, if it gave none.
 
-    It runs as `run_json_program` runs it: in the sandbox restarted, so no process or thread of
-    the model's calls runs meanwhile, on files written after the restart, and no answer but the
-    worker's is accepted (a forged one raises SandboxError). What this returns is what the
-    program printed. That output is as trustworthy as the program and what it reads: files the
-    model left in the work dir are the model's, and model code the program runs in its own
-    process, or lets write to its stdout (a subprocess inherits it), can print a result line
-    too. Verifiers that must resist that (code-tests) let the sandbox only compute outputs and
-    compare them with expected values on the host. None of this holds on the rlimit backend.
+    It runs as `run_json_program` runs it: in the sandbox restarted, under the verifier's own
+    uid, on files it wrote after the restart, and no answer but the worker's is accepted (a
+    forged one raises SandboxError). What this returns is what the program printed. That is as
+    trustworthy as the program and what it reads: files the model left in the work dir are the
+    model's, and a verifier that runs the model's code must do it with `run_as_tool` (a child
+    under tool code's uid, whose output it judges), not in its own process, and read its inputs
+    before. None of this holds on the rlimit backend.
     """
     run = await run_json_program(sandbox, program, files=files, timeout=timeout)
     if run.ok:

@@ -26,7 +26,7 @@ TOML; it is defined there once and named `Limits` here).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Protocol, runtime_checkable
@@ -240,6 +240,26 @@ class Sandbox(Protocol):
         runs as, so that code may write to it: a socket it connects to, a file it fills."""
         ...
 
+    async def run_verifier(
+        self,
+        program: str | Sequence[str],
+        *,
+        files: Mapping[str, str | bytes] | None = None,
+        stdin: str | bytes = b"",
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run a verifier (Python source, or an argv) under the verifier's identity, which no
+        process of tool code can signal, trace, open through /proc or renice (where the backend
+        has two uids: bubblewrap, Docker, rlimit as root). `files` are written into the work dir
+        first, by the verifier, readable by it alone (whatever tool code left at those paths is
+        replaced). To run the policy's code, a Python verifier calls `run_as_tool(program,
+        stdin=b"", timeout=10.0)` (a name in its globals), which runs it under tool code's ids
+        and returns {"exit_code", "timed_out", "stdout", "stderr"}; an exec'd one finds the same
+        service's socket fd in $AGENT_RL_TOOL_RUNNER (worker.py `tool_runner`). Run it after
+        `restart()` (`agent_rl.sdk.rewards.run_json_program` does both), so that no process of
+        tool code runs while the verifier reads its inputs."""
+        ...
+
     async def restart(self) -> None:
         """Kill every process of the sandbox as a whole (its cgroup, pid namespace or container:
         atomic against forks, zombies and their threads included) and start it afresh on the same
@@ -260,7 +280,6 @@ class Sandbox(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
-
 
 
 @runtime_checkable

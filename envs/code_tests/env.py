@@ -32,43 +32,73 @@ from agent_rl.sdk.tool_calls import format_tool_call
 PROBLEMS = Path(__file__).with_name("problems.jsonl")
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 
-# Runs inside the sandbox. Reads solution.py and tests_input.json, prints one JSON line.
+# The judge: runs inside the sandbox under the verifier's identity (`Sandbox.run_verifier`),
+# reads its hidden inputs (which tool code cannot read) before any of the model's code runs, and
+# runs the solution in a child under tool code's ids (`run_as_tool`), which can neither reach the
+# judge nor write its stdout. The child answers one JSON line per test; the judge prints them.
 RUNNER = r"""
-import contextlib, io, json, signal, sys
+import json
+spec = json.load(open("tests_input.json"))
+request = {"solution": open("solution.py").read(), "function": spec["function"],
+           "args": spec["args"], "timeout_s": spec["timeout_s"]}
+n = len(spec["args"])
+run = run_as_tool(CHILD, stdin=json.dumps(request).encode(),
+                  timeout=min(spec["timeout_s"] * (n + 1) + 1, spec["budget_s"]))
+answers = []
+for line in run["stdout"].decode("utf-8", "replace").splitlines():
+    try:
+        got = json.loads(line)
+    except ValueError:
+        continue
+    if isinstance(got, dict) and len(got) == 1 and set(got) <= {"ok", "error", "load_error"}:
+        answers.append(got)
+if answers and "load_error" in answers[0]:
+    print(json.dumps({"load_error": str(answers[0]["load_error"])[:300]}))
+    raise SystemExit(0)
+answers = [a for a in answers if "load_error" not in a][:n]
+why = "timed out" if run["timed_out"] else f"exit code {run['exit_code']}"
+answers += [{"error": f"no answer: the solution's process ended ({why})"}] * (n - len(answers))
+print(json.dumps({"outputs": answers}))
+"""
+
+# The child: tool code's ids, the model's solution loaded in it. Its prints are swallowed; what
+# it writes to its stdout is taken as its functions' return values, nothing more.
+CHILD = r"""
+import contextlib, io, json, os, signal, sys
 
 def _deadline(signum, frame):
     raise TimeoutError("took too long")
 
-def emit(obj):
-    sys.__stdout__.write("\n" + json.dumps(obj) + "\n")
-    sys.__stdout__.flush()
+req = json.loads(sys.stdin.read())
+out = os.fdopen(os.dup(1), "w")
+
+def answer(obj):
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
 
 signal.signal(signal.SIGALRM, _deadline)
-spec = json.load(open("tests_input.json"))
-limit = spec["timeout_s"]
+limit = req["timeout_s"]
 ns = {"__name__": "solution"}
 try:
     with contextlib.redirect_stdout(io.StringIO()):
         signal.alarm(limit)
-        exec(compile(open("solution.py").read(), "solution.py", "exec"), ns)
+        exec(compile(req["solution"], "solution.py", "exec"), ns)
         signal.alarm(0)
-    fn = ns[spec["function"]]
+    fn = ns[req["function"]]
 except BaseException as e:
     signal.alarm(0)
-    emit({"load_error": f"{type(e).__name__}: {e}"[:300]})
+    answer({"load_error": f"{type(e).__name__}: {e}"[:300]})
     raise SystemExit(0)
-outputs = []
-for args in spec["args"]:
+for args in req["args"]:
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             signal.alarm(limit)
             result = fn(*args)
             signal.alarm(0)
-        outputs.append({"ok": json.loads(json.dumps(result))})
+        answer({"ok": json.loads(json.dumps(result))})
     except BaseException as e:
         signal.alarm(0)
-        outputs.append({"error": f"{type(e).__name__}: {e}"[:300]})
-emit({"outputs": outputs})
+        answer({"error": f"{type(e).__name__}: {e}"[:300]})
 """
 
 
@@ -82,7 +112,9 @@ class CodeTestsEnv(Env):
 
     tools = (python_repl,)
     uses_sandbox = True
-    sandbox_spec = SandboxSpec(limits=Limits(wall_s=20.0, cpu_s=20, memory_mb=256, disk_mb=64, tmp_mb=32))
+    sandbox_spec = SandboxSpec(
+        limits=Limits(wall_s=20.0, cpu_s=20, memory_mb=256, disk_mb=64, tmp_mb=32)
+    )
 
     def __init__(
         self, *, per_test_timeout_s: int = 2, max_turns: int | None = 6, **kwargs: Any
@@ -100,10 +132,11 @@ class CodeTestsEnv(Env):
     async def score(self, answer: str) -> Reward:
         assert self.task is not None and self.sandbox is not None
         tests = self.task["tests"]
+        budget = max(1.0, self.sandbox.spec.limits.wall_s - 2)
         spec = {"function": self.task["function"], "args": [t["args"] for t in tests],
-                "timeout_s": self.per_test_timeout_s}  # fmt: skip
+                "timeout_s": self.per_test_timeout_s, "budget_s": budget}  # fmt: skip
         files = {"solution.py": extract_code(answer), "tests_input.json": json.dumps(spec)}
-        run = await run_json_program(self.sandbox, RUNNER, files=files)
+        run = await run_json_program(self.sandbox, f"CHILD = {CHILD!r}\n{RUNNER}", files=files)
         total = len(tests)
         result = run.value if run.ok and isinstance(run.value, dict) else {}
         outputs = result.get("outputs")

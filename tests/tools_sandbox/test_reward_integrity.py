@@ -13,6 +13,7 @@ that they are gone once the verifier has run.
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 import time
@@ -24,8 +25,10 @@ import pytest
 from agent_rl import make
 from agent_rl.config import SandboxLimits
 from agent_rl.kernel.errors import ToolError
+from agent_rl.sdk.env import Env
 from agent_rl.sdk.rewards import verify_in_sandbox
 from agent_rl.sdk.sandbox import Sandbox, SandboxBackend, SandboxSpec
+from agent_rl.sdk.tasks import Task
 from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
 
 from .conftest import backend_or_skip, small_limits
@@ -329,3 +332,163 @@ async def test_an_attacking_episode_ends_with_the_honest_reward(
         step = await env.step(parse_completion(wrong))
         assert step.terminated and step.reward == 0.0, step.info.reward
         await env.close()
+
+
+# ---------------------------------------------------------------- the verifier's own identity
+#
+# Verifiers that run the policy's code: code-tests' hidden tests run the model's solution, and a
+# generic verifier runs the model's program. The verifier runs under the worker's uid, the
+# policy's code in a child under tool code's (`Sandbox.run_verifier`, `run_as_tool`): whatever
+# that code does, the verdict is the honest verifier's.
+
+FORGERS = {
+    # a result line in the format the host parses, in place of what the grader prints
+    "forged_result_line": "import json\n_dumps = json.dumps\n"
+    "json.dumps = lambda o, *a, **k: FORGED if isinstance(o, dict) and 'outputs' in o "
+    "else _dumps(o, *a, **k)\n",
+    # the same line, then an exit before anything else can be printed
+    "exit_after_printing": "import os, sys\n"
+    "sys.__stdout__.write('\\n' + FORGED + '\\n')\nsys.__stdout__.flush()\nos._exit(0)\n",
+    # a detached writer appends the line to every stdout it can open through /proc (and to the
+    # one it inherited, if INHERITED), for 1.5 s: after whatever the verifier prints last
+    "proc_stdout": textwrap.dedent("""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            end, outs = time.monotonic() + 1.5, {}
+            if INHERITED:
+                outs['self'] = os.dup(1)
+            null = os.open('/dev/null', os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            while time.monotonic() < end:
+                for name in os.listdir('/proc'):
+                    if name.isdigit() and int(name) != os.getpid() and name not in outs:
+                        try:
+                            outs[name] = os.open(f'/proc/{name}/fd/1', os.O_WRONLY | os.O_APPEND)
+                        except OSError:
+                            pass
+                for fd in outs.values():
+                    try:
+                        os.write(fd, ('\\n' + FORGED + '\\n').encode())
+                    except OSError:
+                        pass
+                time.sleep(0.002)
+            os._exit(0)
+    """),
+    # the hidden inputs and the solution rewritten (the tests emptied, the reference solution)
+    "rewrite_hidden_tests": textwrap.dedent("""
+        import json
+        for name, text in (('tests_input.json', json.dumps({'function': FUNCTION, 'args': [],
+                                                           'timeout_s': 1, 'budget_s': 1})),
+                           ('solution.py', SOLUTION)):
+            try:
+                with open(name, 'w') as f:
+                    f.write(text)
+            except OSError:
+                pass
+    """),
+}
+
+
+@pytest.fixture(scope="module")
+async def graded(isolating: SandboxBackend) -> AsyncIterator[tuple[Env, Task]]:
+    """code-tests on its first problem, in one sandbox for every attack (each verification
+    restarts it)."""
+    env = make("code-tests")
+    task = next(iter(env.task_source().take(1)))
+    assert env.sandbox_spec is not None
+    async with await isolating.create(env.sandbox_spec) as sb:
+        await env.reset(task, sandbox=sb)
+        yield env, task
+
+
+@pytest.mark.parametrize("attack", sorted(FORGERS))
+async def test_a_solution_cannot_forge_its_grade(graded: tuple[Env, Task], attack: str) -> None:
+    """A wrong solution that forges code-tests' result line (in the grader's own process, before
+    an early exit, through /proc and its inherited stdout, by rewriting the hidden tests) gets
+    the honest grade, 0. (Before the grader had its own identity, the first three got 1.0.)"""
+    env, task = graded
+    forged = json.dumps({"outputs": [{"ok": t["expected"]} for t in task["tests"]]})
+    solution = (
+        f"FORGED = {forged!r}\nFUNCTION = {task['function']!r}\nSOLUTION = {task['solution']!r}\n"
+        "INHERITED = True\n"
+        f"{FORGERS[attack]}\ndef {task['function']}(*args):\n    return None\n"
+    )
+    reward = await env.score(f"```python\n{solution}```")
+    assert reward.value == 0.0, reward
+    assert reward.components["total"] == len(task["tests"]), reward
+
+
+async def test_a_solution_cannot_kill_its_grader(graded: tuple[Env, Task]) -> None:
+    """A right solution that SIGKILLs or SIGSTOPs every process it may (its runner included)
+    gets the honest grade, 1.0."""
+    env, task = graded
+    attack = textwrap.dedent("""
+        import os, signal
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for name in os.listdir('/proc'):
+                if name.isdigit() and int(name) != os.getpid():
+                    try:
+                        os.kill(int(name), sig)
+                    except OSError:
+                        pass
+    """)
+    reward = await env.score(f"```python\n{attack}\n{task['solution']}```")
+    assert reward.value == 1.0, reward
+
+
+# A verifier that runs the model's program (answer.py) and compares what it prints with the
+# hidden expected.txt, read after the program ran. Where `run_as_tool` is not there (the code
+# before the verifier had its own identity) it runs it as verifiers did then, as a subprocess.
+RUNS_THE_MODEL = textwrap.dedent("""
+    import json, subprocess, sys
+    try:
+        run_as_tool
+    except NameError:
+        def run_as_tool(program, stdin=b'', timeout=10.0):
+            p = subprocess.run([sys.executable, '-c', program], input=stdin, timeout=timeout,
+                               capture_output=True)
+            return {'exit_code': p.returncode, 'stdout': p.stdout}
+    run = run_as_tool(open('answer.py').read(), timeout=3)
+    same = run['stdout'].decode().strip() == open('expected.txt').read()
+    print(json.dumps({'value': float(same)}))
+""")
+
+MODEL_ATTACKS = {
+    # honest verdict 0: the program prints what it cannot know
+    "read_hidden": ("print(open('expected.txt').read())", 0.0),
+    "rewrite_hidden": ("open('expected.txt', 'w').write('forged')\nprint('forged')", 0.0),
+    # honest verdict 1: the right answer, then every process it may signal killed
+    "kill_verifier": (
+        textwrap.dedent("""
+            import os, signal, sys
+            print('right')
+            sys.stdout.flush()
+            for name in os.listdir('/proc'):
+                if name.isdigit() and int(name) != os.getpid():
+                    try:
+                        os.kill(int(name), signal.SIGKILL)
+                    except OSError:
+                        pass
+        """),
+        1.0,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+async def shared(isolating: SandboxBackend) -> AsyncIterator[Sandbox]:
+    """One sandbox for every attack below (each verification restarts it)."""
+    async with await isolating.create(SPEC) as sb:
+        yield sb
+
+
+@pytest.mark.parametrize("attack", sorted(MODEL_ATTACKS))
+async def test_the_models_program_cannot_reach_its_verifier(shared: Sandbox, attack: str) -> None:
+    """The model's program, run by the verifier, reads or rewrites the hidden file, or kills the
+    verifier: the verdict is the honest one. (Before, each of these changed it.)"""
+    code, honest = MODEL_ATTACKS[attack]
+    await shared.write_file("answer.py", code)
+    reward = await verify_in_sandbox(shared, RUNS_THE_MODEL, files={"expected.txt": "right"})
+    assert reward.value == honest, reward
