@@ -159,6 +159,56 @@ class SandboxCgroup:
                 pass
             time.sleep(0.005)
 
+    def kill_uid(self, uid: int, wait_s: float = 2.0) -> bool:
+        """Freeze the sandbox (v2 `cgroup.freeze`), SIGKILL every process of it with real uid
+        `uid` (found by thread, so a zombie leader's live threads count), thaw it and wait until
+        none is left. Atomic against forks: nothing forks while frozen, and a frozen process
+        still dies of SIGKILL. False where there is no `cgroup.freeze` or a process of `uid`
+        survives: the caller kills the whole sandbox instead."""
+        dirs = [d for d in self.dirs if (d / "cgroup.freeze").exists()]
+        if not dirs:
+            return False
+        d = dirs[0]
+        deadline = time.monotonic() + wait_s
+        try:
+            _write(d / "cgroup.freeze", "1")
+            while "frozen 1" not in (d / "cgroup.events").read_text():
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.0005)
+            self._kill_threads_of(d, uid)
+        except OSError:
+            return False
+        finally:
+            try:
+                _write(d / "cgroup.freeze", "0")
+            except OSError:
+                pass
+        while self._kill_threads_of(d, uid):  # (dying: gone within a few ms)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    @staticmethod
+    def _kill_threads_of(d: Path, uid: int) -> bool:
+        """SIGKILL the processes with real uid `uid` among the threads of cgroup `d`; whether
+        there were any."""
+        found = False
+        for tid in (d / "cgroup.threads").read_text().split():
+            try:
+                with open(f"/proc/{tid}/status") as f:
+                    real = next(int(x.split()[1]) for x in f if x.startswith("Uid:"))
+            except (OSError, StopIteration, ValueError):
+                continue  # gone
+            if real == uid:
+                found = True
+                try:
+                    os.kill(int(tid), signal.SIGKILL)
+                except OSError:
+                    pass
+        return found
+
     def remove(self) -> None:
         """Remove the directories (after kill_all); missing ones are fine."""
         for d in self.dirs:

@@ -131,6 +131,12 @@ class WorkerSandbox(ABC):
     async def _kill(self) -> None:
         """Kill every process of the sandbox, the worker included, and wait until they are gone."""
 
+    async def _kill_tool_code(self) -> bool:
+        """Kill every process of tool code's uid in the sandbox as a whole (atomic against
+        forks), keeping the worker and the work dir; False where the backend cannot, and then
+        `restart` starts the sandbox afresh."""
+        return False
+
     @abstractmethod
     def _oom_kills(self) -> int:
         """OOM kills so far, as the host sees them (0 where the worker reports them itself)."""
@@ -360,6 +366,14 @@ class WorkerSandbox(ABC):
         if self._closed:
             raise SandboxError(f"sandbox {self._id} is closed")
         async with self._lock:
+            if self._chan is not None and await self._kill_tool_code():
+                try:  # the worker, kept, must still answer (nothing of tool code can be left
+                    with anyio.fail_after(START_TIMEOUT_S):  # to answer in its place)
+                        await self._request({"op": "ping"}, START_TIMEOUT_S, 1024)
+                    return
+                except Exception as e:  # noqa: BLE001 (any doubt: the full restart below)
+                    log.warning("sandbox %s: the worker did not answer after the kill (%s: %s); "
+                                "restarting", self._id, type(e).__name__, e)
             await self._respawn()
 
     async def _file_op(self, req: dict[str, Any], max_answer: int) -> dict[str, Any]:

@@ -198,6 +198,25 @@ async def test_survivors_cannot_touch_the_verifier(isolating: SandboxBackend, me
         assert await beats(sb) == after, "a survivor outlived the verification"
 
 
+async def test_a_restart_kills_tool_code_and_keeps_only_what_it_may(
+    isolating: SandboxBackend,
+) -> None:
+    """bubblewrap's restart freezes the sandbox's cgroup and kills tool code's processes (the
+    REPL, its threads and the pids they hold): the worker and /work stay. Docker's replaces the
+    container. Either way nothing of tool code's beats after it, and the next call works."""
+    async with await isolating.create(SPEC) as sb:
+        assert (await sb.run_python(REPL_THREAD, persistent=True)).ok
+        assert (await sb.run_python(FILL_PIDS, persistent=True)).ok
+        worker = worker_pid(sb)
+        await sb.restart()
+        assert (worker_pid(sb) == worker) == (isolating.name == "bwrap")
+        after = await beats(sb)
+        assert after > 0  # /work kept
+        r = await sb.run_python("import time\ntime.sleep(0.2)\nprint('next')")
+        assert r.ok and r.stdout == "next\n", r
+        assert await beats(sb) == after, "a survivor outlived the restart"
+
+
 async def test_exhausted_pids_before_scoring_are_scored(isolating: SandboxBackend) -> None:
     """Threads of the REPL fill the pids limit, so the worker can start no verifier: the verifier
     runs anyway (in the restarted sandbox), and says what the honest one says."""

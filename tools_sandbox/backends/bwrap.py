@@ -159,6 +159,9 @@ class BwrapSandbox(PreparedSandbox):
     def _oom_kills(self) -> int:
         return self.cgroup.oom_kills()
 
+    async def _kill_tool_code(self) -> bool:
+        return await anyio.to_thread.run_sync(self.cgroup.kill_uid, self.tool_uid)
+
     async def _destroy(self) -> None:
         await anyio.to_thread.run_sync(self._remove_host_state)
         self.backend.uids.give_back(self.uid)
