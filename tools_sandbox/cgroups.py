@@ -159,55 +159,10 @@ class SandboxCgroup:
                 pass
             time.sleep(0.005)
 
-    def kill_uid(self, uid: int, wait_s: float = 2.0) -> bool:
-        """Freeze the sandbox (v2 `cgroup.freeze`), SIGKILL every process of it with real uid
-        `uid` (found by thread, so a zombie leader's live threads count), thaw it and wait until
-        none is left. Atomic against forks: nothing forks while frozen, and a frozen process
-        still dies of SIGKILL. False where there is no `cgroup.freeze` or a process of `uid`
-        survives: the caller kills the whole sandbox instead."""
+    def kill_uid(self, uid: int, keep_uid: int) -> bool:
+        """`freeze_kill` on this sandbox's cgroup; False where it has no `cgroup.freeze`."""
         dirs = [d for d in self.dirs if (d / "cgroup.freeze").exists()]
-        if not dirs:
-            return False
-        d = dirs[0]
-        deadline = time.monotonic() + wait_s
-        try:
-            _write(d / "cgroup.freeze", "1")
-            while "frozen 1" not in (d / "cgroup.events").read_text():
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.0005)
-            self._kill_threads_of(d, uid)
-        except OSError:
-            return False
-        finally:
-            try:
-                _write(d / "cgroup.freeze", "0")
-            except OSError:
-                pass
-        while self._kill_threads_of(d, uid):  # (dying: gone within a few ms)
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.001)
-        return True
-
-    @staticmethod
-    def _kill_threads_of(d: Path, uid: int) -> bool:
-        """SIGKILL the processes with real uid `uid` among the threads of cgroup `d`; whether
-        there were any."""
-        found = False
-        for tid in (d / "cgroup.threads").read_text().split():
-            try:
-                with open(f"/proc/{tid}/status") as f:
-                    real = next(int(x.split()[1]) for x in f if x.startswith("Uid:"))
-            except (OSError, StopIteration, ValueError):
-                continue  # gone
-            if real == uid:
-                found = True
-                try:
-                    os.kill(int(tid), signal.SIGKILL)
-                except OSError:
-                    pass
-        return found
+        return bool(dirs) and freeze_kill(dirs[0], uid, keep_uid)
 
     def remove(self) -> None:
         """Remove the directories (after kill_all); missing ones are fine."""
@@ -220,3 +175,73 @@ class SandboxCgroup:
                     break
                 except OSError:
                     time.sleep(0.01)
+
+
+def process_cgroup(pid: int) -> Path | None:
+    """The v2 cgroup (v2, or v1's unified hierarchy) of a process, where it can be frozen."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            rel = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
+    except (OSError, StopIteration):
+        return None
+    for root in (ROOT, ROOT / "unified"):
+        d = root / rel.lstrip("/")
+        if (d / "cgroup.freeze").exists():
+            return d
+    return None
+
+
+def freeze_kill(d: Path, uid: int, keep_uid: int, wait_s: float = 2.0) -> bool:
+    """Freeze cgroup `d` (`cgroup.freeze`), SIGKILL every process in it with real uid `uid`
+    (found by thread, so a zombie leader's live threads count), thaw it and wait until none is
+    left. Atomic against forks: nothing forks while frozen, and a frozen process still dies of
+    SIGKILL. False, having killed nothing, where no process of `keep_uid` (the worker) is in it
+    (the uids seen from here are not the sandbox's: a user-namespace remap); False too where a
+    process of `uid` survives. The caller then kills the whole sandbox instead."""
+    deadline = time.monotonic() + wait_s
+    try:
+        _write(d / "cgroup.freeze", "1")
+        while "frozen 1" not in (d / "cgroup.events").read_text():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+        if keep_uid not in _thread_uids(d).values():
+            return False
+        _kill_uid_threads(d, uid)
+    except OSError:
+        return False
+    finally:
+        try:
+            _write(d / "cgroup.freeze", "0")
+        except OSError:
+            pass
+    while _kill_uid_threads(d, uid):  # (dying: gone within a few ms)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _thread_uids(d: Path) -> dict[int, int]:
+    """Real uid of every thread of cgroup `d` that is still there."""
+    out = {}
+    for tid in (d / "cgroup.threads").read_text().split():
+        try:
+            with open(f"/proc/{tid}/status") as f:
+                out[int(tid)] = next(int(x.split()[1]) for x in f if x.startswith("Uid:"))
+        except (OSError, StopIteration, ValueError):
+            continue  # gone
+    return out
+
+
+def _kill_uid_threads(d: Path, uid: int) -> bool:
+    """SIGKILL the processes of cgroup `d` with real uid `uid`; whether there were any."""
+    found = False
+    for tid, real in _thread_uids(d).items():
+        if real == uid:
+            found = True
+            try:
+                os.kill(tid, signal.SIGKILL)
+            except OSError:
+                pass
+    return found

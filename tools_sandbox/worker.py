@@ -430,6 +430,7 @@ def judge_setup() -> None:
             os.close(fd)
         except OSError:
             pass
+    PRIVATE_FDS.clear()  # (their numbers are reused below: the runner must not close them again)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.setsid()
     mine, theirs = socket.socketpair()
@@ -509,7 +510,7 @@ def run_as_tool(program, stdin: bytes = b"", timeout: float = 10.0) -> dict:
     e_r, e_w = os.pipe()
     answer: dict = {}
     try:
-        socket.send_fds(sock, [request], [i_r, o_w, e_w])
+        socket.send_fds(sock, [request], [i_r, o_w, e_w], socket.MSG_NOSIGNAL)
     except OSError:  # the runner is gone (tool code killed it): nothing ran
         answer["status"] = None
     for fd in (i_r, o_w, e_w):

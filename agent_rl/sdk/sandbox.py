@@ -261,8 +261,9 @@ class Sandbox(Protocol):
         ...
 
     async def restart(self) -> None:
-        """Kill every process of the sandbox as a whole (its cgroup, pid namespace or container:
-        atomic against forks, zombies and their threads included) and start it afresh on the same
+        """Kill every process of tool code as a whole (atomic against forks, zombies and their
+        threads included: its cgroup frozen and tool code's processes killed, keeping the worker,
+        or the whole cgroup, pid namespace or container killed and started afresh) on the same
         work dir, so that nothing an earlier call started runs any more. Verifiers run after it
         (`agent_rl.sdk.rewards.run_json_program`). The REPL's globals are lost; raises
         SandboxError only when the fresh start fails."""

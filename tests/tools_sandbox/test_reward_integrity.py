@@ -30,6 +30,7 @@ from agent_rl.sdk.rewards import verify_in_sandbox
 from agent_rl.sdk.sandbox import Sandbox, SandboxBackend, SandboxSpec
 from agent_rl.sdk.tasks import Task
 from agent_rl.sdk.tool_calls import format_tool_call, parse_completion
+from tools_sandbox.cgroups import process_cgroup
 
 from .conftest import backend_or_skip, small_limits
 from .helpers import worker_pid
@@ -201,15 +202,16 @@ async def test_survivors_cannot_touch_the_verifier(isolating: SandboxBackend, me
 async def test_a_restart_kills_tool_code_and_keeps_only_what_it_may(
     isolating: SandboxBackend,
 ) -> None:
-    """bubblewrap's restart freezes the sandbox's cgroup and kills tool code's processes (the
-    REPL, its threads and the pids they hold): the worker and /work stay. Docker's replaces the
-    container. Either way nothing of tool code's beats after it, and the next call works."""
+    """A restart freezes the sandbox's cgroup and kills tool code's processes (the REPL, its
+    threads and the pids they hold): the worker and /work stay (where this host can freeze the
+    cgroup, as here and in CI; elsewhere the sandbox is started afresh). Nothing of tool code's
+    beats after it, and the next call works."""
     async with await isolating.create(SPEC) as sb:
         assert (await sb.run_python(REPL_THREAD, persistent=True)).ok
         assert (await sb.run_python(FILL_PIDS, persistent=True)).ok
         worker = worker_pid(sb)
         await sb.restart()
-        assert (worker_pid(sb) == worker) == (isolating.name == "bwrap")
+        assert (worker_pid(sb) == worker) == (process_cgroup(worker) is not None)
         after = await beats(sb)
         assert after > 0  # /work kept
         r = await sb.run_python("import time\ntime.sleep(0.2)\nprint('next')")
@@ -453,6 +455,8 @@ async def test_a_solution_cannot_kill_its_grader(graded: tuple[Env, Task]) -> No
                     except OSError:
                         pass
     """)
+    assert env.sandbox is not None  # (and a REPL the restart kills, whose fds the grader reuses)
+    assert (await env.sandbox.run_python("x = 1", persistent=True)).ok
     reward = await env.score(f"```python\n{attack}\n{task['solution']}```")
     assert reward.value == 1.0, reward
 

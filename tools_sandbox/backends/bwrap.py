@@ -160,7 +160,7 @@ class BwrapSandbox(PreparedSandbox):
         return self.cgroup.oom_kills()
 
     async def _kill_tool_code(self) -> bool:
-        return await anyio.to_thread.run_sync(self.cgroup.kill_uid, self.tool_uid)
+        return await anyio.to_thread.run_sync(self.cgroup.kill_uid, self.tool_uid, self.uid)
 
     async def _destroy(self) -> None:
         await anyio.to_thread.run_sync(self._remove_host_state)

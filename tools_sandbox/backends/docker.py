@@ -33,6 +33,7 @@ from agent_rl.kernel.errors import SandboxError
 from agent_rl.sdk.sandbox import WORK_DIR, SandboxSpec
 from tools_sandbox import hostfs, seccomp
 from tools_sandbox.backend import HERE, PreparedSandbox, WorkerBackend, compact_json
+from tools_sandbox.cgroups import freeze_kill, process_cgroup
 from tools_sandbox.ids import UidPool, new_id, owner_alive, owner_tag
 from tools_sandbox.image import ensure_image
 from tools_sandbox.session import Channel, worker_config
@@ -131,6 +132,18 @@ class DockerSandbox(PreparedSandbox):
 
     def _oom_kills(self) -> int:
         return 0  # the worker reads the container's own memory cgroup and reports OOM kills
+
+    async def _kill_tool_code(self) -> bool:
+        """The container's cgroup frozen and tool code's processes killed (`freeze_kill`),
+        where this host sees them and may freeze it (the engine on this host, cgroup v2 or the
+        unified hierarchy, root); otherwise the container is replaced."""
+        pid = self._worker[0] if self._worker else None
+        if pid is None or self.uid is None:
+            return False
+        group = await anyio.to_thread.run_sync(process_cgroup, pid)
+        if group is None:
+            return False
+        return await anyio.to_thread.run_sync(freeze_kill, group, self.tool_uid, self.uid)
 
     async def _diagnostics(self) -> str:
         container = self.container
