@@ -809,6 +809,20 @@ def run_call(req: dict) -> dict:
     finally:
         if setup is not None:
             os.chmod(CONF["work"], work_mode)
+            remove_verifier_files(req.get("files") or {})
+
+
+def remove_verifier_files(files: dict) -> None:
+    """After a verifier: its files (still its own) out of the work dir, which tool code owns,
+    so that they neither linger nor stand in the way of tool code's files of the same name."""
+    uid = CONF["ids"]["worker"][0] if CONF.get("ids") else os.getuid()
+    for rel in files:
+        path = os.path.join(CONF["work"], rel)
+        try:
+            if os.lstat(path).st_uid == uid:
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 def finish_call(spawned: tuple[int, int, list[int], int], stdin: bytes, deadline: float,
