@@ -125,7 +125,8 @@ class AgentRunner(EpisodeRunner):
         if env.command_in_sandbox:
             return await self._sandboxed(env, session)
         environ = {**os.environ, **env.command_env, "OPENAI_BASE_URL": session.base_url,
-                   "OPENAI_API_KEY": session.key, TASK_ENV_VAR: env.task_json(self.task)}  # fmt: skip
+                   "OPENAI_API_KEY": session.key, "ANTHROPIC_BASE_URL": session.base_url.removesuffix("/v1"),
+                   "ANTHROPIC_API_KEY": session.key, TASK_ENV_VAR: env.task_json(self.task)}  # fmt: skip
         status, stdout, stderr = await run_command(list(env.command),
                                                    env.task_json(self.task).encode(), environ)
         if status != 0:

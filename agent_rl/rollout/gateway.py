@@ -164,6 +164,8 @@ class AgentSession:
         """Every answer so far, by its OpenAI form's key, as the model wrote it."""
         self._last_ids: list[int] = []
         self._last_text = ""
+        self.responses: dict[str, list[dict[str, Any]]] = {}
+        """The conversation of each Responses answer kept, by its id (`previous_response_id`)."""
         self._unwritten: TurnRecord | None = None
         """The last answered call's turn, committed during the next call's generation."""
         # A semaphore, not a lock: a streamed call starts in the request's task and goes on in

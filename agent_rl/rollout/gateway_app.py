@@ -1,7 +1,9 @@
-"""The agent gateway over HTTP: OpenAI's `/v1/chat/completions` and `/v1/models` and Anthropic's
-`/v1/messages` and `/v1/messages/count_tokens`, one base URL per running agent episode.
+"""The agent gateway over HTTP: OpenAI's `/v1/chat/completions`, `/v1/responses` and `/v1/models`
+and Anthropic's `/v1/messages` and `/v1/messages/count_tokens`, one base URL per running agent
+episode.
 
     POST /agents/{key}/v1/chat/completions    (stream or not)
+    POST /agents/{key}/v1/responses           (stream or not)
     GET  /agents/{key}/v1/models
     POST /agents/{key}/v1/messages            (stream or not; also under .../v1/v1/)
     POST /agents/{key}/v1/messages/count_tokens
@@ -35,7 +37,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_rl.config.access import HostGuard, HostRule, bearer_matches, one_header
-from agent_rl.rollout import anthropic_wire
+from agent_rl.rollout import anthropic_wire, responses_wire
 from agent_rl.rollout.gateway import AgentSession, Gateway
 from agent_rl.rollout.gateway_relay import SANDBOX_PORT
 from agent_rl.rollout.openai_wire import ChatRequest, GatewayError
@@ -104,10 +106,28 @@ def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequen
         session = _authorized(gateway, key, request)
         return {"input_tokens": session.count_tokens(anthropic_wire.to_chat(await _body(request), counting=True))}
 
+    @app.post("/agents/{key}/v1/responses", response_model=None)
+    async def responses(key: str, request: Request) -> Any:
+        session = _authorized(gateway, key, request)
+        body = await _body(request)
+        req, conversation = responses_wire.to_chat(body, session)
+        model, previous = req.model or gateway.model_name, body.get("previous_response_id")
+        if not req.stream:
+            answer = await until_disconnected(request, session.answer(req))
+            if answer is None:  # the client went away: nothing was kept
+                return Response(b"{}", media_type="application/json")
+            rid = responses_wire.remember(session, answer, conversation)
+            out = responses_wire.response_body(rid, model, req, previous, answer)
+            return Response(json.dumps(out, separators=(",", ":")), media_type="application/json")
+        events = responses_wire.stream(session, req, conversation, model, previous)
+        first = await anext(events)
+        return _Stream(_named_sse(first, events, anthropic=False), media_type="text/event-stream")
+
     return app
 
 
 ROUTES = ("POST /agents/{key}/v1/chat/completions, GET /agents/{key}/v1/models, "
+          "POST /agents/{key}/v1/responses, "
           "POST /agents/{key}/v1/messages, POST /agents/{key}/v1/messages/count_tokens")  # fmt: skip
 """What a 404 names (the Anthropic routes answer under .../v1/v1/... too)."""
 
@@ -197,16 +217,18 @@ async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> As
             await rest.aclose()  # type: ignore[attr-defined]
 
 
-async def _named_sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """Anthropic's server-sent events: each named by its type; an error after the headers is
-    the stream's last event."""
+async def _named_sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]], *,
+                     anthropic: bool = True) -> AsyncIterator[bytes]:  # fmt: skip
+    """Server-sent events each named by its type (Anthropic's and the Responses API's); an
+    error after the headers is the stream's last event."""
     try:
         yield _named(first)
         try:
             async for event in rest:
                 yield _named(event)
         except GatewayError as e:
-            yield _named(anthropic_wire.error_body(e))
+            yield _named(anthropic_wire.error_body(e) if anthropic else
+                         {"type": "error", "code": e.code, "message": e.message, "param": e.param})  # fmt: skip
     finally:
         with anyio.CancelScope(shield=True):
             await rest.aclose()  # type: ignore[attr-defined]

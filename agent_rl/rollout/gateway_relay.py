@@ -139,8 +139,10 @@ sys.exit(done.returncode)
 
 def sandbox_runner(argv: Sequence[str], key: str, env: Mapping[str, str]) -> str:
     """The Python source that runs `argv` inside the sandbox against the gateway (see the module
-    docstring): `env` plus OPENAI_BASE_URL and OPENAI_API_KEY for the episode `key`."""
+    docstring): `env` plus OPENAI_BASE_URL and OPENAI_API_KEY (and ANTHROPIC_BASE_URL and
+    ANTHROPIC_API_KEY, for Anthropic's client) for the episode `key`."""
     base_url = f"http://127.0.0.1:{SANDBOX_PORT}/agents/{key}/v1"
     args = {"argv": list(argv), "port": SANDBOX_PORT, "socket": f"{SOCKET_DIR}/{SOCKET_NAME}",
-            "env": {**env, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key}}  # fmt: skip
+            "env": {**env, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key,
+                    "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": key}}  # fmt: skip
     return f"ARGS_JSON = {json.dumps(json.dumps(args))}\n" + SANDBOX_RUNNER

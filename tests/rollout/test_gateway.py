@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import openai
 import pytest
@@ -173,6 +174,101 @@ class StreamingAgent(_OneQuestion):
         return ""
 
 
+ANTHROPIC_CALC = {"name": CALC["function"]["name"], "description": CALC["function"]["description"],
+                  "input_schema": CALC["function"]["parameters"]}  # fmt: skip
+"""The calc tool as Anthropic's client sends it (rendered as the OpenAI one is)."""
+RUNS: list[str] = []
+
+
+@register("test-anthropic")
+class AnthropicAgent(_OneQuestion):
+    """Anthropic's client, its tool loop written the usual way: the first episode of a run with
+    the sync client (in a thread) on the base URL without /v1, the next one with the async
+    client on the base URL as given, streaming with `messages.stream`, and counting its
+    tokens first."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        import anthropic
+
+        KEYS.append((base_url, api_key))
+        SEEN[api_key] = []
+        RUNS.append(api_key)
+        messages: list[Any] = [{"role": "user", "content": task["question"]}]
+        # This client no longer has `temperature`; the gateway honours it (greedy: the memorized answer).
+        ask = {"model": "policy", "max_tokens": 48, "tools": [ANTHROPIC_CALC], "extra_body": {"temperature": 0}}
+        if len(RUNS) % 2:
+            with anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key=api_key, max_retries=0) as sync:
+                for _ in range(3):
+                    r = await anyio.to_thread.run_sync(lambda: sync.messages.create(messages=messages, **ask))
+                    if not self.keep(api_key, messages, r):
+                        return "".join(b.text for b in r.content if b.type == "text")
+            return ""
+        async with anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0) as client:
+            SEEN[api_key].append(await client.messages.count_tokens(model="policy", messages=messages,
+                                                                    tools=[ANTHROPIC_CALC]))  # fmt: skip
+            for _ in range(3):
+                async with client.messages.stream(messages=messages, **ask) as stream:
+                    events = [e.type async for e in stream]
+                    r = await stream.get_final_message()
+                SEEN[api_key].append(events)
+                if not self.keep(api_key, messages, r):
+                    return "".join(b.text for b in r.content if b.type == "text")
+        return ""
+
+    @staticmethod
+    def keep(api_key: str, messages: list[Any], r: Any) -> bool:
+        """Keep the answer; run its tool calls (False when there are none)."""
+        SEEN[api_key].append(r)
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]})
+        uses = [b for b in r.content if b.type == "tool_use"]
+        if uses:
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": b.id, "content": calc(json.dumps(b.input))} for b in uses]})
+        return bool(uses)
+
+
+RESPONSES_CALC = {"type": "function", **CALC["function"]}
+"""The calc tool as the Responses API takes it (rendered as the chat-completions one is)."""
+
+
+@register("test-openai-responses")
+class ResponsesAgent(_OneQuestion):
+    """`client.responses.create`: the first episode of a run sends its whole input each time
+    (the output items back, then a function_call_output), not streamed; the next one streams
+    and continues with `previous_response_id` and only the new items."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        SEEN[api_key] = []
+        RUNS.append(api_key)
+        chained = not len(RUNS) % 2
+        items: list[Any] = [{"role": "user", "content": task["question"]}]
+        previous = None
+        async with self.client(base_url, api_key) as client:
+            for _ in range(3):
+                ask: dict[str, Any] = {"model": "policy", "tools": [RESPONSES_CALC], "temperature": 0,
+                                       "max_output_tokens": 48}  # fmt: skip
+                if chained and previous is not None:
+                    ask["previous_response_id"] = previous
+                if chained:
+                    events = []
+                    async with client.responses.stream(input=items, **ask) as stream:
+                        async for e in stream:
+                            events.append(e.type)
+                        r = await stream.get_final_response()
+                    SEEN[api_key].append(events)
+                else:
+                    r = await client.responses.create(input=items, **ask)
+                SEEN[api_key].append(r)
+                calls = [o for o in r.output if o.type == "function_call"]
+                if not calls:
+                    return r.output_text
+                outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": calc(c.arguments)}
+                           for c in calls]  # fmt: skip
+                previous = r.id
+                items = outputs if chained else [*items, *[o.model_dump(exclude_none=True) for o in r.output], *outputs]
+        return ""
+
+
 def _key(episode_id: int) -> str:
     """The API key the latest run's episode `episode_id` was given (each test has its store)."""
     return next(k for _, k in reversed(KEYS) if k.startswith(f"ep{episode_id}-"))
@@ -307,3 +403,80 @@ async def test_frameworks_run_their_tool_using_agents(tmp_path: Path, memorized,
             assert [m["role"] for m in detail.messages] == ["user", "assistant", "tool", "assistant"]
             assert detail.messages[1]["content"] == CALL_TEXT and detail.messages[2]["content"] == "5"
             assert detail.messages[3]["content"] == FINAL_TEXT
+
+
+async def test_anthropic_client_sync_async_and_streaming(tmp_path: Path, memorized, tiny_moe_model: Path) -> None:
+    """The official anthropic client (sync on the base URL without /v1; async and streaming,
+    with count_tokens, on the base URL as given; its key as `x-api-key`) runs its tool loop:
+    the engine's call comes back as a tool_use block, its result goes back as a tool_result,
+    and every turn is the engine's own tokens, one segment, as with the OpenAI client."""
+    RUNS.clear()
+    async with Tap(memorized.url).running() as tap:
+        cfg, summary = await _serve(tmp_path, tap, tiny_moe_model, "test-anthropic")
+    renderer = ChatRenderer(tiny_moe_model)
+    async with await Store.open(cfg.store) as store:
+        episodes = await store.list_episodes(run_id=summary.run_id)
+        assert len(episodes) == 2
+        for e in episodes:
+            assert e.status in ("completed", "filtered"), e.error_cause
+            await check_agent_episode(store, renderer, tap, e.id, [CALC])
+            assert (e.reward, e.num_turns, e.reward_details["segments"]) == (1.0, 2, 1)
+            detail = await store.get_episode(e.id)
+            assert [m["role"] for m in detail.messages] == ["user", "assistant", "tool", "assistant"]
+            assert detail.messages[1]["content"] == CALL_TEXT and detail.messages[2]["content"] == "5"
+            key = _key(e.id)
+            seen = SEEN[key]
+            streamed = key == RUNS[1]
+            if streamed:
+                counted, first_events, first, second_events, second = seen
+                # count_tokens: the prompt the first call generated after.
+                assert counted.input_tokens == detail.turns[0].num_prompt_tokens
+                grammar = ["message_start", "content_block_start", "content_block_delta", "content_block_stop",
+                           "message_delta", "message_stop"]  # fmt: skip
+                assert [t for t in first_events if t in grammar] == grammar, first_events
+                assert second_events[0] == "message_start" and second_events[-1] == "message_stop"
+            else:
+                first, second = seen
+            assert first.stop_reason == "tool_use" and second.stop_reason == "end_turn"
+            (use,) = [b for b in first.content if b.type == "tool_use"]
+            assert use.name == "calc" and use.input == {"expression": "2+3"}
+            assert [b.text for b in second.content if b.type == "text"] == [FINAL_TEXT]
+            for r, turn in zip((first, second), detail.turns):
+                assert r.usage.output_tokens == turn.num_tokens - turn.num_prompt_tokens
+                assert r.usage.input_tokens == turn.span_start + turn.num_prompt_tokens
+
+
+async def test_openai_responses_full_input_and_previous_response_id(tmp_path: Path, memorized,
+                                                                    tiny_moe_model: Path) -> None:  # fmt: skip
+    """`client.responses.create`, with its whole input each call and, streamed, with
+    `previous_response_id`: the engine's call comes back as a function_call item, its output
+    goes back as a function_call_output, and every turn is the engine's own tokens in one
+    segment."""
+    RUNS.clear()
+    async with Tap(memorized.url).running() as tap:
+        cfg, summary = await _serve(tmp_path, tap, tiny_moe_model, "test-openai-responses")
+    renderer = ChatRenderer(tiny_moe_model)
+    async with await Store.open(cfg.store) as store:
+        episodes = await store.list_episodes(run_id=summary.run_id)
+        assert len(episodes) == 2
+        for e in episodes:
+            assert e.status in ("completed", "filtered"), e.error_cause
+            await check_agent_episode(store, renderer, tap, e.id, [CALC])
+            detail = await store.get_episode(e.id)
+            assert (e.num_turns, e.reward_details["segments"]) == (2, 1), detail.messages
+            assert [m["role"] for m in detail.messages] == ["user", "assistant", "tool", "assistant"]
+            key = _key(e.id)
+            seen = SEEN[key]
+            if key == RUNS[1]:
+                first_events, first, second_events, second = seen
+                for events in (first_events, second_events):
+                    assert events[0] == "response.created" and events[-1] == "response.completed", events
+                assert "response.function_call_arguments.delta" in first_events
+                assert "response.output_text.delta" in second_events
+            else:
+                first, second = seen
+            (call,) = [o for o in first.output if o.type == "function_call"]
+            assert call.name == "calc" and json.loads(call.arguments) == {"expression": "2+3"}
+            assert second.output_text == FINAL_TEXT and second.status == "completed"
+            for r, turn in zip((first, second), detail.turns):
+                assert r.usage.output_tokens == turn.num_tokens - turn.num_prompt_tokens

@@ -145,3 +145,70 @@ def test_anthropic_messages_become_the_same_chat_request() -> None:
             to_chat(bad)
         assert error_body(e.value)["error"]["type"] == "invalid_request_error"
     assert to_chat({**body, "max_tokens": None}, counting=True).max_tokens is None
+
+
+def test_responses_input_becomes_the_same_chat_request() -> None:
+    """Responses input items as chat messages: instructions first, an assistant message and
+    the function calls after it as one answer with tool calls, outputs as tool messages,
+    reasoning items left out; `previous_response_id` continues a response of the episode."""
+    from types import SimpleNamespace
+
+    from agent_rl.rollout.responses_wire import to_chat
+
+    session = SimpleNamespace(responses={"resp_1-0": [{"role": "user", "content": "2+3?"}]})
+    tool = {"type": "function", "name": "calc", "description": "Evaluate.", "parameters": {"type": "object"}}
+    body = {"model": "m", "instructions": "Be terse.", "tools": [tool], "max_output_tokens": 8, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "2+3?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me see."}]},
+        {"type": "function_call", "call_id": "call_0_0", "name": "calc", "arguments": '{"expression": "2+3"}'},
+        {"type": "function_call", "call_id": "call_0_1", "name": "calc", "arguments": '{"expression": "1"}'},
+        {"type": "function_call_output", "call_id": "call_0_0", "output": "5"},
+        {"type": "function_call_output", "call_id": "call_0_1", "output": "1"}]}  # fmt: skip
+    req, conversation = to_chat(body, session)  # type: ignore[arg-type]
+    calls = [{"id": f"call_0_{j}", "type": "function", "function": {"name": "calc", "arguments": a}}
+             for j, a in enumerate(('{"expression": "2+3"}', '{"expression": "1"}'))]  # fmt: skip
+    assert req.messages == [{"role": "system", "content": "Be terse."}, *conversation]
+    assert conversation == [
+        {"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "Let me see.", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_0_0", "content": "5"},
+        {"role": "tool", "tool_call_id": "call_0_1", "content": "1"}]  # fmt: skip
+    assert req.function_tools() == [{"type": "function", "function": {
+        "name": "calc", "description": "Evaluate.", "parameters": {"type": "object"}}}]  # fmt: skip
+    assert req.max_tokens == 8
+    chained, _ = to_chat({"input": "Sure?", "previous_response_id": "resp_1-0"}, session)  # type: ignore[arg-type]
+    assert chained.messages == [{"role": "user", "content": "2+3?"}, {"role": "user", "content": "Sure?"}]
+    for bad in ({"input": "x", "previous_response_id": "resp_9"}, {"input": [{"type": "web_search_call"}]},
+                {"input": "x", "tools": [{"type": "web_search"}]}):  # fmt: skip
+        with pytest.raises(GatewayError) as e:
+            to_chat(bad, session)  # type: ignore[arg-type]
+        assert e.value.status == 400
+
+
+async def _ask(method: str, path: str, **kwargs: object) -> object:
+    import httpx
+
+    from agent_rl.rollout.gateway import Gateway
+    from agent_rl.rollout.gateway_app import gateway_app
+
+    transport = httpx.ASGITransport(app=gateway_app(Gateway("policy")))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        return await http.request(method, path, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_refusals_come_in_the_dialect_of_their_route_and_a_404_names_the_routes() -> None:
+    """The gateway app itself (no episode running): an unknown route's 404 names the routes
+    that exist; an unknown key on Anthropic's route is refused in Anthropic's shape, on
+    OpenAI's in OpenAI's."""
+    missing = await _ask("POST", "/agents/k/v1/completions", json={})
+    assert missing.status_code == 404  # type: ignore[attr-defined]
+    message = missing.json()["error"]["message"]  # type: ignore[attr-defined]
+    for route in ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"):
+        assert route in message
+    anthropic = await _ask("POST", "/agents/k/v1/messages", json={}, headers={"x-api-key": "k"})
+    assert anthropic.status_code == 404  # type: ignore[attr-defined]
+    assert anthropic.json() == {"type": "error", "error": {  # type: ignore[attr-defined]
+        "type": "not_found_error", "message": "no running episode has this key"}}  # fmt: skip
+    openai_ = await _ask("POST", "/agents/k/v1/responses", json={})
+    assert openai_.json()["error"]["code"] == "episode_not_found"  # type: ignore[attr-defined]
