@@ -515,3 +515,35 @@ async def test_the_models_program_cannot_reach_its_verifier(shared: Sandbox, att
     await shared.write_file("answer.py", code)
     reward = await verify_in_sandbox(shared, RUNS_THE_MODEL, files={"expected.txt": "right"})
     assert reward.value == honest, reward
+
+
+# An exec'd verifier drives the same runner through the socket in $AGENT_RL_TOOL_RUNNER: a
+# frame (4-byte length, JSON {"code" or "argv", "timeout"}) with the program's stdin, stdout and
+# stderr attached (SCM_RIGHTS); the answer is a frame {"status": exit status}.
+EXEC_VERIFIER = textwrap.dedent("""
+    import json, os, socket, struct
+    sock = socket.socket(fileno=int(os.environ['AGENT_RL_TOOL_RUNNER']))
+    i_r, i_w = os.pipe()
+    o_r, o_w = os.pipe()
+    req = json.dumps({'code': open('answer.py').read(), 'timeout': 3}).encode()
+    socket.send_fds(sock, [struct.pack('>I', len(req)) + req], [i_r, o_w, o_w])
+    for fd in (i_r, o_w, i_w):
+        os.close(fd)
+    out = b''
+    while chunk := os.read(o_r, 65536):
+        out += chunk
+    same = out.decode().strip() == open('expected.txt').read()
+    print(json.dumps({'value': float(same)}))
+""")
+
+
+@pytest.mark.parametrize("code", ["print('right')", MODEL_ATTACKS["read_hidden"][0]])
+async def test_an_execd_verifier_runs_the_model_through_its_runner(
+    shared: Sandbox, code: str
+) -> None:
+    """The runner's socket protocol, from an exec'd verifier: the model's program runs under
+    tool code's uid (it cannot read the hidden file), and its output comes back."""
+    await shared.write_file("answer.py", code)
+    program = ["python3", "-c", EXEC_VERIFIER]
+    reward = await verify_in_sandbox(shared, program, files={"expected.txt": "right"})
+    assert reward.value == (1.0 if code == "print('right')" else 0.0), reward
