@@ -481,3 +481,35 @@ async def test_a_call_is_answered_before_its_turn_commits_and_every_turn_lands(
         assert OUTCOMES["commits"] == [0, 1]
         async with await Store.open(cfg.store) as store:
             await check_agent_episode(store, renderer, tap, e.id, [])
+
+
+async def test_max_tokens_is_the_episodes_budget_across_segments(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    """`rollout.max_tokens` bounds what the episode stores and trains, all its segments
+    together: a rewrite starts a new segment, not a new budget."""
+    renderer = ChatRenderer(tiny_moe_model)
+    first = renderer.encode(renderer.render([{"role": "system", "content": "Be terse."}, {"role": "user", "content": QUESTION}], []))
+    second = renderer.encode(renderer.render(
+        [{"role": "user", "content": f"Summary: I asked {QUESTION}"}, {"role": "user", "content": "Answer."}], []))
+    budget = len(first) + len(second) + 10
+    _, episodes = await _run(tmp_path, sglang_moe_server.url, tiny_moe_model, "test-agent-rewrites",
+                             max_tokens=budget, temperature=1.0)
+    for e in episodes:
+        assert e.num_tokens <= budget, (e.num_tokens, budget)
+        assert e.status in ("completed", "filtered") and e.reward_details["truncated"] == "max_tokens"
+        assert e.reward_details["segments"] == 2
+
+
+async def test_a_first_call_refused_for_its_budget_leaves_nothing_to_train_on(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+) -> None:
+    """The zero-turn case as documented: a prompt over `rollout.max_tokens` is refused (400)
+    and the episode fails with nothing to train on, not completed with no turn."""
+    renderer = ChatRenderer(tiny_moe_model)
+    prompt = renderer.encode(renderer.render([{"role": "system", "content": "Be terse."}, {"role": "user", "content": QUESTION}], []))
+    assert len(prompt) > 16  # the smallest budget the config allows
+    _, episodes = await _run(tmp_path, sglang_moe_server.url, tiny_moe_model, "test-agent-rewrites", max_tokens=16)
+    for e in episodes:
+        assert (e.status, e.error_type, e.num_turns) == ("failed", "EnvError", 0)
+        assert "nothing to train on" in e.error_cause and "max_tokens" in e.error_cause
