@@ -456,10 +456,11 @@ def judge_setup() -> None:
 
 def tool_runner(sock: socket.socket) -> None:
     """Serve a verifier's `run_as_tool` under tool code's ids: one request at a time, a program
-    (Python source or an argv) with the stdio the verifier sends along (SCM_RIGHTS) and a
-    timeout, run in a process group of its own and killed past the timeout; the answer is its
-    exit status. Holds none of the verifier's descriptors but this socket, which it closes in
-    the programs it runs."""
+    (Python source, run by a fresh interpreter, or an argv) with the stdio the verifier sends
+    along (SCM_RIGHTS) and a timeout, run in a process group of its own and killed past the
+    timeout; the answer is its exit status. Holds none of the verifier's descriptors but this
+    socket, which it closes in the programs it runs, and is not dumpable (it is a fork of the
+    worker): the programs start from a fresh image, with nothing of the worker's memory."""
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # not the verifier's stdio, which leads to the host
         os.dup2(null, fd)
@@ -478,7 +479,13 @@ def tool_runner(sock: socket.socket) -> None:
                 os.setpgid(0, 0)
                 if req.get("argv"):
                     os.execvpe(req["argv"][0], req["argv"], CONF["env"])
-                os._exit(python_main(req["code"], {"__name__": "__main__"})[0])
+                # Python source in a fresh interpreter, never in this fork: the worker's memory,
+                # which holds the verifier's request (its files too), must not reach tool code
+                code = os.memfd_create("tool-code", 0)
+                write_all(os.dup(code), req["code"].encode())
+                os.lseek(code, 0, os.SEEK_SET)
+                os.execve(sys.executable, [sys.executable, "-I", f"/proc/self/fd/{code}"],
+                          CONF["env"])
             except BaseException:
                 traceback.print_exc()
                 os._exit(1)
