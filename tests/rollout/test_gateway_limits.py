@@ -513,3 +513,21 @@ async def test_a_first_call_refused_for_its_budget_leaves_nothing_to_train_on(
     for e in episodes:
         assert (e.status, e.error_type, e.num_turns) == ("failed", "EnvError", 0)
         assert "nothing to train on" in e.error_cause and "max_tokens" in e.error_cause
+
+
+@pytest.mark.parametrize("env", ["calculator-agent-anthropic", "calculator-agent-responses"])
+async def test_the_example_agents_in_the_other_dialects_are_recorded_token_for_token(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, env: str
+) -> None:
+    """envs/calculator_agent/dialects.py: the calculator agent written with Anthropic's client
+    and with `responses.create` runs through serve, every call a turn of the engine's own
+    tokens (the random policy answers without calling its tool)."""
+    from envs.calculator_agent.agent import CALC
+
+    renderer = ChatRenderer(tiny_moe_model)
+    async with Tap(sglang_moe_server.url).running() as tap:
+        cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, env)
+        async with await Store.open(cfg.store) as store:
+            for e in episodes:
+                assert e.status in ("completed", "filtered") and e.num_turns >= 1, e.error_cause
+                await check_agent_episode(store, renderer, tap, e.id, [CALC])

@@ -31,6 +31,9 @@ def quickstart(
     agent: Annotated[
         bool, typer.Option("--agent", help="Train the calculator agent written with the openai client, through serve's gateway.")
     ] = False,
+    dialect: Annotated[
+        str, typer.Option("--dialect", help="With --agent: the API the agent is written against: chat (completions), responses, messages (Anthropic).")
+    ] = "chat",
     serve_after: Annotated[
         bool, typer.Option("--serve-after/--no-serve-after", help="Keep the viewer up after the report, until Ctrl-C.")
     ] = True,
@@ -40,7 +43,7 @@ def quickstart(
 
     opts = Options(seed=seed, sft_steps=sft_steps, rl_steps=rl_steps, rl_minutes=rl_minutes,
                    eval_tasks=eval_tasks, eval_samples=eval_samples, cluster=cluster,
-                   store_url=store_url, agent=agent)
+                   store_url=store_url, agent=agent, dialect=dialect)
     try:
         anyio.run(lambda: run_quickstart(opts, workdir, console=console, serve_after=serve_after))
     except KeyboardInterrupt:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,6 +36,10 @@ AGENT_ENV_ID = "calculator-agent"
 """`--agent`: the same tasks, solved by envs/calculator_agent's plain-`openai` agent through the
 gateway. Its prompts are the SDK env's token for token (no tool schemas, the same call and
 tool-message format), so the calculator's demonstrations warm-start it."""
+AGENT_ENV_IDS = {"chat": AGENT_ENV_ID, "responses": "calculator-agent-responses",
+                 "messages": "calculator-agent-anthropic"}  # fmt: skip
+"""`--agent --dialect`: the same agent written against the gateway's other dialects
+(envs/calculator_agent/dialects.py: `responses.create`, Anthropic's client)."""
 AGENT_ENV_KWARGS: dict[str, Any] = {
     "tools_in_prompt": False, "min_terms": 3, "max_terms": 3, "max_digits": 1, "max_turns": 3,
 }
@@ -64,6 +68,9 @@ class Options(BaseModel):
     agent: bool = False
     """Train the calculator agent written with the `openai` client (`calculator-agent`,
     through serve's gateway) instead of the SDK's `calculator` env."""
+    dialect: Literal["chat", "responses", "messages"] = "chat"
+    """With `agent`: the API the agent is written against (chat completions, Responses, or
+    Anthropic's Messages)."""
 
 
 def recipe(opts: Options) -> dict[str, Any]:
@@ -78,7 +85,7 @@ def recipe(opts: Options) -> dict[str, Any]:
         "router": {"port": free_port(), "admin_token": secrets.token_urlsafe(24)},
         "api": {"port": free_port()},
         "rollout": {
-            "env": AGENT_ENV_ID if opts.agent else ENV_ID,
+            "env": AGENT_ENV_IDS[opts.dialect] if opts.agent else ENV_ID,
             "env_kwargs": AGENT_ENV_KWARGS if opts.agent else ENV_KWARGS, "seed": opts.seed, "group_size": 8,
             "max_concurrent_episodes": 64, "max_turns": 3, "max_tokens": 512,
             "max_new_tokens": 48, "temperature": 1.0, "heartbeat_s": 2.0, "stale_after_s": 15.0,
