@@ -24,10 +24,15 @@ rounds).
 `tokens_exact`: every stored completion is exactly what the engine generates for its stored
 prompt (the direct call's greedy output for the same prompt ids equals the stored tokens).
 
-Last line: RESULT {"p50_ratio_c1", "p50_ratio_c16", "tokens_exact", ...}; target p50 ratio
-<= 1.1 at 16.
+`--dialect messages|responses` has the agents call Anthropic's `/v1/messages` (content blocks
+sent back) or OpenAI's `/v1/responses` (each call continuing the previous response by
+`previous_response_id`) instead; `--dialect all` measures each of the three at 16.
 
-    python bench/gateway.py [--episodes 48] [--calls 4] [--tokens 16] [--rounds 5]
+Last line: RESULT {"p50_ratio_c1", "p50_ratio_c16", "cpu_ms_per_call_c16": {dialect: ms},
+"p50_ratio_c16_by_dialect", "tokens_exact", "load_average", ...}; targets on a quiet machine:
+p50 ratio <= 1.1 at 16, CPU <= 1.5 ms per call for each dialect.
+
+    python bench/gateway.py [--episodes 48] [--calls 4] [--tokens 16] [--rounds 5] [--dialect all]
 """
 
 from __future__ import annotations
@@ -73,16 +78,32 @@ class AgentLoop(AgentEnv):
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
         messages: list[dict[str, Any]] = [{"role": "user", "content": task["question"]}]
         auth = {"Authorization": f"Bearer {api_key}"}
+        previous = None
         for k in range(CALLS_PER_EPISODE):
-            body = {"model": "policy", "messages": messages, "max_tokens": TOKENS, "temperature": 0}
+            if DIALECT[0] == "messages":  # Anthropic's Messages: content blocks back, x-api-key
+                url, headers = f"{base_url}/messages", {"x-api-key": api_key}
+                body: dict[str, Any] = {"model": "policy", "messages": messages, "max_tokens": TOKENS, "temperature": 0}
+            elif DIALECT[0] == "responses":  # only the new input after the first call
+                url, headers = f"{base_url}/responses", auth
+                body = {"model": "policy", "input": messages, "max_output_tokens": TOKENS, "temperature": 0,
+                        "previous_response_id": previous}  # fmt: skip
+            else:
+                url, headers = f"{base_url}/chat/completions", auth
+                body = {"model": "policy", "messages": messages, "max_tokens": TOKENS, "temperature": 0}
             t, cpu = time.perf_counter(), time.process_time()
             WINDOW[0] = min(WINDOW[0], cpu)
-            async with HTTP.post(f"{base_url}/chat/completions", json=body, headers=auth) as r:
+            async with HTTP.post(url, json=body, headers=headers) as r:
                 r.raise_for_status()
-                answer = (await r.json())["choices"][0]["message"]
+                out = await r.json()
             LATENCIES.append(time.perf_counter() - t)
             WINDOW[1] = max(WINDOW[1], time.process_time())
-            messages += [answer, {"role": "user", "content": f"And {k}+{k}?"}]
+            follow = {"role": "user", "content": f"And {k}+{k}?"}
+            if DIALECT[0] == "messages":
+                messages += [{"role": "assistant", "content": out["content"] or ""}, follow]
+            elif DIALECT[0] == "responses":
+                previous, messages = out["id"], [follow]
+            else:
+                messages += [out["choices"][0]["message"], follow]
         return ""
 
     async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> float:
@@ -93,6 +114,8 @@ HTTP: aiohttp.ClientSession
 """The agents' HTTP client: aiohttp, as the direct side's EngineClient, so both sides pay for
 the same client."""
 CALLS_PER_EPISODE = 4
+DIALECT = ["chat"]
+"""The API the agents call: chat (completions), messages (Anthropic's), responses."""
 WINDOW = [float("inf"), 0.0]
 """This process's CPU time at the first call's start and the last call's end."""
 
@@ -190,12 +213,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     # At 1 a call's latency hardly varies; at 16 it follows how the engine's batches form, so
     # a round there makes more calls.
     episodes = {1: max(args.episodes // 4, 4), 16: args.episodes}
+    dialects = ["chat", "messages", "responses"] if args.dialect == "all" else [args.dialect]
+    per_dialect: dict[str, float] = {}
     try:
-        for c in (1, 16):
+        for dialect, c in [(d, c) for d in dialects for c in ((16,) if len(dialects) > 1 else (1, 16))]:
+            DIALECT[0] = dialect
             gw, direct, gw_cpu, direct_cpu, overhead = [], [], [], [], []
             for r in range(args.rounds):
                 loads.append(load_average())
-                run, db = f"c{c}-r{r}", work / f"c{c}-r{r}.db"
+                run, db = f"{dialect}-c{c}-r{r}", work / f"{dialect}-c{c}-r{r}.db"
                 lat, cpu, engine_calls = await gateway_round(db, engine.url, model, episodes[c],
                                                              c, run)
                 gw.append(statistics.median(lat))
@@ -207,7 +233,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 direct_cpu.append(cpu)
                 exact &= same
                 loads.append(load_average())
-                print(f"c={c} round {r} (load {loads[-2]:.1f}-{loads[-1]:.1f}): "
+                print(f"{dialect} c={c} round {r} (load {loads[-2]:.1f}-{loads[-1]:.1f}): "
                       f"gateway p50 {gw[-1] * 1e3:.1f} ms ({gw_cpu[-1] * 1e3:.1f} ms CPU/call, "
                       f"{overhead[-1] * 1e3:+.1f} ms over its engine calls' p50), "
                       f"direct p50 {direct[-1] * 1e3:.1f} ms ({direct_cpu[-1] * 1e3:.1f} ms CPU/call), "
@@ -219,8 +245,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             result[f"gateway_overhead_ms_c{c}"] = round(statistics.median(overhead) * 1e3, 1)
             result[f"gateway_cpu_ms_per_call_c{c}"] = round(statistics.median(gw_cpu) * 1e3, 2)
             result[f"direct_cpu_ms_per_call_c{c}"] = round(statistics.median(direct_cpu) * 1e3, 2)
+            if c == 16:
+                per_dialect[dialect] = result[f"gateway_cpu_ms_per_call_c{c}"]
+                result.setdefault("p50_ratio_c16_by_dialect", {})[dialect] = result["p50_ratio_c16"]
     finally:
         engine.stop()
+    result["cpu_ms_per_call_c16"] = per_dialect
     result["tokens_exact"] = exact
     result["load_average"] = [min(loads), max(loads)]
     return result
@@ -236,6 +266,8 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=4, help="calls per episode")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of every call")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dialect", choices=["chat", "messages", "responses", "all"], default="chat",
+                        help="the API the agents call; all: each of them, at concurrency 16")
     started = time.time()
     # Every /generate call of this process (the direct side's too; cleared before each
     # gateway round) into ENGINE_CALLS.

@@ -197,9 +197,10 @@ def response_body(rid: str, model: str, req: ChatRequest, previous: str | None,
     return body
 
 
-def remember(session: AgentSession, a: Answer, conversation: list[dict[str, Any]]) -> str:
+def remember(session: AgentSession, a: Answer, conversation: list[dict[str, Any]],
+             rid: str | None = None) -> str:  # fmt: skip
     """Keep a kept response's conversation for `previous_response_id`; its id."""
-    rid = response_id(a.cid)
+    rid = rid or response_id(a.cid)
     session.responses[rid] = [*conversation, reply_message(a.turn)]
     return rid
 
@@ -263,4 +264,4 @@ async def stream(session: AgentSession, req: ChatRequest, conversation: list[dic
                 final = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
                 last = piece
                 yield event(final, response=body)
-    remember(session, last, conversation)  # the call was kept: the stream went to its end
+    remember(session, last, conversation, rid)  # the call was kept: the stream went to its end
