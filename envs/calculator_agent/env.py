@@ -45,7 +45,7 @@ class CalculatorAgentEnv(AgentEnv):
 
         # One TLS context for every episode's client: httpx builds a new one per client
         # otherwise, loading the CA bundle each time (~20-90 ms of serve's event loop per episode).
-        http = DefaultAsyncHttpxClient(verify=_tls_context())
+        http = DefaultAsyncHttpxClient(verify=tls_context())
         async with AsyncOpenAI(
             base_url=base_url, api_key=api_key, max_retries=0, http_client=http
         ) as client:
@@ -57,7 +57,8 @@ class CalculatorAgentEnv(AgentEnv):
 
 
 @functools.cache
-def _tls_context() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
+    """The process's one default TLS context, shared by every episode's client."""
     return ssl.create_default_context()
 
 
