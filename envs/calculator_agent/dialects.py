@@ -16,7 +16,7 @@ from typing import Any
 
 from agent_rl.sdk.tasks import Task
 from envs.calculator_agent.agent import CALC, calc
-from envs.calculator_agent.env import CalculatorAgentEnv, tls_context
+from envs.calculator_agent.env import CalculatorAgentEnv
 
 ANTHROPIC_CALC = {"name": CALC["function"]["name"], "description": CALC["function"]["description"],
                   "input_schema": CALC["function"]["parameters"]}  # fmt: skip
@@ -69,26 +69,20 @@ class CalculatorAnthropicAgentEnv(CalculatorAgentEnv):
     """`calculator-agent` with the agent written with Anthropic's client."""
 
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
-        from anthropic import AsyncAnthropic, DefaultAsyncHttpxClient
+        import anthropic
 
-        http = DefaultAsyncHttpxClient(verify=tls_context())  # one TLS context (env.py)
-        async with AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0,
-                                  http_client=http) as client:
-            return await solve_anthropic(client, task["question"], tools=self.tools_in_prompt,
-                                         max_calls=self.max_turns or 4, max_tokens=self.max_completion)  # fmt: skip
+        return await self.run_with(anthropic.AsyncAnthropic, anthropic.DefaultAsyncHttpxClient,
+                                   solve_anthropic, base_url, api_key, task)  # fmt: skip
 
 
 class CalculatorResponsesAgentEnv(CalculatorAgentEnv):
     """`calculator-agent` with the agent written with `client.responses.create`."""
 
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
-        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+        import openai
 
-        http = DefaultAsyncHttpxClient(verify=tls_context())  # one TLS context (env.py)
-        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                               http_client=http) as client:
-            return await solve_responses(client, task["question"], tools=self.tools_in_prompt,
-                                         max_calls=self.max_turns or 4, max_tokens=self.max_completion)  # fmt: skip
+        return await self.run_with(openai.AsyncOpenAI, openai.DefaultAsyncHttpxClient,
+                                   solve_responses, base_url, api_key, task)  # fmt: skip
 
 
 async def main(dialect: str) -> None:

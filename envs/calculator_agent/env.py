@@ -39,16 +39,21 @@ class CalculatorAgentEnv(AgentEnv):
         )
 
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
-        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+        import openai
 
         from envs.calculator_agent.agent import solve
 
-        # One TLS context for every episode's client: httpx builds a new one per client
-        # otherwise, loading the CA bundle each time (~20-90 ms of serve's event loop per episode).
-        http = DefaultAsyncHttpxClient(verify=tls_context())
-        async with AsyncOpenAI(
-            base_url=base_url, api_key=api_key, max_retries=0, http_client=http
-        ) as client:
+        return await self.run_with(openai.AsyncOpenAI, openai.DefaultAsyncHttpxClient, solve,
+                                   base_url, api_key, task)  # fmt: skip
+
+    async def run_with(self, client_type: Any, http_type: Any, solve: Any, base_url: str,
+                       api_key: str, task: Task) -> str:  # fmt: skip
+        """`solve` with a `client_type` client (openai's or anthropic's) on the episode's
+        endpoint. One TLS context for every episode's client: httpx builds a new one per client
+        otherwise, loading the CA bundle each time (~20-90 ms of serve's event loop per episode)."""
+        http = http_type(verify=tls_context())
+        async with client_type(base_url=base_url, api_key=api_key, max_retries=0,
+                               http_client=http) as client:  # fmt: skip
             return await solve(client, task["question"], tools=self.tools_in_prompt,
                                max_calls=self.max_turns or 4, max_tokens=self.max_completion)  # fmt: skip
 
