@@ -43,7 +43,6 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import anyio
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from agent_rl.config import StoreConfig
 from agent_rl.config.secrets import redact_text, redact_url
@@ -212,6 +211,11 @@ class StoreBase:
                 log.warning("store: %s hit a transient database fault (%s); retrying",
                             what, one_line(e))
                 await anyio.sleep(0.05)
+            # Imported here, after a fault: a command that never retries (`agent-rl episodes
+            # list`) should not load it.
+            from tenacity import (AsyncRetrying, retry_if_exception, stop_after_delay,
+                                  wait_exponential_jitter)
+
             retrying = AsyncRetrying(
                 retry=retry_if_exception(is_transient),
                 stop=stop_after_delay(self.retry_window_s),

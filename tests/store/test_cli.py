@@ -114,3 +114,47 @@ def test_config_file_and_environment(tmp_path: Path) -> None:
     env_wins = cli("config", "show", "--json", cwd=tmp_path, url="sqlite:///other.db")
     assert json.loads(env_wins.stdout)["store"]["url"] == "sqlite:///other.db"
     assert cli("config", "check", str(tmp_path / "agent-rl.toml")).returncode == 0
+
+
+# What a listing never needs: the engine's, the trainer's and the web servers' libraries, the
+# console renderer, the migrations, the retry machinery (until a fault), PostgreSQL's driver on
+# SQLite; and of this project only the CLI, the config, the kernel and the store.
+NOT_FOR_A_LISTING = ("torch", "transformers", "tokenizers", "numpy", "megatron", "sglang",
+                     "fastapi", "starlette", "uvicorn", "httpx", "aiohttp", "jinja2", "rich",
+                     "alembic", "tenacity", "opentelemetry", "openai", "docker", "psycopg",
+                     "envs", "trainer", "router", "tools_sandbox", "migrations")  # fmt: skip
+OURS_FOR_A_LISTING = ("agent_rl.app.cli", "agent_rl.config", "agent_rl.kernel", "agent_rl.store")
+
+
+def test_episodes_list_loads_only_what_it_needs(tmp_path: Path) -> None:
+    """`agent-rl episodes list` is mostly its imports (bench/api.py): the modules it has loaded
+    when it is done, in its own process, hold none of the heavy or unrelated ones. A lazy import
+    made eager again anywhere on its path fails here, whatever the machine's speed."""
+    import anyio
+
+    from agent_rl.config import StoreConfig
+    from agent_rl.store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    anyio.run(upgrade, StoreConfig(url=url))
+    probe = (
+        "import json, sys\n"
+        "sys.argv = ['agent-rl', 'episodes', 'list']\n"
+        "from agent_rl.app.cli import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
+    done = subprocess.run([sys.executable, "-c", probe], env={**env, "AGENT_RL_STORE__URL": url},
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60, check=True)  # fmt: skip
+    assert done.stdout.endswith("0 episodes\n")
+    loaded = json.loads(done.stderr.splitlines()[-1])
+    assert "sqlalchemy.orm" in loaded and "agent_rl.store.queries" in loaded  # the probe sees them
+    heavy = [m for m in loaded if m.split(".")[0] in NOT_FOR_A_LISTING]
+    assert heavy == []
+    ours = [m for m in loaded if m.startswith("agent_rl.")
+            and not m.startswith(tuple(f"{p}." for p in OURS_FOR_A_LISTING))
+            and m not in OURS_FOR_A_LISTING and m != "agent_rl.app"]  # fmt: skip
+    assert ours == []
