@@ -153,3 +153,32 @@ def test_serve_as_a_library_checks_the_binds_too(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"api\.host is 0\.0\.0\.0.*api\.token"):
         anyio.run(lambda: serve(Config(store={"url": url}, api={"host": "0.0.0.0"}), with_api=True))
     assert not (tmp_path / "store.db").exists()  # nothing was started
+
+
+def test_a_public_gateway_host_concerns_agent_envs_only(tmp_path: Path) -> None:
+    """Only an agent env starts the gateway: with an SDK env a public `rollout.gateway_host`
+    binds nothing, and neither the CLI's early check nor serve's refuses it; `--env` names the
+    env the CLI checks (the config's default is an SDK env)."""
+    from agent_rl.app.cli.serve import check_public_binds
+    from agent_rl.app.serve import check_binds
+    from agent_rl.config import Config
+    from agent_rl.kernel.errors import ConfigError
+    from agent_rl.sdk.registry import make
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    for env_id, agents in (("calculator", False), ("calculator-agent", True)):
+        cfg = Config(store={"url": url}, rollout={"env": env_id, "gateway_host": "0.0.0.0"})
+        env = make(env_id)
+        for check in (lambda: check_public_binds(cfg, with_api=False),
+                      lambda: check_binds(cfg, env, with_api=False)):  # fmt: skip
+            if agents:
+                with pytest.raises(ConfigError, match=r"rollout\.gateway_host is 0\.0\.0\.0"):
+                    check()
+            else:
+                check()
+        # A public API is refused whatever the env.
+        public_api = cfg.model_copy(update={"api": cfg.api.model_copy(update={"host": "0.0.0.0"})})
+        with pytest.raises(ConfigError, match=r"api\.host is 0\.0\.0\.0"):
+            check_public_binds(public_api, with_api=True)
+        if not agents:
+            check_public_binds(public_api, with_api=False)

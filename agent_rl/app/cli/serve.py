@@ -34,9 +34,6 @@ def serve(
 ) -> None:
     """Run the scheduler and episode runners; by default with an embedded router and engine."""
     cfg = state(ctx).config()
-    check_public_binds(cfg, with_api=api)  # before the imports below take their seconds
-    from agent_rl.app.serve import serve as run_serve
-
     updates = {}
     if env is not None or router_url is not None:
         rollout = cfg.rollout.model_copy(update={k: v for k, v in {"env": env, "router_url": router_url}.items() if v is not None})
@@ -44,6 +41,9 @@ def serve(
     if model is not None:
         updates["engine"] = cfg.engine.model_copy(update={"model": model})
     cfg = cfg.model_copy(update=updates)
+    check_public_binds(cfg, with_api=api)  # before the imports below take their seconds
+    from agent_rl.app.serve import serve as run_serve
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = anyio.run(lambda: run_serve(cfg, max_episodes=max_episodes, with_api=api))
     # Every episode is recorded by now: a SIGTERM (e.g. the second of a drain that just ended)
@@ -55,19 +55,34 @@ def serve(
 
 def check_public_binds(cfg: Config, *, with_api: bool) -> None:
     """A bind beyond loopback without `api.token` is a one-line error at once: the API's
-    (`api.host`) when serve mounts it, the agent gateway's (`rollout.gateway_host`; serve
-    checks again, knowing the env, in `agent_rl.app.serve.check_binds`)."""
+    (`api.host`) when serve mounts it, the agent gateway's (`rollout.gateway_host`) when the
+    env is an agent env, the only kind serve starts a gateway for (`rollout.env`'s class is
+    imported to tell, not made; serve checks again with the env it makes,
+    `agent_rl.app.serve.check_binds`)."""
     from agent_rl.config.access import is_loopback, token_value
 
     if token_value(cfg.api.token) is not None:
         return
-    for setting, host, used in (("api.host", cfg.api.host, with_api),
-                                ("rollout.gateway_host", cfg.rollout.gateway_host, True)):
-        if used and not is_loopback(host):
-            raise ConfigError(
-                f"{setting} is {host}, not loopback, and api.token is unset or blank: a public "
-                f"bind needs api.token set (AGENT_RL_API__TOKEN), or set {setting} = 127.0.0.1"
-            )
+    if with_api and not is_loopback(cfg.api.host):
+        _refuse_public("api.host", cfg.api.host)
+    if not is_loopback(cfg.rollout.gateway_host) and _hosts_agents(cfg.rollout.env):
+        _refuse_public("rollout.gateway_host", cfg.rollout.gateway_host)
+
+
+def _refuse_public(setting: str, host: str) -> None:
+    raise ConfigError(
+        f"{setting} is {host}, not loopback, and api.token is unset or blank: a public bind "
+        f"needs api.token set (AGENT_RL_API__TOKEN), or set {setting} = 127.0.0.1"
+    )
+
+
+def _hosts_agents(env_id: str) -> bool:
+    """Whether serving `env_id` starts the agent gateway (an unknown id is the registry's
+    one-line error here, as it would be when serve makes the env)."""
+    from agent_rl.sdk.agent import AgentEnv
+    from agent_rl.sdk.registry import load_class, spec
+
+    return issubclass(load_class(spec(env_id)), AgentEnv)
 
 
 def _exit_quietly(signum: int, frame: object) -> None:
