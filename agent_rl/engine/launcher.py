@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 
 import httpx
 
+from agent_rl.config.secrets import redact_args
 from agent_rl.engine.install import engine_env, engine_python
 from agent_rl.sglang.speculative import speculative_args
 from agent_rl.kernel.errors import EngineError
@@ -261,7 +262,8 @@ class EngineServer:
         python = engine_python(self.venv)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            log.write(f"--- agent-rl: {' '.join(self.command(python))}\n".encode())
+            shown = " ".join(redact_args(self.command(python)))  # extra_args may hold a key
+            log.write(f"--- agent-rl: {shown}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
                 self.command(python),

@@ -1,6 +1,7 @@
 """Secrets never leave the process: a password planted everywhere the configuration can hold
 one (the PostgreSQL store URL's password, `api.token`, `router.admin_token`, a router URL's
-credentials, an env kwarg named like a secret, one named in `rollout.secret_env_kwargs`) is
+credentials, an env kwarg named like a secret, one named in `rollout.secret_env_kwargs`, the
+value of a secret option in `engine.extra_args`) is
 found in no output of a real `serve` run: not in the run's stored config, the API, the viewer,
 the CLI (`config show`, `db upgrade`, `runs`, an error quoting the URL), the log, or the
 episodes' traces. On SQLite and PostgreSQL.
@@ -87,7 +88,8 @@ def planted_config(db_url: str, tmp_path: Path, engine_url: str, model: Path) ->
     router_url = engine_url.replace("http://", f"http://agent:{PLANTED}@")
     return Config(
         store={"url": db_url},
-        engine={"model": model},
+        # Free-form: options of the engine's command line (unused: the engine is the stand-in).
+        engine={"model": model, "extra_args": ["--api-key", PLANTED, f"--admin-api-key={PLANTED}"]},
         rollout={"env": "test-planted-agent", "router_url": router_url, "group_size": 1,
                  "env_kwargs": {"api_key": PLANTED, "license_code": PLANTED},
                  "secret_env_kwargs": ["license_code"], "max_turns": 2, "engine_sample_s": 0.2},
@@ -128,6 +130,7 @@ def test_a_planted_password_appears_in_no_output(
     outputs["stored config"] = json.dumps(recorded)
     assert recorded["rollout"]["env_kwargs"] == {"api_key": MASK, "license_code": MASK}
     assert recorded["api"]["token"] == MASK
+    assert recorded["engine"]["extra_args"] == ["--api-key", MASK, f"--admin-api-key={MASK}"]
     with TestClient(create_app(cfg), base_url=LOOPBACK) as c:
         for path in (
             f"/api/v1/runs/{run_id}",
@@ -150,7 +153,8 @@ def test_a_planted_password_appears_in_no_output(
            "AGENT_RL_ROUTER__ADMIN_TOKEN": PLANTED,
            "AGENT_RL_ROLLOUT__ROUTER_URL": cfg.rollout.router_url or "",
            "AGENT_RL_ROLLOUT__ENV_KWARGS": json.dumps(cfg.rollout.env_kwargs),
-           "AGENT_RL_ROLLOUT__SECRET_ENV_KWARGS": '["license_code"]'}  # fmt: skip
+           "AGENT_RL_ROLLOUT__SECRET_ENV_KWARGS": '["license_code"]',
+           "AGENT_RL_ENGINE__EXTRA_ARGS": json.dumps(cfg.engine.extra_args)}  # fmt: skip
     runner = CliRunner()
     for args in (
         ["config", "show"],

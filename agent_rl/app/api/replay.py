@@ -27,7 +27,7 @@ from agent_rl.sdk.env import Env
 from agent_rl.kernel.errors import EnvError, StoreError
 from agent_rl.sdk.registry import make
 from agent_rl.rollout.episode_env import episode_sandbox
-from agent_rl.config.secrets import MASK
+from agent_rl.config.secrets import holds_mask
 from agent_rl.rollout.recorded import split_transcript
 from agent_rl.store import Store
 from agent_rl.sdk.tasks import Task
@@ -41,12 +41,12 @@ _CUT = "max_new_tokens"
 
 def env_kwargs_for(cfg: Config, run_config: dict[str, Any] | None, env_id: str) -> dict[str, Any]:
     """The keyword arguments the run made its environment with (its recorded config first; a
-    secret, recorded masked, comes from this process's config)."""
+    value with a secret in it, recorded masked, comes from this process's config)."""
     recorded = (run_config or {}).get("rollout") or {}
     if recorded.get("env") == env_id:
         kwargs = dict(recorded.get("env_kwargs") or {})
         own = cfg.rollout.env_kwargs
-        return {k: own.get(k, v) if v == MASK else v for k, v in kwargs.items()}
+        return {k: own.get(k, v) if holds_mask(v) else v for k, v in kwargs.items()}
     if cfg.rollout.env == env_id:
         return dict(cfg.rollout.env_kwargs)
     return {}
