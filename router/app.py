@@ -13,8 +13,9 @@ SGLang serves (`PROXIED`; stored responses by id are looked up on every worker);
 `/metrics`; and, behind the bearer token (router/auth.py), `/workers` (GET/POST/DELETE) and the
 control fan-out (`/abort_request`, `/pause_generation`, `/continue_generation`, `/flush_cache`,
 `/update_weights_from_disk`, `/begin_weight_update`, `/end_weight_update`, ...). `/v1/loads`
-and `/model_info` are read-only and open. Every error the router makes itself, unknown routes
-and wrong methods included, has one JSON shape (router/errors.py).
+and `/model_info` are read-only and open. Every route answers only the router's own Host
+(router/auth.py: DNS rebinding). Every error the router makes itself, unknown routes and wrong
+methods included, has one JSON shape (router/errors.py).
 
 Why this stack: measured with a 50 ms stub engine at 256 concurrent requests, aiohttp's server
 beat Starlette/uvicorn, an httpx client collapsed under pool contention, and aiohttp's own
@@ -33,7 +34,7 @@ from opentelemetry.trace import TracerProvider
 
 from agent_rl.config import RouterConfig
 from agent_rl.kernel.errors import ConfigError
-from router.auth import AdminGuard, check_exposure
+from router.auth import AdminGuard, check_exposure, own_hosts_only
 from router.balance import Balancer
 from router.control import Control
 from router.errors import error_response, json_errors
@@ -186,7 +187,7 @@ class Router:
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_mb * 1024 * 1024,
-                              middlewares=[json_errors])
+                              middlewares=[own_hosts_only(self.config), json_errors])
         r = app.router
         for path, methods in PROXIED.items():
             for method in methods:

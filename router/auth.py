@@ -11,12 +11,13 @@ empty one would be no check at all. The token rules are the API's too
 (slime's rollout lists `GET /workers` and aborts through them). It is refused unless the router
 binds a loopback address, where only processes of this machine can reach it.
 
-The control handlers also answer only requests for the router's own Host (and a POST only
-from no Origin or an allowed one: `agent_rl.config.access.HostRule`), so a web page in a browser
-on this machine cannot reach them by DNS rebinding, even in tokenless control mode. A request
-with two `Authorization` headers carries no token.
-
-The checks wrap the control handlers only; proxied routes pay nothing for them.
+Every route answers only requests for the router's own Host (and a POST only from no Origin
+or an allowed one: `agent_rl.config.access.HostRule`, the web API's rule), so a web page in a
+browser on this machine cannot reach the router by DNS rebinding: not the control endpoints,
+even in tokenless control mode, and not the proxied routes, which would let it generate with
+the engines and read the answers. `own_hosts_only` is that check, as the app's outermost
+middleware; a verdict is kept per Host value, so a proxied request pays a dict lookup. A
+request with two `Authorization` headers carries no token.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from aiohttp import web
 from agent_rl.config import RouterConfig
 from agent_rl.config.access import HostRule, bearer_matches, is_loopback, one_header, token_value
 from agent_rl.kernel.errors import ConfigError
-from router.errors import Handler, error_response
+from router.errors import Handler, Middleware, error_response
 
 
 def configured_token(config: RouterConfig) -> str | None:
@@ -61,22 +62,17 @@ class AdminGuard:
         """True when no token was configured and this one was made for the process."""
         self.token = configured or secrets.token_urlsafe(24)
         self.open = config.tokenless_control
-        """Tokenless control mode: the wrapper lets every call through with the right Host."""
-        self.hosts = HostRule(config.host, config.allowed_hosts)
+        """Tokenless control mode: the wrapper lets every call through (`own_hosts_only` still
+        checks its Host)."""
 
     def allows(self, authorization: str) -> bool:
         return bearer_matches(authorization, self.token)
 
     def wrap(self, handler: Handler) -> Handler:
-        """`handler` behind the Host rule and the token (the rule alone in tokenless mode)."""
+        """`handler` behind the token (nothing in tokenless mode); the Host is checked before,
+        for every route (`own_hosts_only`)."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
-            sockname = request.transport.get_extra_info("sockname") if request.transport else None
-            port = sockname[1] if isinstance(sockname, tuple) and len(sockname) > 1 else None
-            refused = self.hosts.refusal(request.method, request.headers.getall("Host", []),
-                                         request.headers.getall("Origin", []), port)
-            if refused is not None:
-                return error_response(*refused)
             if self.open:
                 return await handler(request)
             if not self.allows(one_header(request.headers.getall("Authorization", []))):
@@ -87,3 +83,22 @@ class AdminGuard:
             return await handler(request)
 
         return guarded
+
+
+def own_hosts_only(config: RouterConfig) -> Middleware:
+    """Middleware answering 421 to a request for another Host than the router's, and 403 to a
+    state-changing one from a foreign Origin (`HostRule` on `[router] host` and
+    `allowed_hosts`)."""
+    rule = HostRule(config.host, config.allowed_hosts)
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        port = sockname[1] if isinstance(sockname, tuple) and len(sockname) > 1 else None
+        refused = rule.refusal(request.method, request.headers.getall("Host", []),
+                               request.headers.getall("Origin", []), port)
+        if refused is not None:
+            return error_response(*refused)
+        return await handler(request)
+
+    return check

@@ -19,6 +19,7 @@ from aiohttp import web
 log = logging.getLogger("agent_rl.router")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 def error_response(status: int, message: str, worker: str | None = None) -> web.Response:

@@ -15,7 +15,7 @@ every answer. `HostRule` answers only requests whose `Host` names the server (it
 `localhost`, `127.0.0.1`, `[::1]`, on its port; on a wildcard bind also this machine's host
 names and any IP literal, which no rebinding can produce; plus the configured `allowed_hosts`), and a state-changing request only
 from no `Origin` (not a browser) or an allowed one. `HostGuard` is that rule as ASGI middleware
-(the API, the viewer, the gateway); the router applies it to its admin routes.
+(the API, the viewer, the gateway); the router applies it to every route as aiohttp middleware.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ HostList = Annotated[list[str], AfterValidator(_normalized_hosts)]
 """Extra Host header values a server answers: `name` (any port), `name:port`, `[v6]:port`, `*`."""
 
 _WILDCARD_BINDS = {"", "0.0.0.0", "::", "[::]"}
+_KEPT_VERDICTS = 1024
 _SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -129,6 +130,7 @@ class HostRule:
         else:
             self.names.add(f"[{bind.strip('[]')}]" if ":" in bind else bind)
         self.any = "*" in allowed
+        self._verdicts: dict[tuple[str, int | None], bool] = {}
         self.any_port: set[str] = set()
         self.exact: set[tuple[str, int | None]] = set()
         for entry in allowed:
@@ -141,7 +143,18 @@ class HostRule:
 
     def allows(self, host: str, port: int | None) -> bool:
         """Whether a request for `host` (a Host header value) to a server on `port` (None:
-        unknown) is for this server."""
+        unknown) is for this server. Verdicts are kept (a server is called by a few Host
+        values; the router checks every proxied request), up to `_KEPT_VERDICTS` of them."""
+        key = (host, port)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._allows(host, port)
+            if len(self._verdicts) >= _KEPT_VERDICTS:  # many Hosts: a caller trying names
+                self._verdicts.clear()
+            self._verdicts[key] = verdict
+        return verdict
+
+    def _allows(self, host: str, port: int | None) -> bool:
         if self.any:
             return True
         split = _split_host(host)

@@ -87,10 +87,11 @@ class RouterConfig(Section):
     host the router refuses to start."""
 
     allowed_hosts: HostList = []
-    """Host header values /workers and the control endpoints answer besides the bind address
-    and localhost, 127.0.0.1 and [::1] on the router's port (`name` on any port, `name:port`
-    on that one, `*` any); other Hosts get 421, a foreign Origin on a POST 403 (a web page
-    reaching a loopback router: DNS rebinding). Proxied routes answer any Host."""
+    """Host header values the router answers (every route: proxied, control, /workers,
+    /health, /metrics) besides the bind address and localhost, 127.0.0.1 and [::1] on its port
+    (on a wildcard bind also this machine's names and any IP address; `name` on any port,
+    `name:port` on that one, `*` any); other Hosts get 421, a foreign Origin on a POST 403 (a
+    web page reaching a loopback router: DNS rebinding). Add the names callers use."""
 
     tokenless_control: bool = False
     """Let /workers and the control endpoints answer without the admin token, for tools that send
