@@ -6,6 +6,8 @@ Gymnasium's shape:
     @register("my-env")                                                # or on the class itself
     class MyEnv(Env): ...
     env = make("my-env", max_turns=8)                                  # kwargs override defaults
+    register("fam", entry_point="pkg:Fam", id_argument="name")         # a family of ids:
+    env = make("fam:x")                                                # Fam(name="x")
 
 Where registrations come from, shown by `agent-rl envs list`:
 - `builtin`: the environments in this project's `envs/` package (imported on first use);
@@ -24,7 +26,7 @@ import importlib
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any, TypeVar
 
@@ -51,6 +53,9 @@ class EnvSpec:
     """Where the registration came from: builtin, an entry point's distribution, or a module."""
     env_class: type[Env] | None = field(default=None, compare=False, repr=False)
     """The class itself when registered with one (it may not be importable by name)."""
+    id_argument: str | None = None
+    """A family of ids: `{id}:{value}` makes this env with `{id_argument}=value` (e.g.
+    `verifiers:my-taskset` passes `env="my-taskset"`)."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +74,17 @@ _current_source: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-def register(id: str, entry_point: str | type[Env] | None = None, **kwargs: Any) -> Any:
-    """Register `id`; without `entry_point`, return a class decorator that registers the class."""
+def register(
+    id: str, entry_point: str | type[Env] | None = None, *, id_argument: str | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Register `id`; without `entry_point`, return a class decorator that registers the class.
+    With `id_argument`, `id` also names a family: `{id}:{value}` is made with that keyword
+    argument set to `value`."""
     if entry_point is None:
 
         def decorate(cls: E) -> E:
-            register(id, cls, **kwargs)
+            register(id, cls, id_argument=id_argument, **kwargs)
             return cls
 
         return decorate
@@ -92,7 +102,8 @@ def register(id: str, entry_point: str | type[Env] | None = None, **kwargs: Any)
     source = _source_for(entry_point)
     _add(
         EnvSpec(
-            id=id, entry_point=entry_point, kwargs=dict(kwargs), source=source, env_class=env_class
+            id=id, entry_point=entry_point, kwargs=dict(kwargs), source=source,
+            env_class=env_class, id_argument=id_argument,
         )
     )
     return None
@@ -117,6 +128,13 @@ def spec(id: str) -> EnvSpec:
     try:
         return _specs[id]
     except KeyError:
+        family, colon, value = id.partition(":")
+        base = _specs.get(family) if colon else None
+        if base is not None and base.id_argument is not None:
+            if not value:
+                raise EnvError(f"environment id {id!r} names no {base.id_argument}: "
+                               f"write {family}:<{base.id_argument}>") from None
+            return replace(base, id=id, kwargs={**base.kwargs, base.id_argument: value})
         known = ", ".join(sorted(_specs)) or "none"
         raise EnvError(
             f"unknown environment {id!r}; registered: {known} (see `agent-rl envs list`)"
@@ -236,6 +254,9 @@ def describe(s: EnvSpec) -> dict[str, Any]:
         "demonstration": None,
         "error": None,
     }
+    if s.id_argument is not None:  # a family: nothing to make without its argument
+        row["description"] = f"a family of environments: {s.id}:<{s.id_argument}>"
+        return row
     try:
         env = make(s.id)
         row["tools"] = sorted(env.toolset)

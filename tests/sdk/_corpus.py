@@ -53,7 +53,8 @@ def corpus_samples(
 ) -> Iterator[str]:
     """ChatML texts covering the built-in environments (or `env_ids`), `n_per_env` each."""
     ids = list(env_ids) if env_ids is not None else [
-        s.id for s in specs() if s.source == "builtin" and make(s.id).has_demonstration()
+        s.id for s in specs() if s.source == "builtin" and s.id_argument is None
+        and make(s.id).has_demonstration()
     ]
     for env_id in ids:
         if make(env_id).needs_sandbox and not include_sandbox_envs:
