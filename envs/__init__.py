@@ -17,3 +17,4 @@ register("calculator-agent", entry_point="envs.calculator_agent.env:CalculatorAg
 register("calculator-agent-cli", entry_point="envs.calculator_agent.env:CalculatorAgentCliEnv")
 register("calculator-agent-anthropic", entry_point="envs.calculator_agent.dialects:CalculatorAnthropicAgentEnv")
 register("calculator-agent-responses", entry_point="envs.calculator_agent.dialects:CalculatorResponsesAgentEnv")
+register("verifiers", entry_point="envs.verifiers_env.env:VerifiersEnv", id_argument="env")

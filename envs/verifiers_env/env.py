@@ -1,0 +1,107 @@
+"""`verifiers:<taskset or config>`: a verifiers v1 environment trained as an agent-rl env.
+
+verifiers (Prime Intellect's, 0.4.0, its v1 API) composes a taskset (rows and rewards), a
+harness (the program the model runs in) and a runtime. It pins `openai<3`, which agent-rl's
+`[agents]` extra does not share, so it runs out of process, in a virtual environment of its
+own: each episode is the agent command `runner.py episode` run with that environment's
+Python. The command gets the episode's own OpenAI endpoint; verifiers' eval client sends each
+of the harness's chat calls there, where the gateway renders it with the chat template,
+generates token-in/token-out through the router and records it as a turn with the engine's
+ids, logprobs and versions, as for any agent (docs/agents.md). The reward is the one
+verifiers' taskset computed for the episode's trace.
+
+    agent-rl serve --env verifiers:my_taskset            # a taskset id (an importable module)
+    agent-rl serve --env verifiers:path/to/env.json      # or a verifiers EnvConfig as JSON
+
+`python` (or `AGENT_RL_VERIFIERS_PYTHON`) names the Python of the verifiers environment;
+`paths` are put on its `PYTHONPATH` (where a taskset of one's own lives); `config` is merged
+into the EnvConfig. The task rows are listed once by the same script (`runner.py tasks`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agent_rl.kernel.errors import EnvError
+from agent_rl.sdk.agent import AgentEnv
+from agent_rl.sdk.rewards import Reward
+from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
+
+RUNNER = Path(__file__).with_name("runner.py")
+PYTHON_VAR = "AGENT_RL_VERIFIERS_PYTHON"
+"""Where the verifiers environment's Python is named when the env is not given `python`."""
+LIST_TIMEOUT_S = 300.0
+"""Listing the task rows imports verifiers and loads the taskset (seconds on a busy CPU)."""
+
+
+class VerifiersEnv(AgentEnv):
+    """A verifiers v1 environment run out of process (see the module docstring)."""
+
+    def __init__(self, *, env: str, python: str | None = None, paths: Sequence[str] = (),
+                 config: dict[str, Any] | None = None, tasks: str | Path | None = None) -> None:  # fmt: skip
+        """`env`: a verifiers taskset id, or a `.json` file holding a verifiers EnvConfig;
+        `python`: the Python of a virtual environment with verifiers installed; `paths`:
+        folders put on its `PYTHONPATH`; `config`: EnvConfig fields merged over `env`'s."""
+        super().__init__(tasks=tasks)
+        self.python = python or os.environ.get(PYTHON_VAR)
+        if not self.python:
+            raise EnvError(f"verifiers:{env} needs the Python of a virtual environment with "
+                           f"verifiers==0.4.0 installed: pass python=... or set {PYTHON_VAR}")
+        self.env_config = {**_env_config(env), **(config or {})}
+        self.paths = tuple(str(Path(p).resolve()) for p in paths)
+        self.config_json = json.dumps(self.env_config, sort_keys=True)
+        self.command = [self.python, "-P", str(RUNNER), "episode", self.config_json]
+        self.command_env = {"PYTHONPATH": os.pathsep.join(self.paths), "HF_HUB_OFFLINE": "1"}
+
+    def builtin_tasks(self, split: str = "train") -> TaskSource:
+        rows = _list_tasks(self.python, self.config_json, self.paths)
+        return ListTasks([Task(id=r["id"], data=r["data"]) for r in rows])
+
+    async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> Reward:
+        lines = str(result).strip().splitlines()
+        try:
+            out = json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError) as e:
+            raise EnvError(f"{self.env_id}: the verifiers runner ended without its result line; "
+                           f"it wrote: {str(result)[-2000:]!r}") from e
+        if not out["ok"] or out["reward"] is None:
+            raise EnvError(f"{self.env_id}: verifiers ended task {task.id} with errors: "
+                           + "; ".join(out["errors"] or ["no trace"]))
+        parts = {k: float(v) for k, v in out["rewards"].items() if v is not None}
+        detail = "truncated by verifiers" if out["truncated"] else ""
+        return Reward(value=float(out["reward"]), components=parts, detail=detail)
+
+
+def _env_config(env: str) -> dict[str, Any]:
+    """The EnvConfig `env` names: a JSON file's object, or a taskset id."""
+    if env.endswith(".json"):
+        path = Path(env)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise EnvError(f"verifiers:{env}: cannot read it as a verifiers EnvConfig: {e}") from e
+        if not isinstance(data, dict):
+            raise EnvError(f"verifiers:{env}: a verifiers EnvConfig is a JSON object")
+        return data
+    return {"taskset": {"id": env}}
+
+
+@functools.cache
+def _list_tasks(python: str, config_json: str, paths: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The taskset's rows as the runner lists them, once per process and configuration."""
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1"}
+    try:
+        done = subprocess.run([python, "-P", str(RUNNER), "tasks", config_json], env=environ,
+                              capture_output=True, text=True, timeout=LIST_TIMEOUT_S, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EnvError(f"cannot list the verifiers tasks with {python}: {e}") from e
+    if done.returncode != 0:
+        raise EnvError(f"listing the verifiers tasks with {python} failed (status "
+                       f"{done.returncode}): {done.stderr.strip()[-2000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -1,0 +1,136 @@
+"""verifiers v1 environments trained as agent-rl episodes (`--env verifiers:<taskset>`), out of
+process: verifiers 0.4.0 runs in a virtual environment of its own (it pins `openai<3`) and
+every model call of its harness reaches serve's gateway, which generates on the session's real
+SGLang engine (tiny-moe, routing replay on) through a recording tap (`gateway_helpers.Tap`).
+
+The environment under test, `verifiers_modules/vf_tiny_echo.py`, is written against verifiers'
+public API only: two prompts, a harness that calls the model twice, rewards computed by
+verifiers from the usage it was given and the task's data. Each stored episode is checked
+token for token against what the engine itself saw and produced, and its reward against what
+verifiers computed.
+
+The verifiers environment is `AGENT_RL_VERIFIERS_PYTHON`, else the repository's
+`.venv-verifiers` (`python -m venv .venv-verifiers && .venv-verifiers/bin/pip install
+verifiers==0.4.0`); without it these tests skip locally and fail in CI (CI=true).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_rl.app.serve import serve
+from agent_rl.kernel.errors import EnvError
+from agent_rl.rollout.render import ChatRenderer
+from agent_rl.sdk.registry import make
+from agent_rl.store import Store
+from envs.verifiers_env.env import PYTHON_VAR
+from tests.rollout.conftest import serve_config
+from tests.rollout.gateway_helpers import Tap, check_agent_episode
+
+MODULES = Path(__file__).with_name("verifiers_modules")
+ROOT = Path(__file__).resolve().parents[2]
+BASES = {"Say hi.": 0.0, "Count to three.": 0.25}
+"""Each task's base reward, by its prompt (as `vf_tiny_echo.PROMPTS` has them)."""
+INSTALL = "python -m venv .venv-verifiers && .venv-verifiers/bin/pip install verifiers==0.4.0"
+
+
+@pytest.fixture(scope="session")
+def verifiers_python() -> str:
+    """The Python of a virtual environment with verifiers 0.4.0."""
+    python = os.environ.get(PYTHON_VAR) or str(ROOT / ".venv-verifiers" / "bin" / "python")
+    found = Path(python).is_file() and subprocess.run(
+        [python, "-c", "import importlib.metadata as m; assert m.version('verifiers') == '0.4.0'"],
+        capture_output=True, check=False).returncode == 0  # fmt: skip
+    if not found:
+        message = f"no verifiers 0.4.0 environment at {python}: set {PYTHON_VAR} or run {INSTALL}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def env_kwargs(python: str, **more: Any) -> dict[str, Any]:
+    return {"python": python, "paths": [str(MODULES)], **more}
+
+
+def test_a_family_id_needs_its_argument() -> None:
+    with pytest.raises(EnvError, match=r"names no env: write verifiers:<env>"):
+        make("verifiers:")
+
+
+def test_the_verifiers_python_must_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PYTHON_VAR, raising=False)
+    with pytest.raises(EnvError, match=PYTHON_VAR):
+        make("verifiers:vf_tiny_echo")
+
+
+def test_a_remote_runtime_is_refused_in_one_line(verifiers_python: str) -> None:
+    env = make("verifiers:vf_tiny_echo",
+               **env_kwargs(verifiers_python, config={"agent": {"runtime": {"type": "prime"}}}))  # fmt: skip
+    with pytest.raises(EnvError, match=r"runtime 'prime' runs off this host"):
+        env.task_source()
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_verifiers_episodes_are_recorded_token_for_token(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, verifiers_python: str  # type: ignore[no-untyped-def]
+) -> None:
+    env_id = "verifiers:vf_tiny_echo"
+    tasks = make(env_id, **env_kwargs(verifiers_python)).task_source().tasks  # type: ignore[attr-defined]
+    assert [(t.id, t["verifiers_task"]["prompt"]) for t in tasks] == [("echo-0", "Say hi."),
+                                                                     ("echo-1", "Count to three.")]
+    async with Tap(sglang_moe_server.url).running() as tap:
+        cfg = serve_config(f"sqlite:///{tmp_path / 'vf.db'}", tap.url, tiny_moe_model, env=env_id,
+                           env_kwargs=env_kwargs(verifiers_python), max_new_tokens=48)  # fmt: skip
+        summary = await serve(cfg, max_episodes=2)
+    assert summary.admitted == 2 and summary.run_ledger.balances()
+    assert summary.run_ledger.running == summary.run_ledger.waiting == 0
+    renderer = ChatRenderer(tiny_moe_model)
+    async with await Store.open(cfg.store) as store:
+        episodes = await store.list_episodes(run_id=summary.run_id)
+        assert len(episodes) == 2
+        for e in episodes:
+            assert e.status in ("completed", "filtered"), e.error_cause
+            # Both calls of the harness are turns of the engine's own tokens, one segment.
+            await check_agent_episode(store, renderer, tap, e.id, [])
+            detail = await store.get_episode(e.id)
+            assert e.num_turns == 2 and e.reward_details["segments"] == 1
+            assert [m["content"] for m in detail.messages if m["role"] == "user"][1] == "Again."
+            # verifiers' reward: its completion tokens (the usage the gateway returned) / 100,
+            # plus the task's base (x2, weight 0.5).
+            completion = sum(t.num_tokens - t.num_prompt_tokens for t in detail.turns)
+            base = BASES[next(m["content"] for m in detail.messages if m["role"] == "user")]
+            assert e.reward == pytest.approx(completion / 100 + base)
+            parts = e.reward_details["reward"]["components"]
+            assert parts == pytest.approx({"tokens": completion / 100, "base": base})
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_a_verifiers_error_fails_the_episode_with_its_cause(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, verifiers_python: str  # type: ignore[no-untyped-def]
+) -> None:
+    """A reward function that raises is an error verifiers records on the trace: the episode
+    ends failed with it as the cause, its calls kept as turns, and is never scored."""
+    cfg = serve_config(f"sqlite:///{tmp_path / 'vf.db'}", sglang_moe_server.url, tiny_moe_model,
+                       env="verifiers:vf_tiny_broken", env_kwargs=env_kwargs(verifiers_python),
+                       group_size=1)  # fmt: skip
+    summary = await serve(cfg, max_episodes=1)
+    assert summary.admitted == 1 and summary.run_ledger.balances()
+    assert summary.run_ledger.running == summary.run_ledger.waiting == 0
+    async with await Store.open(cfg.store) as store:
+        (e,) = await store.list_episodes(run_id=summary.run_id)
+        assert e.status == "failed" and e.reward is None
+        assert "the verifier broke" in (e.error_cause or ""), e.error_cause
+        assert e.num_turns == 2
