@@ -53,7 +53,7 @@ class VerifiersEnv(AgentEnv):
         if not self.python:
             raise EnvError(f"verifiers:{env} needs the Python of a virtual environment with "
                            f"verifiers==0.4.0 installed: pass python=... or set {PYTHON_VAR}")
-        self.env_config = {**_env_config(env), **(config or {})}
+        self.env_config = _merged(_env_config(env), config or {})
         self.paths = tuple(str(Path(p).resolve()) for p in paths)
         self.config_json = json.dumps(self.env_config, sort_keys=True)
         self.command = [self.python, "-P", str(RUNNER), "episode", self.config_json]
@@ -90,6 +90,15 @@ def _env_config(env: str) -> dict[str, Any]:
             raise EnvError(f"verifiers:{env}: a verifiers EnvConfig is a JSON object")
         return data
     return {"taskset": {"id": env}}
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into `base`, tables key by key (as verifiers merges its CLI overrides)."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
 
 
 @functools.cache

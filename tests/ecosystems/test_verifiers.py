@@ -74,6 +74,13 @@ def test_the_verifiers_python_must_be_named(monkeypatch: pytest.MonkeyPatch) -> 
         make("verifiers:vf_tiny_echo")
 
 
+def test_config_is_merged_table_by_table(verifiers_python: str) -> None:
+    env = make("verifiers:vf_tiny_echo", **env_kwargs(verifiers_python, config={
+        "taskset": {"task": {"rewards": []}}, "agent": {"max_turns": 4}}))  # fmt: skip
+    assert env.env_config == {"taskset": {"id": "vf_tiny_echo", "task": {"rewards": []}},  # type: ignore[attr-defined]
+                              "agent": {"max_turns": 4}}  # fmt: skip
+
+
 def test_a_remote_runtime_is_refused_in_one_line(verifiers_python: str) -> None:
     env = make("verifiers:vf_tiny_echo",
                **env_kwargs(verifiers_python, config={"agent": {"runtime": {"type": "prime"}}}))  # fmt: skip
