@@ -1,1 +1,2 @@
-"""`verifiers:<taskset or config>`: verifiers v1 environments, run out of process (env.py, runner.py)."""
+"""`verifiers:<taskset or config>`: verifiers v1 environments, run out of process (env.py,
+runner.py)."""
