@@ -108,9 +108,10 @@ def test_layers_table_matches_the_contracts() -> None:
     by_name = {c["name"]: c for c in contracts["contracts"]}
     rows = _layer_rows()
     assert set(rows) == {"L0", "L1", "L2", "L3"}, rows
-    # agent_rl's own contract: app (L3), then the subsystems, the contracts and data, L0 twice
+    # agent_rl's own contract: app (L3), then the subsystems, the contracts and data over the
+    # model families (both L1), L0 twice
     inside = next(c for c in by_name.values() if c.get("containers") == ["agent_rl"])
-    levels = ["L3", "L2", "L1", "L0", "L0"]
+    levels = ["L3", "L2", "L1", "L1", "L0", "L0"]
     assert len(inside["layers"]) == len(levels), inside["layers"]
     missing = []
     for level, layer in zip(levels, inside["layers"]):
@@ -119,7 +120,8 @@ def test_layers_table_matches_the_contracts() -> None:
                 missing.append(f"agent_rl/{name.strip()}/ in {level}")
     # the project's contract: the other top-level packages and tools_sandbox's L1 modules
     project = next(c for c in by_name.values() if "containers" not in c and c["type"] == "layers")
-    for level, layer in zip(["L3", "L2", "L1", "L0", "L0"], project["layers"]):
+    assert len(project["layers"]) == len(levels), project["layers"]
+    for level, layer in zip(levels, project["layers"]):
         for name in (n.strip() for n in re.split(r"[|:]", layer)):
             if name.startswith("agent_rl"):
                 continue

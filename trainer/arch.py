@@ -1,116 +1,19 @@
-"""What an HF model directory says about the network, and how it may be split.
+"""How a model may be split: `Parallel` holds the model-parallel sizes and `check_parallel`
+says whether a model can be split that way.
 
-`ModelArch.from_hf_dir` reads config.json (through transformers' AutoConfig, which resolves
-aliases such as `rope_parameters.rope_theta` and `num_local_experts`) into the handful of numbers
-the conversion and the Megatron build need, and refuses architectures whose weights we could not
-map exactly. `Parallel` holds the model-parallel sizes and `check_parallel` says whether a model
-can be split that way. Light to import: no torch, no megatron.
+What the network is (`ModelArch.from_hf_dir`) is its family's to say (agent_rl.families);
+`ModelArch` is re-exported here for the trainer's modules. Light to import: no torch, no
+megatron.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
+from agent_rl.families import ModelArch
 from agent_rl.kernel.errors import ConfigError
 
-SUPPORTED = ("qwen2", "qwen3", "qwen3_moe")
-
-
-@dataclass(frozen=True)
-class ModelArch:
-    """What the HF config says about the network, in the terms the converter needs."""
-
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    ffn_hidden_size: int
-    rope_theta: float
-    rms_eps: float
-    max_positions: int
-    qkv_bias: bool
-    qk_norm: bool
-    tied_embeddings: bool
-    num_experts: int = 0
-    moe_topk: int = 0
-    moe_ffn_hidden_size: int = 0
-    norm_topk_prob: bool = True
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @property
-    def eagle_draft(self) -> bool:
-        """Whether the MTP draft (`trainer.mtp.layers`) takes the EAGLE layout SGLang serves for
-        a dense model (`Qwen2ForCausalLMEagle`: no norms around the draft's projection or after
-        its layer, the layer without its input norm or a q/k norm) rather than the MTP one its
-        `Qwen3MoeForCausalLMMTP` serves for Qwen3-MoE (trainer.mtp_model)."""
-        return not self.is_moe
-
-    @classmethod
-    def from_hf_dir(cls, path: str | Path) -> ModelArch:
-        """Read `path/config.json`; raise ConfigError naming the problem if we cannot map it."""
-        from transformers import AutoConfig
-
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"{path} is not a HuggingFace model directory (no config.json)")
-        try:
-            hf = AutoConfig.from_pretrained(path)
-        except Exception as e:  # transformers raises many types for a bad config; all mean the same
-            reason = " ".join(str(e).split())
-            raise ConfigError(f"{path}/config.json is not a valid model config: {reason}") from e
-        kind = hf.model_type
-        if kind not in SUPPORTED:
-            raise ConfigError(
-                f"{path}: model_type {kind!r} is not supported; use one of {SUPPORTED}"
-            )
-        heads = hf.num_attention_heads
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-        rope = getattr(hf, "rope_parameters", None) or {}
-        rope_theta = rope.get("rope_theta", getattr(hf, "rope_theta", None))
-        if rope.get("rope_type", "default") != "default" or rope_theta is None:
-            raise ConfigError(
-                f"{path}: only default rotary embeddings with rope_theta are supported"
-            )
-        if getattr(hf, "use_sliding_window", False):
-            raise ConfigError(f"{path}: sliding-window attention is not supported")
-        if hf.hidden_act != "silu":
-            raise ConfigError(f"{path}: hidden_act {hf.hidden_act!r} is not supported (silu only)")
-        if kind != "qwen2" and getattr(hf, "attention_bias", False):
-            raise ConfigError(f"{path}: attention_bias=true (bias on o_proj) is not supported")
-        moe: dict[str, int | bool] = {}
-        if kind == "qwen3_moe":
-            if hf.mlp_only_layers or hf.decoder_sparse_step != 1:
-                raise ConfigError(f"{path}: mixed dense/MoE layers are not supported")
-            moe = {
-                "num_experts": hf.num_experts,
-                "moe_topk": hf.num_experts_per_tok,
-                "moe_ffn_hidden_size": hf.moe_intermediate_size,
-                "norm_topk_prob": bool(hf.norm_topk_prob),
-            }
-        return cls(
-            model_type=kind,
-            vocab_size=hf.vocab_size,
-            hidden_size=hf.hidden_size,
-            num_layers=hf.num_hidden_layers,
-            num_heads=heads,
-            num_kv_heads=hf.num_key_value_heads,
-            head_dim=head_dim,
-            ffn_hidden_size=hf.intermediate_size,
-            rope_theta=float(rope_theta),
-            rms_eps=hf.rms_norm_eps,
-            max_positions=hf.max_position_embeddings,
-            qkv_bias=kind == "qwen2",
-            qk_norm=kind in ("qwen3", "qwen3_moe"),
-            tied_embeddings=bool(hf.tie_word_embeddings),
-            **moe,  # type: ignore[arg-type]
-        )
+__all__ = ["ModelArch", "Parallel", "check_parallel", "draft_heads"]
 
 
 @dataclass(frozen=True)
@@ -155,7 +58,8 @@ def check_parallel(
         if mtp_layers and value is not None and not arch.eagle_draft:
             raise ConfigError(
                 f"trainer.{name} needs a dense model (an EAGLE draft, with a config of its "
-                "own); SGLang builds a Qwen3-MoE's MTP draft from the model's config: unset it"
+                f"own); SGLang builds a {arch.model_type} model's MTP draft from the model's "
+                "config: unset it"
             )
     own_heads = draft_heads(arch, mtp_num_attention_heads) if mtp_layers else None
     heads, groups = own_heads or (None, None)

@@ -1,11 +1,12 @@
-"""The policy model: a megatron-core GPTModel for a HuggingFace Qwen2/Qwen3/Qwen3-MoE architecture.
+"""The policy model: a megatron-core GPTModel for a HuggingFace model of a known family.
 
 `transformer_config` turns an arch plus parallel sizes into megatron's TransformerConfig;
 `build_gpt_model` builds the model with the local layer spec (no TransformerEngine needed); the
 learner fills it from the HF safetensors (`trainer.hf_convert`, `trainer.shard`). Numerics follow
-the HF reference: RMSNorm, SwiGLU, rotary embeddings with `rotary_base = rope_theta`, GQA,
-Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm, and Qwen3-MoE's softmax top-k router
-(renormalised iff `norm_topk_prob`).
+the HF reference: RMSNorm, SwiGLU, rotary embeddings with `rotary_base = rope_theta`, GQA, and
+what the arch turns on (q/k/v bias, per-head q/k RMSNorm, routed experts); the rest is the
+family's (`Family.megatron_config`: a router's settings; `Family.gpt_model_kwargs`: rope
+scaling; agent_rl.families).
 Parallel state (TP/PP/EP) must be initialised before `build_gpt_model`; with PP > 1 each rank
 builds its pipeline stage's layers (megatron numbers them globally, `layer_number`), the
 embedding on the first stage and the final norm and output layer on the last.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from agent_rl import families
 from trainer import megatron_cpu
 from trainer.arch import ModelArch, Parallel, check_parallel
 
@@ -26,23 +28,6 @@ def transformer_config(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     check_parallel(arch, par, mtp_layers)
-    moe: dict[str, object] = {}
-    if arch.is_moe:
-        moe = {
-            "num_moe_experts": arch.num_experts,
-            "moe_router_topk": arch.moe_topk,
-            "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
-            # HF: softmax over all experts, top-k, renormalise iff norm_topk_prob. Megatron without
-            # pre-softmax takes top-k logits then softmax: the same as renormalised probabilities.
-            "moe_router_pre_softmax": not arch.norm_topk_prob,
-            "moe_router_score_function": "softmax",
-            "moe_router_dtype": "fp32",
-            "moe_router_load_balancing_type": "none",
-            "moe_aux_loss_coeff": 0.0,
-            "moe_grouped_gemm": False,
-            # The replay hook is inert until a replay action is set (trainer.routing_replay).
-            "moe_enable_routing_replay": True,
-        }
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -81,7 +66,7 @@ def transformer_config(
         # Megatron requires sequence parallelism for MoE with TP (the dispatcher expects it).
         sequence_parallel=par.tp > 1 and arch.is_moe,
         mtp_num_layers=mtp_layers or None,
-        **moe,
+        **families.get(arch.model_type).megatron_config(arch),
     )
 
 
@@ -120,6 +105,7 @@ def build_gpt_model(
         rotary_base=arch.rope_theta,
         share_embeddings_and_output_weights=arch.tied_embeddings,
         parallel_output=True,
+        **families.get(arch.model_type).gpt_model_kwargs(arch),
         # This pipeline stage's part: the embedding on the first, the head on the last.
         pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(),

@@ -1,13 +1,18 @@
-"""The tiny-model presets: architecture hyper-parameters, light to import (no torch)."""
+"""The tiny-model presets: architecture hyper-parameters, light to import (no torch).
+
+Each family names its own presets (`Family.presets`, agent_rl.families); `PRESETS` gathers them.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from agent_rl.families import FAMILIES, all_families, get
 
 DEFAULT_VOCAB_SIZE = 1024
-PresetName = Literal["tiny-dense", "tiny-moe", "quickstart"]
+PresetName = str
 VOCAB_MULTIPLE = 128
 
 
@@ -16,8 +21,8 @@ class ModelPreset(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    architecture: Literal["qwen2", "qwen3_moe"]
-    """HF model family: dense Qwen2 or Qwen3-MoE."""
+    architecture: str
+    """HF model family (its `model_type`, one of agent_rl.families.FAMILIES)."""
     hidden_size: int = 256
     """Width of the residual stream."""
     num_hidden_layers: int = 4
@@ -40,18 +45,34 @@ class ModelPreset(BaseModel):
     """Longest sequence (prompt + completion) the model accepts."""
     rope_theta: float = 10000.0
     """RoPE base frequency."""
+    tie_word_embeddings: bool = False
+    """Whether the output layer shares the embedding's weights."""
+    options: dict[str, Any] = {}
+    """Settings of the family's own, read by its `tiny_config` (agent_rl.families; e.g.
+    llama's `rope_scaling_factor`)."""
     tokenizer_vocab_size: int = DEFAULT_VOCAB_SIZE
     """Target size of the trained tokenizer; the model's vocab is padded up to a multiple of 128."""
 
 
+    @field_validator("architecture")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in FAMILIES:
+            raise ValueError(f"unknown architecture {value!r}: one of {', '.join(FAMILIES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _own_options(self) -> ModelPreset:
+        known = get(self.architecture).preset_options
+        unknown = sorted(set(self.options) - set(known))
+        if unknown:
+            raise ValueError(f"{self.architecture} takes no options {unknown}; its own: "
+                             f"{', '.join(known) or 'none'}")
+        return self
+
+
 PRESETS: dict[str, ModelPreset] = {
-    "tiny-dense": ModelPreset(architecture="qwen2"),
-    "tiny-moe": ModelPreset(architecture="qwen3_moe", num_hidden_layers=2),
-    # The quickstart's model: about 3x less compute per token than tiny-dense, small enough to
-    # learn the calculator task (SFT, then RL) on two CPU cores in minutes. SGLang's CPU path
-    # sizes its KV cache by hidden_size / heads, so heads x head_dim must equal hidden_size.
-    "quickstart": ModelPreset(
-        architecture="qwen2", hidden_size=128, num_attention_heads=2, num_key_value_heads=2,
-        intermediate_size=384,
-    ),
+    name: ModelPreset(architecture=family.model_type, **fields)
+    for family in all_families()
+    for name, fields in family.presets.items()
 }

@@ -6,6 +6,7 @@ writes `config.json`, `generation_config.json`, `model.safetensors` and the toke
 
 - `tiny-dense`: a Qwen2 decoder (`Qwen2ForCausalLM`), ~3M parameters.
 - `tiny-moe`: a Qwen3-MoE decoder (`Qwen3MoeForCausalLM`), 8 experts, top-2, ~3M parameters.
+Each preset belongs to its family (agent_rl.families), which makes the transformers config.
 
 Shapes follow what the rest of the stack needs: head dim 64 (SGLang's CPU attention and
 Megatron's fused paths), a vocabulary padded to a multiple of 128 (Megatron's tensor-parallel
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from agent_rl import families
 from agent_rl.models.presets import PRESETS, VOCAB_MULTIPLE, ModelPreset, PresetName
 from agent_rl.models.tokenizer import build_tokenizer
 
@@ -45,37 +47,13 @@ def _hf_config(p: ModelPreset, vocab_size: int, eos_id: int, pad_id: int) -> Any
         intermediate_size=p.intermediate_size,
         max_position_embeddings=p.max_position_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": p.rope_theta},
-        tie_word_embeddings=False,
+        tie_word_embeddings=p.tie_word_embeddings,
         eos_token_id=eos_id,
         bos_token_id=None,
         pad_token_id=pad_id,
         dtype="float32",
     )
-    if p.architecture == "qwen2":
-        from transformers import Qwen2Config
-
-        return Qwen2Config(**common)
-    from transformers import Qwen3MoeConfig
-
-    return Qwen3MoeConfig(
-        **common,
-        num_experts=p.num_experts,
-        num_experts_per_tok=p.num_experts_per_tok,
-        moe_intermediate_size=p.moe_intermediate_size,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        norm_topk_prob=True,
-    )
-
-
-def _model_class(architecture: str) -> Any:
-    if architecture == "qwen2":
-        from transformers import Qwen2ForCausalLM
-
-        return Qwen2ForCausalLM
-    from transformers import Qwen3MoeForCausalLM
-
-    return Qwen3MoeForCausalLM
+    return families.get(p.architecture).tiny_config(p, common)
 
 
 def init_model(
@@ -96,7 +74,7 @@ def init_model(
 
     torch.manual_seed(seed)
     with torch.device("cpu"):
-        model = _model_class(p.architecture)(config).to(torch.float32).eval()
+        model = families.get(p.architecture).model_class()(config).to(torch.float32).eval()
     model.generation_config = GenerationConfig(
         eos_token_id=eos_id, pad_token_id=pad_id, do_sample=True, temperature=1.0
     )
@@ -106,9 +84,7 @@ def init_model(
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["rope_theta"] = p.rope_theta
-    if p.architecture == "qwen3_moe":
-        # transformers 5.2x writes `num_local_experts`; SGLang and converters read `num_experts`.
-        cfg["num_experts"] = p.num_experts
+    families.get(p.architecture).tiny_config_json(p, cfg)
     cfg["agent_rl_preset"] = preset
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return out

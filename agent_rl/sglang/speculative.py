@@ -1,15 +1,16 @@
 """SGLang's speculative decoding with the model's own MTP draft (`engine.speculative_steps`).
 
-An export of a learner with `trainer.mtp.layers` carries its draft (trainer/hf_convert.py):
-- Qwen3-MoE: as `mtp.*` weights. SGLang serves it as `Qwen3MoeForCausalLMMTP` when the same
-  directory is passed as `--speculative-draft-model-path` (its model config rewrites the draft's
-  architecture), and every `update_weights_from_disk` then loads the target and the draft
-  alike.
-- dense Qwen2/Qwen3: as an EAGLE draft in `draft/` (`EAGLE_DRAFT_DIR`: SGLang's
-  `Qwen2ForCausalLMEagle`, config and weights), the draft model path. A Qwen2 export also
-  carries the draft beside the target's weights, so a disk update reaches the draft too; a
-  Qwen3 export cannot (SGLang's Qwen3 target would load them), and its draft follows the policy
-  under the in-memory syncs only.
+An export of a learner with `trainer.mtp.layers` carries its draft (trainer/hf_convert.py), as
+its family says (`Family.draft`, agent_rl.families):
+- "mtp" (Qwen3-MoE): as `mtp.*` weights. SGLang serves it as the family's
+  `mtp_draft_architecture` (`Qwen3MoeForCausalLMMTP`) when the same directory is passed as
+  `--speculative-draft-model-path` (its model config rewrites the draft's architecture), and
+  every `update_weights_from_disk` then loads the target and the draft alike.
+- "eagle" (the dense families): as an EAGLE draft in `draft/` (`EAGLE_DRAFT_DIR`: SGLang's
+  `Qwen2ForCausalLMEagle`, config and weights), the draft model path. Where the family's target
+  skips names it does not know (`Family.eagle_beside_target`: Qwen2) the export also carries the
+  draft beside the target's weights, so a disk update reaches the draft too; elsewhere the draft
+  follows the policy under the in-memory syncs only.
 Either is served under `--speculative-algorithm EAGLE` (NEXTN is an alias of it): a chain
 (top-1) of `steps` tokens drafted with its one module, `steps + 1` verified per pass. The
 in-memory syncs send the draft its weights with `selector: "draft"` (trainer/weight_sync/memory.py).
@@ -26,15 +27,15 @@ import json
 from pathlib import Path
 from typing import Literal
 
+from agent_rl import families
+from agent_rl.families.base import EAGLE_DRAFT_ARCHITECTURE, EAGLE_DRAFT_MODEL_TYPE
 from agent_rl.kernel.errors import EngineError
 
+__all__ = ["EAGLE_DRAFT_ARCHITECTURE", "EAGLE_DRAFT_DIR", "EAGLE_DRAFT_MODEL_TYPE",
+           "speculative_args"]  # fmt: skip
+
 ALGORITHM = "EAGLE"
-DRAFT_ARCHITECTURES = {"Qwen3MoeForCausalLM": "Qwen3MoeForCausalLMMTP"}
-"""Target architectures whose `mtp.*` draft SGLang serves from the target's own directory."""
-EAGLE_TARGETS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
-"""Target architectures whose draft is an EAGLE one in `EAGLE_DRAFT_DIR`."""
 EAGLE_DRAFT_DIR = "draft"
-EAGLE_DRAFT_ARCHITECTURE = "Qwen2ForCausalLMEagle"
 
 
 def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) -> list[str]:
@@ -48,14 +49,15 @@ def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) ->
             "algorithm (EAGLE needs sgl-kernel's CUDA kernels); start without --speculative here"
         )
     architecture = _architecture(model) or "?"
-    if architecture in DRAFT_ARCHITECTURES:
+    family = families.by_architecture(architecture)
+    if family is not None and family.draft == "mtp":
         draft = model
         if not _has_draft(model):
             raise EngineError(
                 f"{model} has no mtp.* draft weights: serve an export of a learner with "
                 "trainer.mtp.layers >= 1, or start without --speculative"
             )
-    elif architecture in EAGLE_TARGETS:
+    elif family is not None and family.draft == "eagle":
         draft = model / EAGLE_DRAFT_DIR
         if _architecture(draft) != EAGLE_DRAFT_ARCHITECTURE:
             raise EngineError(
@@ -65,7 +67,7 @@ def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) ->
     else:
         raise EngineError(
             f"{model} is a {architecture}: agent-rl's drafts are served by SGLang for "
-            f"{', '.join([*DRAFT_ARCHITECTURES, *EAGLE_TARGETS])} only; start without "
+            f"{', '.join(f.architecture for f in families.all_families())} only; start without "
             "--speculative"
         )
     return [

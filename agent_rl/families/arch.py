@@ -1,0 +1,76 @@
+"""What an HF model directory says about the network: `ModelArch`, read by the model's family.
+
+`ModelArch.from_hf_dir` reads config.json through transformers' AutoConfig (which resolves
+aliases such as `rope_parameters.rope_theta` and `num_local_experts`) and hands it to the family
+its `model_type` names (agent_rl.families.registry), which refuses what we could not map
+exactly. Light to import: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent_rl.kernel.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """What the HF config says about the network, in the terms the converter needs."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    rope_theta: float
+    rms_eps: float
+    max_positions: int
+    qkv_bias: bool
+    qk_norm: bool
+    tied_embeddings: bool
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = True
+    rope_scaling_factor: float | None = None
+    """Llama 3's rope scaling factor (its low/high frequency factors and original context are
+    megatron's fixed 1, 4 and 8192); None: unscaled rotary embeddings."""
+    eagle_draft: bool = True
+    """Whether the MTP draft (`trainer.mtp.layers`) takes the EAGLE layout SGLang serves for a
+    dense model (`Qwen2ForCausalLMEagle`: no norms around the draft's projection or after its
+    layer, the layer without its input norm or a q/k norm) rather than the MTP one SGLang
+    serves from the model's own directory (`Family.mtp_draft_architecture`)."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path) -> ModelArch:
+        """Read `path/config.json` through its family; raise ConfigError naming the problem if
+        we cannot map it."""
+        from agent_rl.families.registry import get
+
+        hf, kind = read_hf_config(path)
+        return get(kind, where=f"{path}: ").read_config(hf, Path(path))
+
+
+def read_hf_config(path: str | Path) -> tuple[Any, str]:
+    """transformers' config of `path` (AutoConfig resolves aliases such as
+    `rope_parameters.rope_theta` and `num_local_experts`) and its `model_type`."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"{path} is not a HuggingFace model directory (no config.json)")
+    try:
+        hf = AutoConfig.from_pretrained(path)
+    except Exception as e:  # transformers raises many types for a bad config; all mean the same
+        reason = " ".join(str(e).split())
+        raise ConfigError(f"{path}/config.json is not a valid model config: {reason}") from e
+    return hf, hf.model_type

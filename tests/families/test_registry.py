@@ -1,0 +1,106 @@
+"""The model families: found by `model_type`, each the only place its names appear in the code,
+each preset made and read back by its own family (fast: configs only, no weights)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from agent_rl import families
+from agent_rl.kernel.errors import ConfigError
+from agent_rl.models import PRESETS
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("agent_rl", "trainer", "router", "envs", "tools_sandbox", "migrations")
+
+
+def _names() -> set[str]:
+    """Every name that is a family's: its model_type and the classes it is built as."""
+    out: set[str] = set()
+    for f in families.all_families():
+        out |= {f.model_type, f.architecture, f.config_class}
+        out |= {f.mtp_draft_architecture} - {None}
+    return out
+
+
+def _strings(tree: ast.AST) -> list[ast.Constant]:
+    """The string constants of a module, docstrings left out."""
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }  # fmt: skip
+    # An attribute docstring (a string right after an assignment) is documentation too.
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            for before, after in zip(body, body[1:]):
+                if isinstance(before, (ast.Assign, ast.AnnAssign)) and isinstance(after, ast.Expr):
+                    docs.add(id(after.value))
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]  # fmt: skip
+
+
+def test_no_code_outside_a_familys_home_names_a_family() -> None:
+    names = _names()
+    home = ROOT / "agent_rl" / "families"
+    found = []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if home in path.parents:
+                continue
+            for node in _strings(ast.parse(path.read_text())):
+                words = {node.value, *node.value.replace(",", " ").split()}
+                if words & names:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert found == []
+    # The check sees what it looks for: the family modules themselves are full of names.
+    qwen2 = ast.parse((home / "qwen2.py").read_text())
+    assert any(n.value == "qwen2" for n in _strings(qwen2))
+
+
+def test_every_family_is_found_by_its_model_type_and_architecture() -> None:
+    for model_type in families.FAMILIES:
+        family = families.get(model_type)
+        assert family.model_type == model_type
+        assert families.by_architecture(family.architecture) is family
+        assert family.draft in ("eagle", "mtp") and (
+            (family.draft == "mtp") == (family.mtp_draft_architecture is not None))
+    assert families.by_architecture("MistralForCausalLM") is None
+    with pytest.raises(ConfigError, match=r"model_type 'mistral' is not supported; use one of"):
+        families.get("mistral")
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_each_preset_belongs_to_a_family_that_reads_its_config_back(
+    preset: str, tmp_path: Path
+) -> None:
+    """The config a preset writes reads back through its family with the preset's shape."""
+    p = PRESETS[preset]
+    family = families.get(p.architecture)
+    config = family.tiny_config(p, dict(
+        vocab_size=1024, hidden_size=p.hidden_size, num_hidden_layers=p.num_hidden_layers,
+        num_attention_heads=p.num_attention_heads, num_key_value_heads=p.num_key_value_heads,
+        head_dim=p.head_dim, intermediate_size=p.intermediate_size,
+        max_position_embeddings=p.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": p.rope_theta},
+        tie_word_embeddings=p.tie_word_embeddings,
+    ))  # fmt: skip
+    config.save_pretrained(tmp_path)
+    arch = families.ModelArch.from_hf_dir(tmp_path)
+    assert (arch.model_type, arch.num_layers, arch.hidden_size) == (
+        family.model_type, p.num_hidden_layers, p.hidden_size)
+    assert arch.tied_embeddings == p.tie_word_embeddings
+    assert arch.rope_scaling_factor == p.options.get("rope_scaling_factor")
+    assert arch.is_moe == (family.draft == "mtp")
+
+
+def test_a_preset_option_its_family_does_not_take_is_refused(tmp_path: Path) -> None:
+    from agent_rl.models import init_model
+
+    with pytest.raises(ValueError, match=r"qwen2 takes no options \['rope_scaling'\]"):
+        init_model(tmp_path / "m", "tiny-dense", options={"rope_scaling": 8.0})
