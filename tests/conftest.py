@@ -47,6 +47,15 @@ def tiny_moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("models") / "tiny-moe", "tiny-moe", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny-llama model directory (Llama 3.2-shaped: tied embeddings, llama3 rope scaling,
+    4 layers, seed 0)."""
+    from agent_rl.models import init_model
+
+    return init_model(tmp_path_factory.mktemp("models") / "tiny-llama", "tiny-llama", seed=0)
+
+
 # --- SGLang engines (agent_rl.engine) ----------------------------------------------------------
 # A server costs 20-35 s and ~2 GB, so the session shares ONE: `sglang_moe_server` (tiny-moe with
 # routing replay), also available as `sglang_server`. Fixtures are lazy: only tests that ask for a

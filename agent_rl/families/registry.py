@@ -17,6 +17,7 @@ FAMILIES: dict[str, str] = {
     "qwen2": "agent_rl.families.qwen2:Qwen2",
     "qwen3": "agent_rl.families.qwen3:Qwen3",
     "qwen3_moe": "agent_rl.families.qwen3_moe:Qwen3Moe",
+    "llama": "agent_rl.families.llama:Llama",
 }
 """HF `model_type` -> the family's class (an `agent_rl.families.base.Family`)."""
 

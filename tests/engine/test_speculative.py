@@ -98,13 +98,13 @@ def test_refused_on_cpu_and_without_a_draft(
     dense = _refusal(EngineServer(tiny_dense_model, venv=engine_venv, device="cuda",
                                   speculative_steps=3))  # fmt: skip
     assert "no EAGLE draft in draft/" in dense and "trainer.mtp.layers" in dense
-    other = tmp_path / "llama"
+    other = tmp_path / "mistral"  # an architecture no family in agent_rl.families is
     shutil.copytree(tiny_dense_model, other)
     config = json.loads((other / "config.json").read_text())
-    config["architectures"] = ["LlamaForCausalLM"]
+    config["architectures"] = ["MistralForCausalLM"]
     (other / "config.json").write_text(json.dumps(config))
     unknown = _refusal(EngineServer(other, venv=engine_venv, device="cuda", speculative_steps=3))
-    assert "is a LlamaForCausalLM" in unknown and "Qwen2ForCausalLM" in unknown
+    assert "is a MistralForCausalLM" in unknown and "Qwen2ForCausalLM" in unknown
 
 
 def test_cli_refuses_speculative_on_cpu_in_one_line(drafted_moe: Path, tmp_path: Path) -> None:

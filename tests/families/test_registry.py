@@ -4,6 +4,8 @@ each preset made and read back by its own family (fast: configs only, no weights
 from __future__ import annotations
 
 import ast
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -99,8 +101,47 @@ def test_each_preset_belongs_to_a_family_that_reads_its_config_back(
     assert arch.is_moe == (family.draft == "mtp")
 
 
+def _edited(model: Path, out: Path, **change: object) -> Path:
+    out.mkdir()
+    shutil.copy(model / "config.json", out / "config.json")
+    config = json.loads((out / "config.json").read_text())
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"rope_parameters": {"low_freq_factor": 2.0}}, "rope 'llama3' with"),
+        ({"rope_parameters": {"rope_type": "yarn"}}, "rope 'yarn' with"),
+        ({"mlp_bias": True}, "mlp_bias=true is not supported"),
+        ({"attention_bias": True}, "attention_bias=true"),
+    ],
+)
+def test_llama_configs_it_cannot_map_are_refused_in_one_line(
+    change: dict[str, object], message: str, tiny_llama_model: Path, tmp_path: Path
+) -> None:
+    bad = _edited(tiny_llama_model, tmp_path / "bad", **change)
+    with pytest.raises(ConfigError, match=message) as e:
+        families.ModelArch.from_hf_dir(bad)
+    assert "\n" not in str(e.value)
+
+
+def test_llama_without_rope_scaling_reads_as_unscaled(tiny_llama_model: Path, tmp_path: Path) -> None:
+    plain = _edited(tiny_llama_model, tmp_path / "plain",
+                    rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    arch = families.ModelArch.from_hf_dir(plain)
+    assert arch.rope_scaling_factor is None and arch.rope_theta == 500000.0
+    assert families.get("llama").gpt_model_kwargs(arch) == {}
+
+
 def test_a_preset_option_its_family_does_not_take_is_refused(tmp_path: Path) -> None:
     from agent_rl.models import init_model
 
-    with pytest.raises(ValueError, match=r"qwen2 takes no options \['rope_scaling'\]"):
-        init_model(tmp_path / "m", "tiny-dense", options={"rope_scaling": 8.0})
+    with pytest.raises(ValueError, match=r"qwen2 takes no options \['rope_scaling_factor'\]"):
+        init_model(tmp_path / "m", "tiny-dense", options={"rope_scaling_factor": 8.0})
