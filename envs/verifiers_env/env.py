@@ -3,9 +3,13 @@
 verifiers (Prime Intellect's, 0.4.0, its v1 API) composes a taskset (rows and rewards), a
 harness (the program the model runs in) and a runtime. It pins `openai<3`, which agent-rl's
 `[agents]` extra does not share, so it runs out of process, in a virtual environment of its
-own: each episode is the agent command `runner.py episode` run with that environment's
-Python. The command gets the episode's own OpenAI endpoint; verifiers' eval client sends each
-of the harness's chat calls there, where the gateway renders it with the chat template,
+own. By default a long-lived env server (`runner.py serve`, started here with that
+environment's Python; `servers=N` of them, or `addresses` of ones started elsewhere, the least
+loaded taking each episode: pool.py) loads the env once and runs many episodes at once;
+`servers=0` runs each episode as the agent command `runner.py episode` instead (a fresh
+process per episode, for an env that keeps state between episodes). Either way the episode's
+own OpenAI endpoint and key travel to verifiers' eval client, which sends each of the
+harness's chat calls there, where the gateway renders it with the chat template,
 generates token-in/token-out through the router and records it as a turn with the engine's
 ids, logprobs and versions, as for any agent (docs/agents.md). The reward is the one
 verifiers' taskset computed for the episode's trace.
@@ -15,7 +19,7 @@ verifiers' taskset computed for the episode's trace.
 
 `python` (or `AGENT_RL_VERIFIERS_PYTHON`) names the Python of the verifiers environment;
 `paths` are put on its `PYTHONPATH` (where a taskset of one's own lives); `config` is merged
-into the EnvConfig. The task rows are listed once by the same script (`runner.py tasks`).
+into the EnvConfig. The task rows are listed once, by the first server (or `runner.py tasks`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from agent_rl.kernel.errors import EnvError
 from agent_rl.sdk.agent import AgentEnv
 from agent_rl.sdk.rewards import Reward
 from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
+from envs.verifiers_env.pool import Pool, pool
 
 RUNNER = Path(__file__).with_name("runner.py")
 PYTHON_VAR = "AGENT_RL_VERIFIERS_PYTHON"
@@ -44,29 +49,60 @@ class VerifiersEnv(AgentEnv):
     """A verifiers v1 environment run out of process (see the module docstring)."""
 
     def __init__(self, *, env: str, python: str | None = None, paths: Sequence[str] = (),
-                 config: dict[str, Any] | None = None, tasks: str | Path | None = None) -> None:  # fmt: skip
+                 config: dict[str, Any] | None = None, servers: int = 1,
+                 addresses: Sequence[str] = (), tasks: str | Path | None = None) -> None:  # fmt: skip
         """`env`: a verifiers taskset id, or a `.json` file holding a verifiers EnvConfig;
         `python`: the Python of a virtual environment with verifiers installed; `paths`:
-        folders put on its `PYTHONPATH`; `config`: EnvConfig fields merged over `env`'s."""
+        folders put on its `PYTHONPATH`; `config`: EnvConfig fields merged over `env`'s;
+        `servers`: long-lived env servers this serve starts (0, with no `addresses`: a
+        process per episode); `addresses`: env servers started elsewhere (`runner.py serve`),
+        `unix:PATH` or `HOST:PORT`."""
         super().__init__(tasks=tasks)
         self.python = python or os.environ.get(PYTHON_VAR)
         if not self.python:
             raise EnvError(f"verifiers:{env} needs the Python of a virtual environment with "
                            f"verifiers==0.4.0 installed: pass python=... or set {PYTHON_VAR}")
+        if servers < 0:
+            raise EnvError(f"verifiers:{env}: servers={servers}: write 0 or more")
         self.env_config = _merged(_env_config(env), config or {})
         self.paths = tuple(str(Path(p).resolve()) for p in paths)
         self.config_json = json.dumps(self.env_config, sort_keys=True)
-        self.command = [self.python, "-P", str(RUNNER), "episode", self.config_json]
         self.command_env = {"PYTHONPATH": os.pathsep.join(self.paths), "HF_HUB_OFFLINE": "1"}
+        self.pool: Pool | None = None
+        if servers or addresses:
+            self.command = None
+            key = (self.python, self.config_json, self.paths, servers, tuple(addresses))
+            self.pool = pool(key, [self.python, "-P", str(RUNNER), "serve", self.config_json],
+                             {**os.environ, **self.command_env}, servers, addresses)  # fmt: skip
+        else:
+            self.command = [self.python, "-P", str(RUNNER), "episode", self.config_json]
 
     def builtin_tasks(self, split: str = "train") -> TaskSource:
-        rows = _list_tasks(self.python, self.config_json, self.paths)
+        if self.pool is None:
+            rows = _list_tasks(self.python, self.config_json, self.paths)
+        else:
+            rows = self._answer(self.pool.servers[0].request({"op": "tasks"}))["tasks"]
         return ListTasks([Task(id=r["id"], data=r["data"]) for r in rows])
 
+    async def run(self, base_url: str, api_key: str, task: Task) -> Any:
+        """The episode on the least loaded env server (the server mode)."""
+        assert self.pool is not None
+        request = {"op": "episode", "task": {"id": task.id, "data": task.data},
+                   "base_url": base_url, "api_key": api_key}  # fmt: skip
+        return self._answer(await self.pool.pick().episode(request))["result"]
+
+    def _answer(self, answer: dict[str, Any]) -> dict[str, Any]:
+        if "refused" in answer:
+            raise EnvError(f"{self.env_id}: refused: {answer['refused']}")
+        if "error" in answer:
+            raise EnvError(f"{self.env_id}: the verifiers env server's episode raised:\n"
+                           f"{answer['error']}")
+        return answer
+
     async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> Reward:
-        lines = str(result).strip().splitlines()
+        lines = result if isinstance(result, dict) else str(result).strip().splitlines()
         try:
-            out = json.loads(lines[-1])
+            out = lines if isinstance(lines, dict) else json.loads(lines[-1])
         except (IndexError, json.JSONDecodeError) as e:
             raise EnvError(f"{self.env_id}: the verifiers runner ended without its result line; "
                            f"it wrote: {str(result)[-2000:]!r}") from e

@@ -9,6 +9,10 @@ imports only the standard library and verifiers.
     python -P runner.py tasks CONFIG_JSON     # one JSON task per line: {"id", "data"}
     python -P runner.py episode CONFIG_JSON   # the task's JSON on stdin; one episode, its
                                               # result as the last line of stdout
+    python -P runner.py serve CONFIG_JSON unix:PATH|HOST:PORT
+                                              # a long-lived env server (`EnvServer`): the
+                                              # env loaded once, many episodes at once, each
+                                              # with its own endpoint and key in its request
 
 CONFIG_JSON is verifiers' `EnvConfig` as a JSON object (`{"taskset": {"id": ...}, ...}`).
 What reaches the network by default in verifiers is set here, and said: the model endpoint
@@ -23,9 +27,12 @@ taskset computed it. A refusal (what cannot be carried) exits 2 with one line on
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
+import signal
 import sys
+import traceback
 from typing import Any
 
 VERSION = "0.4.0"
@@ -61,44 +68,58 @@ def _config(raw: str) -> Any:
 
 
 def list_tasks(raw: str) -> None:
-    config = _config(raw)
-    import verifiers.v1 as vf
+    for row in task_rows(load(raw)):
+        print(json.dumps(row))
 
-    env = vf.load_environment(config)
+
+def task_rows(env: Any) -> list[dict[str, Any]]:
+    """The taskset's rows as agent-rl tasks: `{"id", "data": {"verifiers_task", "key"}}`."""
+    rows = []
     for task in env.taskset:
         data = task.data.model_dump(mode="json", exclude_none=True)
         ident = task.data.id or str(task.data.idx)
-        print(json.dumps({"id": ident, "data": {"verifiers_task": data, "key": task.key}}))
+        rows.append({"id": ident, "data": {"verifiers_task": data, "key": task.key}})
+    return rows
 
 
-async def run_episode(raw: str, task_json: str) -> dict[str, Any]:
-    base_url, api_key = os.environ.get("OPENAI_BASE_URL"), os.environ.get("OPENAI_API_KEY")
-    if not base_url or not api_key:
-        raise Refused("OPENAI_BASE_URL and OPENAI_API_KEY must name the episode's endpoint")
+def load(raw: str) -> Any:
+    """The verifiers `Env` the config names (verifiers imported here, once per process)."""
     config = _config(raw)
     import verifiers.v1 as vf
 
-    env = vf.load_environment(config)
-    payload = json.loads(task_json)["data"]
+    return vf.load_environment(config)
+
+
+async def episode(env: Any, payload: dict[str, Any], base_url: str, api_key: str) -> dict[str, Any]:
+    """One episode of the task `payload` (a listed row's data) on a serving `env`, its model
+    calls sent to `base_url` with `api_key`: the result line's object."""
+    import verifiers.v1 as vf
+
     task_cls = type(env.taskset).task_type()
     task = task_cls(task_cls.data_type().model_validate(payload["verifiers_task"]),
                     env.taskset.config.task)
     if task.key != payload["key"]:
         raise Refused(f"task {payload['key'][:12]} is not this taskset's (its data changed since "
                       "the tasks were listed)")
-    client = vf.EvalClientConfig(base_url=base_url, api_key_var="OPENAI_API_KEY")
-    ctx = vf.ModelContext(model=MODEL, client=client)
-    async with env.serving():
-        episode = await env.run_episode(task, ctx)
-    if len(episode.traces) > 1:
-        raise Refused(f"{len(episode.traces)} agent traces in one episode (a multi-agent env): "
+    # verifiers' eval client reads its key from an environment variable only, when the
+    # episode's trace registers: one variable per episode keeps concurrent episodes' keys apart.
+    var = f"AGENT_RL_EPISODE_KEY_{next(_KEYS)}"
+    os.environ[var] = api_key
+    client_config = vf.EvalClientConfig(base_url=base_url, api_key_var=var)
+    try:
+        result = await env.run_episode(task, vf.ModelContext(model=MODEL, client=client_config))
+    finally:
+        del os.environ[var]
+        await _drop_client(env, client_config)
+    if len(result.traces) > 1:
+        raise Refused(f"{len(result.traces)} agent traces in one episode (a multi-agent env): "
                       "only single-agent verifiers envs are carried")
-    trace = episode.traces[0] if episode.traces else None
-    errors = [f"{e.type}: {e.message}" for e in episode.errors]
+    trace = result.traces[0] if result.traces else None
+    errors = [f"{e.type}: {e.message}" for e in result.errors]
     if trace is not None:
         errors += [f"{e.type}: {e.message}" for e in trace.errors]
     return {
-        "ok": bool(episode.ok),
+        "ok": bool(result.ok),
         "reward": trace.reward if trace is not None else None,
         "rewards": {k: (None if r is None else r.value) for k, r in trace.rewards.items()}
         if trace is not None else {},
@@ -107,10 +128,121 @@ async def run_episode(raw: str, task_json: str) -> dict[str, Any]:
     }
 
 
+_KEYS = itertools.count()
+
+
+async def _drop_client(env: Any, client_config: Any) -> None:
+    """Close the HTTP client verifiers' interception server made for this episode's endpoint:
+    it keeps one per distinct endpoint until serving ends, and every episode has its own."""
+    interception = getattr(env, "_interception", None)
+    client = getattr(interception, "clients", {}).pop(client_config.model_dump_json(), None)
+    if client is not None:
+        await client.close()
+
+
+async def run_episode(raw: str, task_json: str) -> dict[str, Any]:
+    base_url, api_key = os.environ.get("OPENAI_BASE_URL"), os.environ.get("OPENAI_API_KEY")
+    if not base_url or not api_key:
+        raise Refused("OPENAI_BASE_URL and OPENAI_API_KEY must name the episode's endpoint")
+    env = load(raw)
+    async with env.serving():
+        return await episode(env, json.loads(task_json)["data"], base_url, api_key)
+
+
+class EnvServer:
+    """Many episodes of one loaded, serving verifiers env, each on a connection of its own.
+
+    A connection sends one JSON line and gets one back: `{"op": "health"}` -> `{"running",
+    "episodes", "cancelled", "pid"}`; `{"op": "tasks"}` -> `{"tasks": [...]}`; `{"op":
+    "episode", "task", "base_url", "api_key"}` -> `{"result": {...}}`, `{"refused": line}` or
+    `{"error": traceback}`. A client that closes its connection before the answer (its episode
+    was cancelled, or ran past its deadline) cancels the episode here."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.running = self.episodes = self.cancelled = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await reader.readline()
+            try:
+                request = json.loads(line)
+                op = request["op"]
+            except (ValueError, TypeError, KeyError):
+                return await _reply(writer, {"refused": "a request is one JSON line with an op"})
+            if op == "health":
+                await _reply(writer, {"running": self.running, "episodes": self.episodes,
+                                      "cancelled": self.cancelled, "pid": os.getpid()})
+            elif op == "tasks":
+                await _reply(writer, {"tasks": task_rows(self.env)})
+            elif op == "episode":
+                await self._episode(request, reader, writer)
+            else:
+                await _reply(writer, {"refused": f"unknown op {op!r}"})
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _episode(self, request: dict[str, Any], reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:  # fmt: skip
+        self.running += 1
+        self.episodes += 1
+        job = asyncio.create_task(episode(self.env, request["task"]["data"], request["base_url"],
+                                          request["api_key"]))  # fmt: skip
+        hangup = asyncio.create_task(reader.read(1))  # EOF: the client gave the episode up
+        try:
+            await asyncio.wait({job, hangup}, return_when=asyncio.FIRST_COMPLETED)
+            if not job.done():
+                self.cancelled += 1
+                job.cancel()
+                await asyncio.gather(job, return_exceptions=True)
+                return
+            try:
+                answer: dict[str, Any] = {"result": job.result()}
+            except Refused as e:
+                answer = {"refused": str(e)}
+            except Exception:  # noqa: BLE001 - the episode's failure is its answer
+                answer = {"error": traceback.format_exc()}
+            await _reply(writer, answer)
+        finally:
+            hangup.cancel()
+            self.running -= 1
+
+
+async def _reply(writer: asyncio.StreamWriter, answer: dict[str, Any]) -> None:
+    writer.write(json.dumps(answer).encode() + b"\n")
+    await writer.drain()
+
+
+async def serve(raw: str, address: str) -> None:
+    """Serve the env at `address` (`unix:PATH` or `HOST:PORT`) until stdin closes (the parent
+    that started it is gone) or SIGTERM. The first line of stdout is `{"listening": ADDRESS}`."""
+    env = load(raw)
+    server_of = EnvServer(env)
+    async with env.serving():
+        if address.startswith("unix:"):
+            server = await asyncio.start_unix_server(server_of.handle, address[5:])
+        else:
+            host, _, port = address.rpartition(":")
+            server = await asyncio.start_server(server_of.handle, host or "127.0.0.1", int(port))
+            name = server.sockets[0].getsockname()
+            address = f"{name[0]}:{name[1]}"
+        print(json.dumps({"listening": address}), flush=True)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_reader(sys.stdin.fileno(), lambda: os.read(sys.stdin.fileno(), 4096) or stop.set())
+        async with server:
+            await stop.wait()
+
+
 def main(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if len(argv) != 3 or argv[1] not in ("tasks", "episode"):
-        print("usage: runner.py tasks|episode CONFIG_JSON", file=sys.stderr)
+    serving = len(argv) == 4 and argv[1] == "serve"
+    if not serving and (len(argv) != 3 or argv[1] not in ("tasks", "episode")):
+        print("usage: runner.py tasks|episode CONFIG_JSON | serve CONFIG_JSON ADDRESS",
+              file=sys.stderr)
         return REFUSED
     from importlib.metadata import version
 
@@ -120,6 +252,9 @@ def main(argv: list[str]) -> int:
                           f"written against verifiers=={VERSION}")
         if argv[1] == "tasks":
             list_tasks(argv[2])
+            return 0
+        if serving:
+            asyncio.run(serve(argv[2], argv[3]))
             return 0
         result = asyncio.run(run_episode(argv[2], sys.stdin.read()))
     except Refused as e:

@@ -16,11 +16,14 @@ verifiers==0.4.0`); without it these tests skip locally and fail in CI (CI=true)
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from agent_rl.app.serve import serve
@@ -93,14 +96,19 @@ def test_a_remote_runtime_is_refused_in_one_line(verifiers_python: str) -> None:
 async def test_verifiers_episodes_are_recorded_token_for_token(
     tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, verifiers_python: str  # type: ignore[no-untyped-def]
 ) -> None:
+    """Two long-lived env servers back the serve (the least loaded, ties in turn, gets each
+    episode): each runs one of the two episodes."""
     env_id = "verifiers:vf_tiny_echo"
-    tasks = make(env_id, **env_kwargs(verifiers_python)).task_source().tasks  # type: ignore[attr-defined]
+    env = make(env_id, **env_kwargs(verifiers_python, servers=2))
+    tasks = env.task_source().tasks  # type: ignore[attr-defined]
     assert [(t.id, t["verifiers_task"]["prompt"]) for t in tasks] == [("echo-0", "Say hi."),
                                                                      ("echo-1", "Count to three.")]
     async with Tap(sglang_moe_server.url).running() as tap:
         cfg = serve_config(f"sqlite:///{tmp_path / 'vf.db'}", tap.url, tiny_moe_model, env=env_id,
-                           env_kwargs=env_kwargs(verifiers_python), max_new_tokens=48)  # fmt: skip
+                           env_kwargs=env_kwargs(verifiers_python, servers=2), max_new_tokens=48)  # fmt: skip
         summary = await serve(cfg, max_episodes=2)
+    servers = env.pool.servers  # type: ignore[attr-defined]
+    assert [s.request({"op": "health"})["episodes"] for s in servers] == [1, 1]
     assert summary.admitted == 2 and summary.run_ledger.balances()
     assert summary.run_ledger.running == summary.run_ledger.waiting == 0
     renderer = ChatRenderer(tiny_moe_model)
@@ -129,10 +137,11 @@ async def test_a_verifiers_error_fails_the_episode_with_its_cause(
     tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, verifiers_python: str  # type: ignore[no-untyped-def]
 ) -> None:
     """A reward function that raises is an error verifiers records on the trace: the episode
-    ends failed with it as the cause, its calls kept as turns, and is never scored."""
+    ends failed with it as the cause, its calls kept as turns, and is never scored. Run in the
+    process-per-episode mode (servers=0)."""
     cfg = serve_config(f"sqlite:///{tmp_path / 'vf.db'}", sglang_moe_server.url, tiny_moe_model,
-                       env="verifiers:vf_tiny_broken", env_kwargs=env_kwargs(verifiers_python),
-                       group_size=1)  # fmt: skip
+                       env="verifiers:vf_tiny_broken",
+                       env_kwargs=env_kwargs(verifiers_python, servers=0), group_size=1)  # fmt: skip
     summary = await serve(cfg, max_episodes=1)
     assert summary.admitted == 1 and summary.run_ledger.balances()
     assert summary.run_ledger.running == summary.run_ledger.waiting == 0
@@ -141,3 +150,94 @@ async def test_a_verifiers_error_fails_the_episode_with_its_cause(
         assert e.status == "failed" and e.reward is None
         assert "the verifier broke" in (e.error_cause or ""), e.error_cause
         assert e.num_turns == 2
+
+
+def wait_tasks(tmp_path: Path, env: Any, task_id: str) -> str:
+    """A task file holding only `task_id` of `vf_tiny_wait`'s listed rows."""
+    (row,) = [t for t in env.task_source().tasks if t.id == task_id]
+    path = tmp_path / f"{task_id}.jsonl"
+    path.write_text(json.dumps({"id": row.id, **row.data}) + "\n")
+    return str(path)
+
+
+async def until_running(server: Any) -> None:
+    """Until the env server runs an episode (its health is the only view into it)."""
+    with anyio.fail_after(120):
+        while (await anyio.to_thread.run_sync(server.request, {"op": "health"}))["running"] == 0:
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_a_killed_env_server_fails_its_episode_and_is_restarted(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, verifiers_python: str  # type: ignore[no-untyped-def]
+) -> None:
+    """A real fault: the env server is SIGKILLed while it runs an episode. The episode ends
+    failed with a cause naming the server and its signal, none is left running, and the next
+    episode restarts the server and completes."""
+    kwargs = env_kwargs(verifiers_python, servers=1)
+    env = make("verifiers:vf_tiny_wait", **kwargs)
+    server = env.pool.servers[0]  # type: ignore[attr-defined]
+    wait = wait_tasks(tmp_path, env, "wait")
+    once = wait_tasks(tmp_path, env, "once")
+
+    def config(name: str, tasks: str):  # type: ignore[no-untyped-def]
+        return serve_config(f"sqlite:///{tmp_path / name}", sglang_moe_server.url, tiny_moe_model,
+                            env="verifiers:vf_tiny_wait", env_kwargs={**kwargs, "tasks": tasks},
+                            group_size=1)  # fmt: skip
+
+    cfg = config("killed.db", wait)
+    summaries = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: _append(summaries, serve(cfg, max_episodes=1)))
+        await until_running(server)
+        pid = server.life.process.pid
+        os.kill(pid, signal.SIGKILL)
+    (summary,) = summaries
+    assert summary.run_ledger.balances() and summary.run_ledger.running == 0
+    async with await Store.open(cfg.store) as store:
+        (e,) = await store.list_episodes(run_id=summary.run_id)
+        assert e.status == "failed" and e.reward is None
+        assert f"verifiers env server 1/1 (pid {pid})" in (e.error_cause or ""), e.error_cause
+        assert "died during the episode: killed by signal 9" in (e.error_cause or "")
+
+    cfg = config("after.db", once)
+    summary = await serve(cfg, max_episodes=1)
+    assert server.life.process.pid != pid
+    async with await Store.open(cfg.store) as store:
+        (e,) = await store.list_episodes(run_id=summary.run_id)
+        assert e.status in ("completed", "filtered"), e.error_cause
+        detail = await store.get_episode(e.id)
+        (turn,) = detail.turns
+        assert e.reward == pytest.approx((turn.num_tokens - turn.num_prompt_tokens) / 100)
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_the_deadline_cancels_the_episode_in_the_env_server(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, verifiers_python: str  # type: ignore[no-untyped-def]
+) -> None:
+    """An episode past its deadline is cancelled in the env server too (it closes the
+    connection): the server counts it cancelled and runs nothing after."""
+    kwargs = env_kwargs(verifiers_python, servers=1)
+    env = make("verifiers:vf_tiny_wait", **kwargs)
+    server = env.pool.servers[0]  # type: ignore[attr-defined]
+    before = server.request({"op": "health"})["cancelled"]
+    cfg = serve_config(f"sqlite:///{tmp_path / 'deadline.db'}", sglang_moe_server.url,
+                       tiny_moe_model, env="verifiers:vf_tiny_wait", group_size=1,
+                       env_kwargs={**kwargs, "tasks": wait_tasks(tmp_path, env, "wait")},
+                       episode_timeout_s=10.0)  # fmt: skip
+    summary = await serve(cfg, max_episodes=1)
+    assert summary.run_ledger.balances() and summary.run_ledger.running == 0
+    with anyio.fail_after(30):
+        while (health := server.request({"op": "health"}))["running"]:
+            await anyio.sleep(0.05)
+    assert health["cancelled"] == before + 1
+    async with await Store.open(cfg.store) as store:
+        (e,) = await store.list_episodes(run_id=summary.run_id)
+        assert e.status == "completed", e.error_cause
+        assert e.reward_details["truncated"] == "deadline"
+
+
+async def _append(into: list[Any], job: Any) -> None:
+    into.append(await job)
