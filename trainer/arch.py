@@ -61,6 +61,11 @@ def check_parallel(
                 f"own); SGLang builds a {arch.model_type} model's MTP draft from the model's "
                 "config: unset it"
             )
+    if mtp_layers and not arch.has_draft:
+        raise ConfigError(
+            f"{arch.model_type}: trainer.mtp.layers is not supported yet (its MTP layers are not "
+            "mapped; agent_rl/families says what each family supports): set it to 0"
+        )
     own_heads = draft_heads(arch, mtp_num_attention_heads) if mtp_layers else None
     heads, groups = own_heads or (None, None)
     if arch.num_layers % par.pp:

@@ -107,7 +107,8 @@ def hf_to_mcore(
     else:
         out["output_layer.weight"] = take(hf, "lm_head.weight")
     for i in range(arch.num_layers):
-        family.layer_to_mcore(hf, out, f"model.layers.{i}.", f"decoder.layers.{i}.", arch)
+        family.layer_to_mcore(hf, out, f"model.layers.{i}.", f"decoder.layers.{i}.", arch,
+                              arch.is_moe_layer(i))  # fmt: skip
     has_mtp = any(is_draft(k) for k in hf)
     eagle = arch.eagle_draft
     if mtp_layers and eagle and has_mtp and "fc.weight" not in hf:
@@ -126,7 +127,8 @@ def hf_to_mcore(
             for hf_name, mcore_name in _MTP_MODULE:
                 out[dst + mcore_name] = take(hf, src + hf_name)
         heads = hf_heads(hf, src + "layers.0.self_attn.", arch.head_dim) if eagle else None
-        family.layer_to_mcore(hf, out, src + "layers.0.", layer, arch, eagle=eagle, heads=heads)
+        family.layer_to_mcore(hf, out, src + "layers.0.", layer, arch, arch.is_moe, eagle=eagle,
+                              heads=heads)  # fmt: skip
     if not mtp_layers:
         # An export with a draft, loaded without one (as SGLang's target model does).
         hf = {k: v for k, v in hf.items() if not is_draft(k)}
@@ -149,7 +151,8 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
     if not arch.tied_embeddings:
         out["lm_head.weight"] = sd["output_layer.weight"]
     for i in range(arch.num_layers):
-        family.layer_to_hf(sd, out, f"decoder.layers.{i}.", f"model.layers.{i}.", arch)
+        family.layer_to_hf(sd, out, f"decoder.layers.{i}.", f"model.layers.{i}.", arch,
+                           arch.is_moe_layer(i))  # fmt: skip
     j = 0
     eagle = arch.eagle_draft
     while f"mtp.layers.{j}.eh_proj.weight" in sd:
@@ -163,7 +166,8 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
             for hf_name, mcore_name in _MTP_MODULE:
                 out[dst + hf_name] = sd[src + mcore_name]
         heads = mcore_heads(sd, layer + "self_attention.", arch) if eagle else None
-        family.layer_to_hf(sd, out, layer, dst + "layers.0.", arch, eagle=eagle, heads=heads)
+        family.layer_to_hf(sd, out, layer, dst + "layers.0.", arch, arch.is_moe, eagle=eagle,
+                           heads=heads)  # fmt: skip
         j += 1
     return out
 

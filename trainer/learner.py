@@ -129,7 +129,7 @@ class Learner:
             self.routing_replay = RoutingReplay(
                 sequence_parallel=module.config.sequence_parallel,
                 first_layer=shard.layer_offset(module),
-                num_layers=self.arch.num_layers,
+                num_layers=self.arch.num_moe_layers,
             )
         # The KL reference is the starting policy; kept as a copy of this rank's shard.
         self._ref = ([p.detach().clone() for p in self._gpt.parameters()]

@@ -87,7 +87,6 @@ def build_gpt_model(
     megatron_cpu.apply()
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     config = transformer_config(arch, par, dtype, mtp_layers)
     if arch.is_moe:
@@ -95,9 +94,7 @@ def build_gpt_model(
 
         # Routers register in a process-global list; only this model's may be in it.
         RouterReplay.clear_global_router_replay_instances()
-    spec = get_gpt_layer_local_spec(
-        num_experts=arch.num_experts or None, qk_layernorm=arch.qk_norm, normalization="RMSNorm"
-    )
+    spec = families.get(arch.model_type).layer_spec(arch, config)
     kwargs = dict(
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_positions,

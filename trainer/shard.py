@@ -20,6 +20,7 @@ model would stream per tensor instead).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -97,7 +98,7 @@ def load_full_state_dict(
     covered, except those under the prefix `keep`, which keep their values when `full` has none."""
     offset = layer_offset(model)
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in _weights(model):
             key = _global_name(_strip(name), arch, offset)
             if _tied_copy(key, arch):
                 key = "embedding.word_embeddings.weight"
@@ -136,7 +137,7 @@ def gather_full_state_dict(model: torch.nn.Module, arch: ModelArch, *,
     offset = layer_offset(model)
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in _weights(model):
             if _tied_copy(_strip(name), arch):
                 continue  # the first stage's embedding is the same weight
             tensor = param.detach().clone() if copy else param.detach()
@@ -195,6 +196,19 @@ def _gather_tp(t: torch.Tensor, dim: int, size: int, group: object, gated: bool)
         dist.all_gather(parts, piece.contiguous(), group=group)
         gathered.append(torch.cat(parts, dim))
     return torch.cat(gathered, dim)
+
+
+_WEIGHT_BUFFERS = (".router.expert_bias",)
+"""Buffers that are weights of the model, loaded and exported like parameters: a sigmoid
+router's score correction bias (megatron keeps it out of the optimizer, as a buffer)."""
+
+
+def _weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's parameters, then the buffers that are weights (`_WEIGHT_BUFFERS`)."""
+    yield from model.named_parameters()
+    for name, buffer in model.named_buffers():
+        if name.endswith(_WEIGHT_BUFFERS):
+            yield name, buffer
 
 
 def _strip(name: str) -> str:

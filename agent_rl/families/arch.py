@@ -40,6 +40,19 @@ class ModelArch:
     rope_scaling_factor: float | None = None
     """Llama 3's rope scaling factor (its low/high frequency factors and original context are
     megatron's fixed 1, 4 and 8192); None: unscaled rotary embeddings."""
+    rotary_percent: float = 1.0
+    """The share of each head's dims the rotary embedding turns (the first ones)."""
+    dense_layers: int = 0
+    """MoE models: how many first layers have a dense MLP (`ffn_hidden_size` wide) instead."""
+    moe_shared_ffn_hidden_size: int = 0
+    """MoE models: width of the shared experts' MLP beside the routed ones (0: none)."""
+    moe_router_bias: bool = False
+    """MoE models: whether the router has a score correction bias (`mlp.gate.
+    e_score_correction_bias`, megatron's `router.expert_bias`)."""
+    moe_scaling_factor: float | None = None
+    """MoE models: the factor the routed experts' weights are scaled by (None: 1)."""
+    has_draft: bool = True
+    """Whether an MTP draft (`trainer.mtp.layers`) can be built, served and exported for it."""
     eagle_draft: bool = True
     """Whether the MTP draft (`trainer.mtp.layers`) takes the EAGLE layout SGLang serves for a
     dense model (`Qwen2ForCausalLMEagle`: no norms around the draft's projection or after its
@@ -49,6 +62,15 @@ class ModelArch:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """The layers with routed experts (each reports its experts for routing replay)."""
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (0-based) routes to experts."""
+        return self.is_moe and layer >= self.dense_layers
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> ModelArch:

@@ -50,9 +50,10 @@ class Family:
     """Bias on the q/k/v projections (none on the output projection)."""
     qk_norm: ClassVar[bool] = False
     """Per-head RMSNorm on queries and keys."""
-    draft: ClassVar[Literal["eagle", "mtp"]] = "eagle"
+    draft: ClassVar[Literal["eagle", "mtp"] | None] = "eagle"
     """How SGLang serves the MTP draft an export carries: an EAGLE draft in `draft/`
-    (`Qwen2ForCausalLMEagle`), or the model's own `mtp.*` weights."""
+    (`Qwen2ForCausalLMEagle`), or the model's own `mtp.*` weights; None: no draft yet
+    (`trainer.mtp.layers` is refused)."""
     mtp_draft_architecture: ClassVar[str | None] = None
     """For `draft = "mtp"`: the class SGLang serves the `mtp.*` draft as, from the target's own
     directory."""
@@ -76,8 +77,7 @@ class Family:
             raise ConfigError(f"{path}: sliding-window attention is not supported")
         if hf.hidden_act != "silu":
             raise ConfigError(f"{path}: hidden_act {hf.hidden_act!r} is not supported (silu only)")
-        if getattr(hf, "attention_bias", False) and not self.qkv_bias:
-            raise ConfigError(f"{path}: attention_bias=true (bias on o_proj) is not supported")
+        self.check_attention_bias(hf, path)
         return ModelArch(
             model_type=self.model_type,
             vocab_size=hf.vocab_size,
@@ -93,9 +93,16 @@ class Family:
             qk_norm=self.qk_norm,
             tied_embeddings=bool(hf.tie_word_embeddings),
             eagle_draft=self.draft == "eagle",
+            has_draft=self.draft is not None,
             **self.read_rope(hf, path),
             **self.read_moe(hf, path),
         )
+
+    def check_attention_bias(self, hf: Any, path: Path) -> None:
+        """Refuse `attention_bias` (in these families a bias on o_proj too), unless the family's
+        q/k/v bias is what it means."""
+        if getattr(hf, "attention_bias", False) and not self.qkv_bias:
+            raise ConfigError(f"{path}: attention_bias=true (bias on o_proj) is not supported")
 
     def read_rope(self, hf: Any, path: Path) -> dict[str, Any]:
         """The rotary embedding's `ModelArch` fields: default rope with `rope_theta` only."""
@@ -118,27 +125,35 @@ class Family:
         """GPTModel arguments beyond the standard decoder's (rope scaling)."""
         return {}
 
+    def layer_spec(self, arch: ModelArch, config: Any) -> Any:
+        """megatron's spec of the decoder layers for TransformerConfig `config`: the local
+        (no TransformerEngine) layer spec, with experts and q/k norm as the arch has them."""
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        return get_gpt_layer_local_spec(num_experts=arch.num_experts or None,
+                                        qk_layernorm=arch.qk_norm, normalization="RMSNorm")  # fmt: skip
+
     # --- weights: one decoder layer, HF <-> megatron ----------------------------------------
 
     def layer_to_mcore(
-        self, hf: Weights, out: Weights, src: str, dst: str, arch: ModelArch,
+        self, hf: Weights, out: Weights, src: str, dst: str, arch: ModelArch, moe: bool,
         eagle: bool = False, heads: tuple[int, int] | None = None,
     ) -> None:  # fmt: skip
         """Move decoder layer `src` of the HF dict `hf` into `out` under megatron's `dst`
-        (`eagle`: an EAGLE draft's layer; `heads`: its (query, key/value) heads where not the
-        model's)."""
+        (`moe`: a layer with routed experts; `eagle`: an EAGLE draft's layer; `heads`: its
+        (query, key/value) heads where not the model's)."""
         from agent_rl.families import layout
 
-        layout.layer_in(hf, out, src, dst, arch, eagle=eagle, heads=heads)
+        layout.layer_in(hf, out, src, dst, arch, moe, eagle=eagle, heads=heads)
 
     def layer_to_hf(
-        self, sd: Weights, out: Weights, src: str, dst: str, arch: ModelArch,
+        self, sd: Weights, out: Weights, src: str, dst: str, arch: ModelArch, moe: bool,
         eagle: bool = False, heads: tuple[int, int] | None = None,
     ) -> None:  # fmt: skip
         """The inverse of `layer_to_mcore`."""
         from agent_rl.families import layout
 
-        layout.layer_out(sd, out, src, dst, arch, eagle=eagle, heads=heads)
+        layout.layer_out(sd, out, src, dst, arch, moe, eagle=eagle, heads=heads)
 
     # --- tiny presets ---------------------------------------------------------------------------
 

@@ -54,11 +54,12 @@ def mcore_heads(sd: Weights, attn: str, arch: ModelArch) -> tuple[int, int]:
 
 
 def layer_in(
-    hf: Weights, out: Weights, src: str, dst: str,
-    arch: ModelArch, eagle: bool = False, heads: tuple[int, int] | None = None,
+    hf: Weights, out: Weights, src: str, dst: str, arch: ModelArch, moe: bool,
+    eagle: bool = False, heads: tuple[int, int] | None = None,
 ) -> None:  # fmt: skip
-    """One decoder layer, HF -> megatron (`eagle`: an EAGLE draft's, see `layer_out`; `heads`:
-    its (query, key/value) heads where not the model's)."""
+    """One decoder layer, HF -> megatron (`moe`: with routed experts, a router (and its score
+    correction bias) and shared experts where the arch has them; `eagle`: an EAGLE draft's, see
+    `layer_out`; `heads`: its (query, key/value) heads where not the model's)."""
     (h, g), d = heads or (arch.num_heads, arch.num_kv_heads), arch.head_dim
     attn = src + "self_attn."
     suffixes = ["weight"] + (["bias"] if arch.qkv_bias else [])
@@ -80,10 +81,14 @@ def layer_in(
     if not eagle:
         out[dst + "input_layernorm.weight"] = take(hf, src + "input_layernorm.weight")
     out[dst + "pre_mlp_layernorm.weight"] = take(hf, src + "post_attention_layernorm.weight")
-    if arch.is_moe:
+    if moe:
         out[dst + "mlp.router.weight"] = take(hf, src + "mlp.gate.weight")
+        if arch.moe_router_bias:
+            out[dst + "mlp.router.expert_bias"] = take(hf, src + "mlp.gate.e_score_correction_bias")
         for e in range(arch.num_experts):
             mlp_in(hf, out, f"{src}mlp.experts.{e}.", f"{dst}mlp.experts.local_experts.{e}.")
+        if arch.moe_shared_ffn_hidden_size:
+            mlp_in(hf, out, src + "mlp.shared_experts.", dst + "mlp.shared_experts.")
     else:
         mlp_in(hf, out, src + "mlp.", dst + "mlp.")
 
@@ -96,10 +101,10 @@ def mlp_in(hf: Weights, out: Weights, src: str, dst: str) -> None:
 
 
 def layer_out(
-    sd: Weights, out: Weights, src: str, dst: str,
-    arch: ModelArch, eagle: bool = False, heads: tuple[int, int] | None = None,
+    sd: Weights, out: Weights, src: str, dst: str, arch: ModelArch, moe: bool,
+    eagle: bool = False, heads: tuple[int, int] | None = None,
 ) -> None:  # fmt: skip
-    """One decoder layer, megatron -> HF. `eagle`: an EAGLE draft's (trainer.mtp_model's
+    """One decoder layer, megatron -> HF (`moe` as in `layer_in`). `eagle`: an EAGLE draft's (trainer.mtp_model's
     `eagle_block`) as SGLang's Qwen2 EAGLE layer reads it: no input norm or q/k norm, and q/k/v
     biases, zero where the model has none. `heads`: its (query, key/value) heads where not the
     model's."""
@@ -122,10 +127,14 @@ def layer_out(
     if not eagle:
         out[dst + "input_layernorm.weight"] = sd[src + "input_layernorm.weight"]
     out[dst + "post_attention_layernorm.weight"] = sd[src + "pre_mlp_layernorm.weight"]
-    if arch.is_moe:
+    if moe:
         out[dst + "mlp.gate.weight"] = sd[src + "mlp.router.weight"]
+        if arch.moe_router_bias:
+            out[dst + "mlp.gate.e_score_correction_bias"] = sd[src + "mlp.router.expert_bias"]
         for e in range(arch.num_experts):
             mlp_out(sd, out, f"{src}mlp.experts.local_experts.{e}.", f"{dst}mlp.experts.{e}.")
+        if arch.moe_shared_ffn_hidden_size:
+            mlp_out(sd, out, src + "mlp.shared_experts.", dst + "mlp.shared_experts.")
     else:
         mlp_out(sd, out, src + "mlp.", dst + "mlp.")
 

@@ -67,8 +67,8 @@ def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) ->
     else:
         raise EngineError(
             f"{model} is a {architecture}: agent-rl's drafts are served by SGLang for "
-            f"{', '.join(f.architecture for f in families.all_families())} only; start without "
-            "--speculative"
+            f"{', '.join(f.architecture for f in families.all_families() if f.draft)} only; "
+            "start without --speculative"
         )
     return [
         "--speculative-algorithm", ALGORITHM,

@@ -70,11 +70,23 @@ def test_every_family_is_found_by_its_model_type_and_architecture() -> None:
         family = families.get(model_type)
         assert family.model_type == model_type
         assert families.by_architecture(family.architecture) is family
-        assert family.draft in ("eagle", "mtp") and (
+        assert family.draft in ("eagle", "mtp", None) and (
             (family.draft == "mtp") == (family.mtp_draft_architecture is not None))
     assert families.by_architecture("MistralForCausalLM") is None
     with pytest.raises(ConfigError, match=r"model_type 'mistral' is not supported; use one of"):
         families.get("mistral")
+
+
+def _tiny_config(preset: str):  # noqa: ANN202 (a transformers config)
+    p = PRESETS[preset]
+    return families.get(p.architecture).tiny_config(p, dict(
+        vocab_size=1024, hidden_size=p.hidden_size, num_hidden_layers=p.num_hidden_layers,
+        num_attention_heads=p.num_attention_heads, num_key_value_heads=p.num_key_value_heads,
+        head_dim=p.head_dim, intermediate_size=p.intermediate_size,
+        max_position_embeddings=p.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": p.rope_theta},
+        tie_word_embeddings=p.tie_word_embeddings,
+    ))  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -84,21 +96,13 @@ def test_each_preset_belongs_to_a_family_that_reads_its_config_back(
     """The config a preset writes reads back through its family with the preset's shape."""
     p = PRESETS[preset]
     family = families.get(p.architecture)
-    config = family.tiny_config(p, dict(
-        vocab_size=1024, hidden_size=p.hidden_size, num_hidden_layers=p.num_hidden_layers,
-        num_attention_heads=p.num_attention_heads, num_key_value_heads=p.num_key_value_heads,
-        head_dim=p.head_dim, intermediate_size=p.intermediate_size,
-        max_position_embeddings=p.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": p.rope_theta},
-        tie_word_embeddings=p.tie_word_embeddings,
-    ))  # fmt: skip
-    config.save_pretrained(tmp_path)
+    _tiny_config(preset).save_pretrained(tmp_path)
     arch = families.ModelArch.from_hf_dir(tmp_path)
     assert (arch.model_type, arch.num_layers, arch.hidden_size) == (
         family.model_type, p.num_hidden_layers, p.hidden_size)
     assert arch.tied_embeddings == p.tie_word_embeddings
     assert arch.rope_scaling_factor == p.options.get("rope_scaling_factor")
-    assert arch.is_moe == (family.draft == "mtp")
+    assert arch.num_experts in (0, p.num_experts) and arch.has_draft == (family.draft is not None)
 
 
 def _edited(model: Path, out: Path, **change: object) -> Path:
@@ -145,3 +149,21 @@ def test_a_preset_option_its_family_does_not_take_is_refused(tmp_path: Path) -> 
 
     with pytest.raises(ValueError, match=r"qwen2 takes no options \['rope_scaling_factor'\]"):
         init_model(tmp_path / "m", "tiny-dense", options={"rope_scaling_factor": 8.0})
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"norm_topk_prob": False}, "norm_topk_prob=false is not supported"),
+        ({"n_group": 2, "topk_group": 1}, "n_group=2 .group-limited routing. is not supported"),
+        ({"first_k_dense_replace": 3}, "first_k_dense_replace leaves no MoE layer"),
+    ],
+)
+def test_glm4_moe_configs_it_cannot_map_are_refused_in_one_line(
+    change: dict[str, object], message: str, tmp_path: Path
+) -> None:
+    _tiny_config("tiny-glm4-moe").save_pretrained(tmp_path / "ok")
+    bad = _edited(tmp_path / "ok", tmp_path / "bad", **change)
+    with pytest.raises(ConfigError, match=message) as e:
+        families.ModelArch.from_hf_dir(bad)
+    assert "\n" not in str(e.value)

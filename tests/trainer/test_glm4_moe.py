@@ -1,0 +1,95 @@
+"""The glm4_moe family through the trainer (fp32, CPU, real megatron-core): the learner computes
+what transformers' Glm4MoeForCausalLM computes (a dense first layer, a shared expert, the sigmoid
+router with a nonzero score correction bias and a routed scaling factor, partial rotary, q/k/v
+bias and q/k norm); a trained learner's export loads back bit-exact, and into transformers with
+the same logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, Glm4MoeForCausalLM
+
+from agent_rl.config import TrainerConfig
+from agent_rl.kernel.errors import ConfigError
+from agent_rl.models import init_model
+from tests.trainer._batches import rl_batch
+from trainer import hf_convert
+from trainer.arch import ModelArch, Parallel, check_parallel
+from trainer.learner import learner, load_hf_weights
+from trainer.model import build_gpt_model
+
+
+@pytest.fixture(scope="module")
+def glm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-glm4-moe with a random score correction bias (transformers initialises it to zero,
+    which would leave the bias untested): large enough to change which experts are chosen."""
+    model = init_model(tmp_path_factory.mktemp("glm") / "tiny-glm4-moe", "tiny-glm4-moe")
+    weights = load_file(model / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    for name in weights:
+        if name.endswith("e_score_correction_bias"):
+            weights[name] = torch.rand(weights[name].shape, generator=g) * 0.5
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    return model
+
+
+def test_logits_match_transformers_glm4_moe(glm_dir: Path, solo: None) -> None:
+    arch = ModelArch.from_hf_dir(glm_dir)
+    assert arch.is_moe and arch.dense_layers == 1 and arch.moe_shared_ffn_hidden_size > 0
+    assert arch.qkv_bias and arch.qk_norm and arch.rotary_percent == 0.5
+    model = build_gpt_model(arch, Parallel()).eval()
+    load_hf_weights(model, arch, glm_dir)
+    hf = AutoModelForCausalLM.from_pretrained(glm_dir, dtype=torch.float32).eval()
+    assert isinstance(hf, Glm4MoeForCausalLM)
+    ids = torch.randint(0, arch.vocab_size, (2, 96), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(ids, torch.arange(96).expand(2, -1), None)
+        theirs = hf(input_ids=ids).logits
+    diff = (ours - theirs).abs().max().item()
+    print(f"glm4_moe: max |logit diff| {diff:.2e}")
+    assert diff < 1e-5
+    # The bias matters: without it transformers routes otherwise and its logits move.
+    for layer in hf.model.layers[arch.dense_layers:]:
+        layer.mlp.gate.e_score_correction_bias.zero_()
+    with torch.no_grad():
+        assert (hf(input_ids=ids).logits - ours).abs().max().item() > 1e-3
+
+
+def test_a_trained_export_loads_back_bit_exact_and_into_transformers(
+    glm_dir: Path, tmp_path: Path
+) -> None:
+    vocab = ModelArch.from_hf_dir(glm_dir).vocab_size
+    batch = rl_batch(vocab, size=4)
+    with learner(glm_dir, TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=4)) as e:
+        e.rl_step(batch)
+        ours = e.logprobs(batch)["logprobs"]
+        trained = {k: v.clone() for k, v in e.hf_state_dict().items()}
+        out = e.export_hf(tmp_path / "export")
+    exported = hf_convert.read_safetensors(out)
+    assert set(exported) == set(trained) == set(hf_convert.read_safetensors(glm_dir))
+    assert all(torch.equal(exported[k], trained[k]) for k in trained)
+    start = hf_convert.read_safetensors(glm_dir)
+    bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    assert torch.equal(exported[bias], start[bias])  # the engine routes with the checkpoint's
+    assert not torch.equal(exported["model.norm.weight"], start["model.norm.weight"])  # trained
+    with learner(out, TrainerConfig(micro_batch_size=4)) as back:
+        again = back.hf_state_dict()
+        assert set(again) == set(exported)
+        assert all(torch.equal(again[k], exported[k]) for k in exported)
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(input_ids=batch.tokens).logits, -1)
+    ref = ref[:, :-1].gather(-1, batch.tokens[:, 1:, None]).squeeze(-1)
+    diff = ((ours[:, 1:] - ref).abs() * batch.loss_mask[:, 1:]).max().item()
+    print(f"glm4_moe: export vs learner max |logprob diff| {diff:.2e}")
+    assert diff < 1e-5
+
+
+def test_its_mtp_layers_are_refused_in_one_line(glm_dir: Path) -> None:
+    arch = ModelArch.from_hf_dir(glm_dir)
+    with pytest.raises(ConfigError, match="glm4_moe: trainer.mtp.layers is not supported"):
+        check_parallel(arch, Parallel(), mtp_layers=1)
