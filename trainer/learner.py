@@ -128,8 +128,9 @@ class Learner:
 
             self.routing_replay = RoutingReplay(
                 sequence_parallel=module.config.sequence_parallel,
-                first_layer=shard.layer_offset(module),
+                first_layer=max(shard.layer_offset(module) - self.arch.dense_layers, 0),
                 num_layers=self.arch.num_moe_layers,
+                dense_layers=self.arch.dense_layers,
             )
         # The KL reference is the starting policy; kept as a copy of this rank's shard.
         self._ref = ([p.detach().clone() for p in self._gpt.parameters()]

@@ -81,27 +81,33 @@ class RoutingReplay:
     """Drives megatron's RouterReplay instances of one model (they are process-global)."""
 
     def __init__(
-        self, sequence_parallel: bool, first_layer: int = 0, num_layers: int | None = None
-    ) -> None:
+        self, sequence_parallel: bool, first_layer: int = 0, num_layers: int | None = None,
+        dense_layers: int = 0,
+    ) -> None:  # fmt: skip
         """This process's routers are the model's MoE layers `first_layer` on (its pipeline
-        stage's); the routed experts it is given cover `num_layers` (default: its own)."""
+        stage's, counted among the MoE layers); the routed experts it is given cover
+        `num_layers` MoE layers (default: its own) after `dense_layers` first layers without a
+        router, which the engine reports too (SGLang: a row per decoder layer) and replay drops."""
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
         self.routers = list(RouterReplay.global_router_replay_instances)
         self.sequence_parallel = sequence_parallel
         self.layers = slice(first_layer, first_layer + len(self.routers))
         self.num_layers = len(self.routers) if num_layers is None else num_layers
+        self.dense_layers = dense_layers
 
     @contextmanager
     def forward_context(self, experts: torch.Tensor, replay: bool) -> Iterator[Mismatch]:
         """Around one forward of a [B, T] batch: `experts` [B, T, L, k], -1 on unknown rows."""
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
-        if experts.shape[2] != self.num_layers:
+        if experts.shape[2] != self.dense_layers + self.num_layers:
             raise ValueError(
                 f"routed experts have {experts.shape[2]} layers, the model has "
-                f"{self.num_layers} MoE layers"
+                f"{self.num_layers} MoE layers" + (
+                    f" after {self.dense_layers} dense ones" if self.dense_layers else "")
             )
+        experts = experts[:, :, self.dense_layers:]
         stage = experts[:, :, self.layers]
         per_layer = [self._megatron_layout(stage[:, :, layer]) for layer in range(stage.shape[2])]
         valid_rows = self._megatron_layout((experts >= 0).all(-1).all(-1))
