@@ -215,10 +215,29 @@ async def _reply(writer: asyncio.StreamWriter, answer: dict[str, Any]) -> None:
     await writer.drain()
 
 
+def _share_tls_context() -> None:
+    """verifiers' interception server builds an HTTP client per distinct endpoint, and every
+    episode's endpoint is its own: each client built a TLS context of its own, loading the CA
+    bundle (45 ms of CPU, 70% of a served episode's cost here). They share one instead."""
+    import ssl
+
+    import httpx
+    from verifiers.v1.clients import base, eval as eval_client
+
+    context = ssl.create_default_context()
+
+    def build_async_httpx(config: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=httpx.Timeout(**config.timeout.model_dump()),
+                                 limits=base.DEFAULT_LIMITS, verify=context)  # fmt: skip
+
+    eval_client.build_async_httpx = build_async_httpx  # type: ignore[attr-defined]
+
+
 async def serve(raw: str, address: str) -> None:
     """Serve the env at `address` (`unix:PATH` or `HOST:PORT`) until stdin closes (the parent
     that started it is gone) or SIGTERM. The first line of stdout is `{"listening": ADDRESS}`."""
     env = load(raw)
+    _share_tls_context()
     server_of = EnvServer(env)
     async with env.serving():
         if address.startswith("unix:"):
