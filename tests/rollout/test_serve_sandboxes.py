@@ -35,6 +35,7 @@ from agent_rl.sdk.sandbox import Mount, SandboxSpec
 from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
 from agent_rl.store import Store
 from agent_rl.testing.stand_in_engine import StandInEngine
+from tests.tools_sandbox.conftest import CGROUP_PARENT
 
 pytestmark = [pytest.mark.anyio,
               pytest.mark.skipif(os.geteuid() != 0, reason="bubblewrap sandboxes need root")]
@@ -132,7 +133,7 @@ def config(tmp_path: Path, model: Path, url: str, env_id: str, concurrent: int, 
         rollout=RolloutConfig(env=env_id, router_url=url, group_size=1, max_turns=1,
                               max_concurrent_episodes=concurrent, max_queued_groups=0,
                               filter_zero_variance=False),
-        sandbox=SandboxConfig(state_dir=state, cgroup_parent="agent-rl-test", **sandbox),
+        sandbox=SandboxConfig(state_dir=state, cgroup_parent=CGROUP_PARENT, **sandbox),
     )  # fmt: skip
 
 

@@ -23,7 +23,11 @@ from tools_sandbox.factory import make_backend
 
 BACKENDS = sorted(REGISTERED)
 """Every registered backend: a new one runs every backend test (the attack suites included)."""
-STATE_DIR = Path("/tmp/agent-rl-test-sandboxes")
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # pytest-xdist: one of each per worker
+STATE_DIR = Path("/tmp/agent-rl-test-sandboxes" + (f"-{_WORKER}" if _WORKER else ""))
+CGROUP_PARENT = "agent-rl-test" + (f"-{_WORKER}" if _WORKER else "")
+"""The tests' own state dir and cgroup parent: the leftover checks (helpers.leftovers) look
+there, so tests running beside each other must not share them."""
 
 
 @pytest.fixture
@@ -32,7 +36,7 @@ def anyio_backend() -> str:
 
 
 def sandbox_config(backend: str, **kw: object) -> SandboxConfig:
-    return SandboxConfig(backend=backend, state_dir=STATE_DIR, cgroup_parent="agent-rl-test",
+    return SandboxConfig(backend=backend, state_dir=STATE_DIR, cgroup_parent=CGROUP_PARENT,
                          **kw)  # type: ignore[arg-type]
 
 
