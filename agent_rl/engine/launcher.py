@@ -62,7 +62,11 @@ CPU_ARGS = [
     # An idle scheduler otherwise spins on its sockets and takes a core from the trainer.
     "--sleep-on-idle",
 ]  # fmt: skip
-CPU_MEM_FRACTION = 0.05
+# SGLang refuses to start when host memory available after loading drops below
+# (1 - fraction) x before: on CPU that drop includes every other process's allocations meanwhile,
+# so 0.05 failed on a busy host (seen: 0.073 needed). The KV pool stays capped by
+# CPU_MAX_TOTAL_TOKENS, so a larger fraction reserves nothing more.
+CPU_MEM_FRACTION = 0.3
 CPU_MAX_TOTAL_TOKENS = 16384
 
 
