@@ -23,6 +23,7 @@ from agent_rl.models import init_model
 from agent_rl.sglang.client import EngineClient
 from agent_rl.sglang.generation import Generation
 from tests.trainer._batches import rl_batch
+from tests.trainer.test_parallel import _baseline, _compare, _launch, _metrics
 from trainer import hf_convert
 from trainer.batch import Batch
 from trainer.arch import ModelArch, Parallel, check_parallel
@@ -151,3 +152,16 @@ def test_sglang_serves_it_with_the_learners_logprobs_and_its_experts_replay(
     fed = torch.arange(batch.tokens.shape[1]) < batch.lengths[:, None] - 1
     assert (moe[fed] >= 0).all()
     assert metrics["routing_mismatch_fraction"] <= 0.02
+
+
+@pytest.mark.slow
+def test_ep2_matches_one_process(glm_dir: Path, tmp_path: Path) -> None:
+    """Expert parallelism (the router's bias and the shared expert on every rank) trains as one
+    process does, a checkpoint resumes bit-exact, the exports agree (tests/trainer/
+    test_parallel.py's runs and tolerances). TP=2 is not here: its losses (6e-7) and logprobs
+    (9.5e-7) agree and it resumes bit-exact, but one exported weight (the dense layer's o_proj)
+    differs by 1.5e-4 after the two steps, over the 1e-4 the other models meet (docs/trainer.md)."""
+    base, base_dir = _baseline(glm_dir, tmp_path / "one")
+    assert 0 < base[0]["routing_mismatch_fraction"] <= 1  # the replayed experts are not free routing
+    _launch(glm_dir, tmp_path, "ep2")
+    _compare(base, _metrics(tmp_path / "ep2"), base_dir, tmp_path / "ep2")
