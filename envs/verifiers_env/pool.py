@@ -82,7 +82,8 @@ class Server:
     def describe(self, life: Life | None = None) -> str:
         life = life or self.life
         pid = f" (pid {life.process.pid})" if life and life.process else ""
-        return f"verifiers env server {self.name}{pid} at {life.address if life else '-'}"
+        where = f" at {life.address}" if life and life.address else ""
+        return f"verifiers env server {self.name}{pid}{where}"
 
     def ensure(self) -> Life:
         """A live run: ours is (re)started if it is not running (blocking: call it in a
@@ -103,7 +104,7 @@ class Server:
                                        env=self.environ, stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=out)  # fmt: skip
         assert process.stdout is not None
-        life = Life("-", process, log)
+        life = Life("", process, log)
         try:
             life.address = json.loads(_readline(process.stdout, START_TIMEOUT_S))["listening"]
         except (ValueError, KeyError, TypeError):
