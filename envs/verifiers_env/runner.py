@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import signal
+import stat
 import sys
 import traceback
 from typing import Any
@@ -234,8 +235,8 @@ def _share_tls_context() -> None:
 
 
 async def serve(raw: str, address: str) -> None:
-    """Serve the env at `address` (`unix:PATH` or `HOST:PORT`) until stdin closes (the parent
-    that started it is gone) or SIGTERM. The first line of stdout is `{"listening": ADDRESS}`."""
+    """Serve the env at `address` (`unix:PATH` or `HOST:PORT`) until SIGTERM, or until stdin
+    closes where it is a pipe (the parent that started it is gone). The first line of stdout is `{"listening": ADDRESS}`."""
     env = load(raw)
     _share_tls_context()
     server_of = EnvServer(env)
@@ -251,7 +252,9 @@ async def serve(raw: str, address: str) -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        loop.add_reader(sys.stdin.fileno(), lambda: os.read(sys.stdin.fileno(), 4096) or stop.set())
+        if stat.S_ISFIFO(os.fstat(sys.stdin.fileno()).st_mode):  # a parent's pipe: its life
+            loop.add_reader(sys.stdin.fileno(),
+                            lambda: os.read(sys.stdin.fileno(), 4096) or stop.set())
         async with server:
             await stop.wait()
 

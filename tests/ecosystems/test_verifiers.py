@@ -241,3 +241,31 @@ async def test_the_deadline_cancels_the_episode_in_the_env_server(
 
 async def _append(into: list[Any], job: Any) -> None:
     into.append(await job)
+
+
+@pytest.mark.slow
+def test_an_env_server_started_elsewhere_is_reached_by_address(verifiers_python: str) -> None:
+    """`runner.py serve` started by hand on loopback TCP (stdin not a pipe: it stays up); an
+    env with only its address (servers=0) lists the tasks through it."""
+    from envs.verifiers_env.env import RUNNER
+
+    environ = {**os.environ, "PYTHONPATH": str(MODULES), "HF_HUB_OFFLINE": "1"}
+    config = json.dumps({"taskset": {"id": "vf_tiny_echo"}})
+    with subprocess.Popen([verifiers_python, "-P", str(RUNNER), "serve", config, "127.0.0.1:0"],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=environ) as server:  # fmt: skip
+        try:
+            assert server.stdout is not None
+            address = json.loads(server.stdout.readline())["listening"]
+            env = make("verifiers:vf_tiny_echo",
+                       **env_kwargs(verifiers_python, servers=0, addresses=[address]))  # fmt: skip
+            assert [t.id for t in env.task_source().tasks] == ["echo-0", "echo-1"]  # type: ignore[attr-defined]
+            (reached,) = env.pool.servers  # type: ignore[attr-defined]
+            assert reached.request({"op": "health"})["pid"] == server.pid
+        finally:
+            server.terminate()
+    assert server.returncode == 0
+
+
+def test_a_bad_env_server_address_is_refused_in_one_line(verifiers_python: str) -> None:
+    with pytest.raises(EnvError, match=r"address 'nowhere': write unix:PATH or HOST:PORT"):
+        make("verifiers:vf_tiny_echo", **env_kwargs(verifiers_python, addresses=["nowhere"]))
