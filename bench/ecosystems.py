@@ -74,10 +74,11 @@ class EchoAgent(AgentEnv):
         async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
             messages: list[dict[str, Any]] = [{"role": "user", "content": task["prompt"]}]
             for follow_up in ("Again.", None):
-                r = await client.chat.completions.create(model="policy", messages=messages,  # type: ignore[arg-type]
-                                                         max_tokens=MAX_TOKENS)  # fmt: skip
+                r = await client.chat.completions.create(
+                    model="policy", messages=messages, max_tokens=MAX_TOKENS)  # type: ignore[arg-type]
                 tokens += r.usage.completion_tokens if r.usage else 0
-                messages.append({"role": "assistant", "content": r.choices[0].message.content or ""})
+                answer = r.choices[0].message.content or ""
+                messages.append({"role": "assistant", "content": answer})
                 if follow_up is not None:
                     messages.append({"role": "user", "content": follow_up})
         return tokens
@@ -139,7 +140,8 @@ async def side(db: Path, url: str, model: Path, env_id: str, kwargs: dict[str, A
     failed = [e.error_cause for e in rows if e.status not in ("completed", "filtered")]
     assert not failed, f"{env_id}: episodes failed: {failed[:1]}"
     calls = sum(e.num_turns for e in rows)
-    window = max(e.finished_at for e in rows) - min(e.started_at for e in rows)  # type: ignore[type-var, operator]
+    ends = [(e.started_at or 0.0, e.finished_at or 0.0) for e in rows]
+    window = max(end for _, end in ends) - min(start for start, _ in ends)
     return {"calls_per_s": calls / window, "cpu_ms_per_call": cpu / calls * 1e3,
             "env_cpu_ms_per_call": env_cpu / calls * 1e3, "calls": calls}  # fmt: skip
 
@@ -164,8 +166,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     every = sides(python)
     # The two sides the target compares alternate round by round (they meet the same load);
     # the process-per-episode side, many times slower, runs once, last, with fewer episodes.
-    plan = [(r, name) for r in range(args.rounds)
-            for name in (("verifiers_server", "sdk") if r % 2 == 0 else ("sdk", "verifiers_server"))]
+    pair = ("verifiers_server", "sdk")
+    plan = [(r, name) for r in range(args.rounds) for name in (pair if r % 2 == 0 else pair[::-1])]
     plan.append((0, "verifiers_process"))
     try:
         for r, name in plan:

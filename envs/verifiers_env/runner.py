@@ -236,7 +236,8 @@ def _share_tls_context() -> None:
 
 async def serve(raw: str, address: str) -> None:
     """Serve the env at `address` (`unix:PATH` or `HOST:PORT`) until SIGTERM, or until stdin
-    closes where it is a pipe (the parent that started it is gone). The first line of stdout is `{"listening": ADDRESS}`."""
+    closes where it is a pipe (the parent that started it is gone). The first line of stdout
+    is `{"listening": ADDRESS}`."""
     env = load(raw)
     _share_tls_context()
     server_of = EnvServer(env)
