@@ -1,0 +1,235 @@
+"""HF -> Megatron load and Megatron -> HF export of a ~1B model, against raw safetensors I/O.
+
+The model is Llama-3.2-1B's own config (the `llama` family: hidden 2048, 16 layers, 32 query
+and 8 key/value heads, MLP 8192, vocabulary 128256, tied embeddings, llama3 rope scaling;
+1.24B parameters) with random bf16 weights, written as transformers writes a big checkpoint:
+`model-0000i-of-0000n.safetensors` shards of about 500 MB and their index. bf16 because the
+machine this runs on is shared and small: one copy of the model is 2.47 GB.
+
+Each phase runs in a process of its own, so one phase's allocations do not count in the next's
+peak RSS (the process's own `ru_maxrss` as the phase ends):
+- raw read: `safe_open` every shard and `get_tensor` every tensor, cloned and all kept (the
+  library maps the file: without the clone nothing would be read), the bytes the load must read;
+- raw write: the same tensors (read untimed first) written back with `save_file`, shard by
+  shard (the bytes the export must write);
+- load: the learner's path in one CPU process with gloo, as the trainer runs it: megatron-core
+  builds the bf16 model (`build_gpt_model`, untimed), then `load_hf_weights` is timed;
+- export: the model built the same way (random values: the export does not care), then what
+  `Learner.export_hf` does is timed (`gather_full_state_dict`, `mcore_to_hf`, `write_hf_dir`).
+The optimizer is left out: its fp32 master weights and Adam state (16 bytes a parameter) do not
+fit this machine at this size, and conversion does not touch them.
+
+GB/s is the model's bytes over the timed seconds; each ratio is the learner's GB/s over the raw
+one of the same direction. `peak_rss_over_model` is the larger of the load and export phases'
+peak RSS over the model's bytes; the processes' RSS after their imports (torch, megatron-core:
+no model yet) is reported beside it as `import_rss_gb`. The shards were just written, so reads
+come from the page cache in every phase alike.
+
+Run: `python bench/convert.py` (about 2-3 minutes on 2 cores; needs ~8 GB free memory and
+~8 GB of temporary disk). Last line: RESULT {"load_ratio", "export_ratio",
+"peak_rss_over_model", "gb_s": {...}, "seconds": {...}, "peak_rss_gb": {...}, "model_gb",
+"params", "load_avg_1m", "wall_s"}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Llama-3.2-1B's config.json (meta-llama/Llama-3.2-1B), as published.
+CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False,
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256,
+}  # fmt: skip
+SHARD_BYTES = 500 * 2**20
+
+
+def shapes() -> dict[str, tuple[int, ...]]:
+    """HF weight names and shapes of CONFIG, from transformers' own model class on the meta
+    device (tied embeddings: no `lm_head.weight`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG))
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+
+
+def make(model: Path) -> None:
+    """Random bf16 weights in shards of about SHARD_BYTES, one shard in memory at a time."""
+    import torch
+    from safetensors.torch import save_file
+
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps(CONFIG, indent=2))
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in shapes().items():
+        nbytes = 2 * torch.Size(shape).numel()
+        if groups[-1] and size + nbytes > SHARD_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, shape))
+        size += nbytes
+    g = torch.Generator().manual_seed(0)
+    weight_map, total = {}, 0
+    for i, group in enumerate(groups):
+        fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, s in group}
+        save_file(tensors, str(model / fname), metadata={"format": "pt"})
+        total += sum(t.numel() * 2 for t in tensors.values())
+        weight_map.update({n: fname for n in tensors})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _read_all(model: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(model.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
+                # get_tensor maps the file; the clone reads its bytes into memory of our own
+                out[key] = handle.get_tensor(key).clone()
+    return out
+
+
+def _build(model: Path) -> tuple[Any, Any]:
+    import torch
+
+    from trainer import dist_env
+    from trainer.arch import ModelArch, Parallel
+    from trainer.model import build_gpt_model
+
+    arch = ModelArch.from_hf_dir(model)
+    dist_env.init(Parallel(1, 1, 1))
+    return build_gpt_model(arch, Parallel(1, 1, 1), torch.bfloat16), arch
+
+
+def phase(name: str, model: Path, scratch: Path) -> dict[str, float]:
+    """One phase in this (child) process: its timed seconds and the RSS after its imports."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    if name == "raw_read":
+        imported = _rss_gb()
+        t0 = time.perf_counter()
+        tensors = _read_all(model)
+        seconds = time.perf_counter() - t0
+        del tensors
+    elif name == "raw_write":
+        from safetensors.torch import save_file
+
+        imported = _rss_gb()
+        files = sorted(model.glob("*.safetensors"))
+        t0 = 0.0
+        seconds = 0.0
+        for f in files:  # shard by shard, as written: only the write is timed
+            from safetensors import safe_open
+
+            with safe_open(str(f), "pt") as handle:
+                tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+            t0 = time.perf_counter()
+            save_file(tensors, str(scratch / f.name), metadata={"format": "pt"})
+            seconds += time.perf_counter() - t0
+            del tensors
+    elif name == "load":
+        from trainer.learner import load_hf_weights
+
+        module, arch = _build(model)
+        import trainer.hf_convert  # noqa: F401 (imported before the baseline)
+
+        imported = _rss_gb()
+        t0 = time.perf_counter()
+        load_hf_weights(module, arch, model)
+        seconds = time.perf_counter() - t0
+    elif name == "export":
+        from trainer import hf_convert, shard
+
+        module, arch = _build(model)
+        imported = _rss_gb()
+        t0 = time.perf_counter()
+        full = shard.gather_full_state_dict(module, arch, copy=False)
+        hf_convert.write_hf_dir(hf_convert.mcore_to_hf(full, arch), scratch, model)
+        seconds = time.perf_counter() - t0
+    else:
+        raise SystemExit(f"unknown phase {name!r}: raw_read, raw_write, load or export")
+    return {"seconds": seconds, "rss_before_gb": imported, "peak_rss_gb": _rss_gb()}
+
+
+def run_phase(name: str, model: Path, scratch: Path) -> dict[str, float]:
+    """`phase` in a fresh process, which reports its own peak RSS as it ends."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, __file__, "--phase", name, str(model), str(scratch)],
+                          check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "model"
+        subprocess.run([sys.executable, __file__, "--make", str(model)], check=True, timeout=300)
+        model_bytes = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+        params = model_bytes // 2  # bf16 (the headers make this a few kB high)
+        gb = model_bytes / 1e9
+        print(f"model: {gb:.2f} GB of bf16 safetensors in "
+              f"{len(list(model.glob('*.safetensors')))} shards", flush=True)
+        res = {}
+        for name in ("raw_read", "raw_write", "load", "export"):
+            res[name] = run_phase(name, model, Path(tmp) / f"out-{name}")
+            print(f"{name}: {res[name]['seconds']:.2f} s, {gb / res[name]['seconds']:.2f} GB/s, "
+                  f"peak RSS {res[name]['peak_rss_gb']:.2f} GiB "
+                  f"(after imports {res[name]['rss_before_gb']:.2f})", flush=True)
+            import shutil
+
+            shutil.rmtree(Path(tmp) / f"out-{name}", ignore_errors=True)
+    gb_s = {k: gb / v["seconds"] for k, v in res.items()}
+    model_gib = model_bytes / 2**30
+    result = {
+        "load_ratio": round(gb_s["load"] / gb_s["raw_read"], 3),
+        "export_ratio": round(gb_s["export"] / gb_s["raw_write"], 3),
+        "peak_rss_over_model": round(
+            max(res["load"]["peak_rss_gb"], res["export"]["peak_rss_gb"]) / model_gib, 3),
+        "gb_s": {k: round(v, 3) for k, v in gb_s.items()},
+        "seconds": {k: round(v["seconds"], 2) for k, v in res.items()},
+        "peak_rss_gb": {k: round(v["peak_rss_gb"] * 2**30 / 1e9, 2) for k, v in res.items()},
+        "import_rss_gb": {k: round(v["rss_before_gb"] * 2**30 / 1e9, 2) for k, v in res.items()},
+        "model_gb": round(gb, 3),
+        "params": params,
+        "dtype": "bf16",
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--make"]:
+        make(Path(sys.argv[2]))
+    elif sys.argv[1:2] == ["--phase"]:
+        print(json.dumps(phase(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))))
+    else:
+        main()
