@@ -80,12 +80,11 @@ def to_chat(body: Any, *, counting: bool = False) -> ChatRequest:
         messages.append({"role": "system", "content": _text(req.system, "system")})
     for i, m in enumerate(req.messages):
         messages += _messages(m, f"messages.{i}")
-    return ChatRequest.parse({
-        "model": req.model, "messages": messages, "tools": _tools(req.tools),
-        "tool_choice": _choice(req.tool_choice, bool(req.tools)), "temperature": req.temperature,
-        "top_p": req.top_p, "max_tokens": req.max_tokens, "stop": req.stop_sequences,
-        "stream": bool(req.stream),
-    })  # fmt: skip
+    return ChatRequest.build(
+        model=req.model, messages=messages, tools=_tools(req.tools),
+        tool_choice=_choice(req.tool_choice, bool(req.tools)), temperature=req.temperature,
+        top_p=req.top_p, max_tokens=req.max_tokens, stop=req.stop_sequences, stream=bool(req.stream),
+    )  # fmt: skip
 
 
 def _text(content: Any, where: str) -> str:

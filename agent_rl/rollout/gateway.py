@@ -66,7 +66,7 @@ from agent_rl.rollout.openai_wire import (
     chunk,
     completion_body,
     reply_message,
-    same_message,
+    message_key,
     to_message,
     tool_call,
 )
@@ -136,7 +136,7 @@ class _Saved:
     checkpoint: Any
     segments: int
     rewrites: int
-    tools_key: str
+    tools: list[dict[str, Any]] | None
     spent: int
 
 
@@ -157,7 +157,10 @@ class AgentSession:
         self._history: list[dict[str, Any]] = []
         """The last call's messages as sent, and its answer as returned."""
         self._internal: list[Message] = []
-        self._tools_key = ""
+        self._tools: list[dict[str, Any]] | None = None
+        """The tools the carried segment was rendered with."""
+        self._history_keys: list[tuple[Any, ...]] = []
+        """`message_key` of each message of `_history`, to compare a request's against."""
         self._spent = 0
         """Tokens of the episode's earlier segments (`rollout.max_tokens` is the episode's)."""
         self._answers: dict[str, Message] = {}
@@ -314,13 +317,13 @@ class AgentSession:
         `_restore`, so the next call's prompt is the kept calls' tokens and nothing else."""
         conv = self._conv
         return _Saved(conv, conv.checkpoint() if conv is not None else None,
-                      self.segments, self.rewrites, self._tools_key, self._spent)  # fmt: skip
+                      self.segments, self.rewrites, self._tools, self._spent)  # fmt: skip
 
     def _restore(self, saved: _Saved) -> None:
         self._conv = saved.conv
         if saved.conv is not None and saved.checkpoint is not None:
             saved.conv.restore(saved.checkpoint)
-        self.segments, self.rewrites, self._tools_key = saved.segments, saved.rewrites, saved.tools_key
+        self.segments, self.rewrites, self._tools = saved.segments, saved.rewrites, saved.tools
         self._spent = saved.spent
 
     # ------------------------------------------------------------------ steps of a call
@@ -338,12 +341,13 @@ class AgentSession:
                                code="budget_exhausted")  # fmt: skip
         started = time.time()
         tools = req.function_tools()
-        tools_key = json.dumps(tools, sort_keys=True)
         sent = req.messages
         names: dict[str, str] = {}
         n = len(self._history)
-        extends = (self._conv is not None and tools_key == self._tools_key and len(sent) > n
-                   and all(same_message(a, b) for a, b in zip(sent, self._history))
+        # Our side's keys are kept from the call before; a message passed on as it is (the
+        # Responses API's `previous_response_id`) is ours by identity.
+        extends = (self._conv is not None and tools == self._tools and len(sent) > n
+                   and all(a is b or message_key(a) == k for a, b, k in zip(sent, self._history, self._history_keys))
                    and all(m.get("role") != "assistant" for m in sent[n:]))  # fmt: skip
         if extends:
             assert self._conv is not None
@@ -384,7 +388,7 @@ class AgentSession:
             params["sampling_seed"] = req.seed
         elif cfg.seeded_sampling and self.runner.seed is not None:
             params["sampling_seed"] = request_seed(self.runner.seed, self.calls)
-        self._tools_key = tools_key
+        self._tools = tools
         rid = f"agent-{self.episode_id}-call-{self.calls}-{time.monotonic_ns()}"
         return _Prepared(req, sent, internal, new, tools, pending, params, drift, started, rid)
 
@@ -529,6 +533,7 @@ class AgentSession:
         reply = reply_message(turn)
         ids = gen.output_ids
         self._history = [*p.messages, reply]
+        self._history_keys = [message_key(m) for m in self._history]
         self._internal = [*p.internal, answer]
         self._answers[_answer_key(reply)] = answer
         self._last_ids, self._last_text = list(ids), text

@@ -19,10 +19,16 @@ unknown episode, 409 for an episode that has ended, 502 when the engine failed. 
 Like the web API, the gateway answers only its own Host (its bind address and the loopback
 names on its port, plus `rollout.gateway_allowed_hosts`; 421 otherwise), so a web page
 in a browser on this machine cannot reach it by DNS rebinding.
+
+It is a Starlette app, not a FastAPI one: every route takes the raw request and answers JSON
+it builds itself, and FastAPI's per-request dependency solving and extra middlewares were a
+third of the HTTP layers' CPU per call (bench/gateway.py: a call should cost serve what an SDK
+turn costs).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -31,10 +37,12 @@ from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import anyio
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from agent_rl.config.access import HostGuard, HostRule, bearer_matches, one_header
 from agent_rl.rollout import anthropic_wire, responses_wire
@@ -45,85 +53,81 @@ from agent_rl.rollout.openai_wire import ChatRequest, GatewayError
 T = TypeVar("T")
 
 
-def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequence[str] = ()) -> FastAPI:
+def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequence[str] = ()) -> Starlette:
     """The gateway's app for a bind on `host`, answering its Host rule plus `allowed_hosts`
     and the in-sandbox relay's `127.0.0.1:SANDBOX_PORT` (a byte pipe: the agent's Host)."""
-    app = FastAPI(title="agent-rl agent gateway", docs_url=None, redoc_url=None, openapi_url=None)
     rule = HostRule(host, [*allowed_hosts, f"127.0.0.1:{SANDBOX_PORT}"])
-    app.add_middleware(HostGuard, rule=rule, body=lambda message: GatewayError(421, message).body())
 
-    @app.exception_handler(GatewayError)
-    async def refused(request: Request, e: GatewayError) -> JSONResponse:
+    async def refused(request: Request, e: Exception) -> Response:
+        assert isinstance(e, GatewayError)
         return _refusal(request, e)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, e: Exception) -> Response:
+        assert isinstance(e, StarletteHTTPException)
         if e.status_code == 404:
             return _refusal(request, GatewayError(404, f"no such route: {request.method} {request.url.path}; "
                                                        f"the gateway serves {ROUTES}", code="not_found"))
         return _refusal(request, GatewayError(e.status_code, str(e.detail)))
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        return _refusal(request, GatewayError(400, str(e.errors()[0].get("msg", e))))
+    async def models(request: Request) -> Response:
+        _authorized(gateway, request)
+        return _json({"object": "list", "data": [{"id": gateway.model_name, "object": "model",
+                                                  "created": int(time.time()), "owned_by": "agent-rl"}]})  # fmt: skip
 
-    @app.get("/agents/{key}/v1/models")
-    async def models(key: str, request: Request) -> dict[str, Any]:
-        _authorized(gateway, key, request)
-        return {"object": "list", "data": [{"id": gateway.model_name, "object": "model",
-                                            "created": int(time.time()), "owned_by": "agent-rl"}]}  # fmt: skip
-
-    @app.post("/agents/{key}/v1/chat/completions", response_model=None)
-    async def chat_completions(key: str, request: Request) -> Any:
-        session = _authorized(gateway, key, request)
+    async def chat_completions(request: Request) -> Response:
+        session = _authorized(gateway, request)
         req = ChatRequest.parse(await _body(request))
-        if not req.stream:  # plain JSON, not FastAPI's encoder: it walks every value again
-            answer = await until_disconnected(request, session.complete(req))
-            return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
+        if not req.stream:
+            return _json(await until_disconnected(request, session.complete(req)) or {})
         chunks = session.stream(req)
         first = await anext(chunks)  # refusals (budget, 409, a bad message) come before any byte
         return _Stream(_sse(first, chunks), media_type="text/event-stream")
 
-    # Anthropic's client appends /v1/messages to its base URL: the episode's base URL with or
-    # without its /v1 reaches the same route.
-    @app.post("/agents/{key}/v1/messages", response_model=None)
-    @app.post("/agents/{key}/v1/v1/messages", response_model=None)
-    async def messages(key: str, request: Request) -> Any:
-        session = _authorized(gateway, key, request)
+    async def messages(request: Request) -> Response:
+        session = _authorized(gateway, request)
         req = anthropic_wire.to_chat(await _body(request))
         model = req.model or gateway.model_name
         if not req.stream:
             answer = await until_disconnected(request, session.answer(req))
-            body = anthropic_wire.message_body(answer, model) if answer is not None else {}
-            return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+            return _json(anthropic_wire.message_body(answer, model) if answer is not None else {})
         events = anthropic_wire.stream(session, req, model)
         first = await anext(events)
         return _Stream(_named_sse(first, events), media_type="text/event-stream")
 
-    @app.post("/agents/{key}/v1/messages/count_tokens", response_model=None)
-    @app.post("/agents/{key}/v1/v1/messages/count_tokens", response_model=None)
-    async def count_tokens(key: str, request: Request) -> Any:
-        session = _authorized(gateway, key, request)
-        return {"input_tokens": session.count_tokens(anthropic_wire.to_chat(await _body(request), counting=True))}
+    async def count_tokens(request: Request) -> Response:
+        session = _authorized(gateway, request)
+        req = anthropic_wire.to_chat(await _body(request), counting=True)
+        return _json({"input_tokens": session.count_tokens(req)})
 
-    @app.post("/agents/{key}/v1/responses", response_model=None)
-    async def responses(key: str, request: Request) -> Any:
-        session = _authorized(gateway, key, request)
+    async def responses(request: Request) -> Response:
+        session = _authorized(gateway, request)
         body = await _body(request)
         req, conversation = responses_wire.to_chat(body, session)
         model, previous = req.model or gateway.model_name, body.get("previous_response_id")
         if not req.stream:
             answer = await until_disconnected(request, session.answer(req))
             if answer is None:  # the client went away: nothing was kept
-                return Response(b"{}", media_type="application/json")
+                return _json({})
             rid = responses_wire.remember(session, answer, conversation)
-            out = responses_wire.response_body(rid, model, req, previous, answer)
-            return Response(json.dumps(out, separators=(",", ":")), media_type="application/json")
+            return _json(responses_wire.response_body(rid, model, req, previous, answer))
         events = responses_wire.stream(session, req, conversation, model, previous)
         first = await anext(events)
         return _Stream(_named_sse(first, events, anthropic=False), media_type="text/event-stream")
 
-    return app
+    base = "/agents/{key}/v1"
+    # Anthropic's client appends /v1/messages to its base URL: the episode's base URL with or
+    # without its /v1 reaches the same route.
+    routes = [Route(f"{base}/models", models, methods=["GET"]),
+              Route(f"{base}/chat/completions", chat_completions, methods=["POST"]),
+              Route(f"{base}/responses", responses, methods=["POST"])]  # fmt: skip
+    for prefix in (base, f"{base}/v1"):
+        routes += [Route(f"{prefix}/messages", messages, methods=["POST"]),
+                   Route(f"{prefix}/messages/count_tokens", count_tokens, methods=["POST"])]  # fmt: skip
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(HostGuard, rule=rule, body=lambda message: GatewayError(421, message).body())],
+        exception_handlers={GatewayError: refused, StarletteHTTPException: http_error},
+    )
 
 
 ROUTES = ("POST /agents/{key}/v1/chat/completions, GET /agents/{key}/v1/models, "
@@ -149,7 +153,13 @@ async def _body(request: Request) -> Any:
         raise GatewayError(400, f"the request body is not JSON: {e}") from e
 
 
-def _authorized(gateway: Gateway, key: str, request: Request) -> AgentSession:
+def _json(body: Any) -> Response:
+    """A JSON answer, compact; `json.dumps` directly, as no encoder needs to walk it first."""
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+
+def _authorized(gateway: Gateway, request: Request) -> AgentSession:
+    key = request.path_params["key"]
     session = gateway.session(key)
     api_key = one_header(request.headers.getlist("x-api-key"))  # what Anthropic's client sends
     if api_key and hmac.compare_digest(api_key.encode("utf-8", "surrogateescape"), key.encode()):
@@ -181,25 +191,27 @@ class _Stream(StreamingResponse):
 async def until_disconnected(request: Request, call: Awaitable[T]) -> T | None:
     """`call`'s result, or None once the client went away first (a timeout, a closed
     connection): the call is then cancelled, so the engine request is aborted and the episode
-    is left as it was (`AgentSession._save`)."""
-    result: list[T] = []
-    failure: list[BaseException] = []
+    is left as it was (`AgentSession._save`).
+
+    The watcher is a bare asyncio task that cancels the call's scope when the client goes
+    away, and is itself cancelled as a plain task when the call ends first (the usual case):
+    an anyio task group here cost more CPU than the rest of the HTTP layers together
+    (spawning, and a cancel scope's cancel formats the task's repr)."""
+    scope = anyio.CancelScope()
 
     async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        tg.cancel_scope.cancel()
+        with contextlib.suppress(Exception):  # a receive that fails: nobody to tell either way
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            scope.cancel()
 
-    async with anyio.create_task_group() as tg:  # neither side raises in it: it would wrap it
-        tg.start_soon(watch)
-        try:
-            result.append(await call)
-        except Exception as e:  # noqa: BLE001 - raised below, outside the task group
-            failure.append(e)
-        tg.cancel_scope.cancel()
-    if failure:
-        raise failure[0]
-    return result[0] if result else None
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        with scope:
+            return await call
+        return None  # cancelled by the watcher
+    finally:
+        watcher.cancel()
 
 
 async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:

@@ -75,11 +75,11 @@ def to_chat(body: Any, session: AgentSession) -> tuple[ChatRequest, list[dict[st
     if not conversation:
         raise GatewayError(400, "input: the conversation is empty", param="input")
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    chat = ChatRequest.parse({
-        "model": req.model, "messages": system + conversation, "tools": _tools(req.tools),
-        "tool_choice": _choice(req.tool_choice), "temperature": req.temperature, "top_p": req.top_p,
-        "max_tokens": req.max_output_tokens, "stream": bool(req.stream),
-    })  # fmt: skip
+    chat = ChatRequest.build(
+        model=req.model, messages=system + conversation, tools=_tools(req.tools),
+        tool_choice=_choice(req.tool_choice), temperature=req.temperature, top_p=req.top_p,
+        max_tokens=req.max_output_tokens, stream=bool(req.stream),
+    )  # fmt: skip
     return chat, conversation
 
 

@@ -24,6 +24,7 @@ import uvicorn
 from anyio.abc import TaskStatus
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.applications import Starlette
 
 from agent_rl.app.api.deps import TokenGate
 from agent_rl.app.api.errors import install_error_handlers
@@ -130,7 +131,7 @@ tool) must not meet that, so the server outlasts the usual clients, as nginx's 7
 
 
 async def serve_api(
-    app: FastAPI, api: ApiConfig, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+    app: Starlette, api: ApiConfig, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED
 ) -> None:
     """Run `app` with uvicorn until cancelled; `task_status.started(port)` once it listens.
 
