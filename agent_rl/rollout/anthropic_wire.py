@@ -6,8 +6,10 @@ chat template, token in and token out, the same segments, budgets and endings. W
 the shape:
 
 - in: `system` (a string or text blocks), messages whose content is a string or blocks
-  (`text`, `tool_use`, `tool_result`; `thinking` and `redacted_thinking` blocks are accepted and
-  left out of the rendering, as the gateway never answers with them), `tools` with
+  (`text`, `tool_use`, `tool_result`; an assistant's `thinking` blocks become its
+  `reasoning_content`, which the chat template renders where it carries reasoning and drops
+  where it does not; `redacted_thinking` blocks, encrypted, are accepted and left out; the
+  gateway never answers with thinking blocks: a model's reasoning stays in its text), `tools` with
   `input_schema`, `tool_choice` (`auto`, `any`, `tool`, `none`), `stop_sequences`, `max_tokens`,
   `temperature`, `top_p`, `stream`; other fields (`metadata`, `top_k`, `thinking`, ...) are
   accepted and ignored;
@@ -113,6 +115,7 @@ def _messages(m: Any, where: str) -> list[dict[str, Any]]:
         raise GatewayError(400, f"{where}.content: must be a string or a list of content blocks",
                            param=f"{where}.content")  # fmt: skip
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(content):
@@ -120,7 +123,10 @@ def _messages(m: Any, where: str) -> list[dict[str, Any]]:
         at = f"{where}.content.{j}"
         if kind == "text":
             texts.append(str(block.get("text", "")))
-        elif kind in ("thinking", "redacted_thinking"):
+        elif kind == "thinking":
+            if role == "assistant" and isinstance(block.get("thinking"), str):
+                thoughts.append(block["thinking"])
+        elif kind == "redacted_thinking":
             continue
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str):
@@ -136,6 +142,8 @@ def _messages(m: Any, where: str) -> list[dict[str, Any]]:
                                     "(text, tool_use, tool_result and thinking are)", param=at)  # fmt: skip
     if role == "assistant":
         message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if thoughts:
+            message["reasoning_content"] = "\n".join(thoughts)
         if calls:
             message["tool_calls"] = calls
         return [message]

@@ -198,6 +198,9 @@ def to_message(m: dict[str, Any], index: int, tool_names: dict[str, str]) -> Mes
                 msg["name"] = tool_names[call_id]
         return msg
     msg = {"role": "assistant", "content": content}
+    reasoning = m.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:  # where the chat template carries reasoning
+        msg["reasoning_content"] = reasoning
     calls = m.get("tool_calls") or []
     if calls:
         msg["tool_calls"] = [_call(c, f"{where}.tool_calls.{j}", tool_names) for j, c in enumerate(calls)]

@@ -4,8 +4,10 @@ A Responses request becomes the same `ChatRequest` the chat-completions route bu
 (`to_chat`), so it goes through the one recording path (`AgentSession.answer` / `pieces`):
 
 - in: `input` (a string, or items: messages with text parts, `function_call`,
-  `function_call_output`; `reasoning` items are accepted and left out of the rendering, as the
-  gateway never answers with them), `instructions` (a system message first), function `tools`,
+  `function_call_output`; a `reasoning` item's text (its `content`, else its `summary`) becomes
+  the `reasoning_content` of the assistant message after it, which the chat template renders
+  where it carries reasoning and drops where it does not; the gateway never answers with
+  reasoning items: a model's reasoning stays in its text), `instructions` (a system message first), function `tools`,
   `tool_choice`, `max_output_tokens`, `temperature`, `top_p`, `stream`, and
   `previous_response_id`: a response of the same episode, whose conversation (its input and its
   output) comes before `input`; other fields (`store`, `metadata`, `reasoning`, `text`,
@@ -100,6 +102,7 @@ def _messages(items: list[Any]) -> list[dict[str, Any]]:
     """Input items as chat messages: an assistant message and the `function_call` items after
     it are one assistant message with tool calls; a `function_call_output` is a tool message."""
     out: list[dict[str, Any]] = []
+    reasoning = ""  # the text of the reasoning items since the last answer, for the next one
     for i, item in enumerate(items):
         where = f"input.{i}"
         if not isinstance(item, dict):
@@ -110,6 +113,8 @@ def _messages(items: list[Any]) -> list[dict[str, Any]]:
             if role not in ("user", "assistant", "system", "developer"):
                 raise GatewayError(400, f"{where}.role: unsupported role {role!r}", param=f"{where}.role")
             out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+            if role == "assistant" and reasoning:
+                out[-1]["reasoning_content"], reasoning = reasoning, ""
         elif kind == "function_call":
             if not isinstance(item.get("name"), str):
                 raise GatewayError(400, f"{where}: a function_call needs a name", param=where)
@@ -119,16 +124,30 @@ def _messages(items: list[Any]) -> list[dict[str, Any]]:
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": ""}
                 out.append(last)
+                if reasoning:
+                    last["reasoning_content"], reasoning = reasoning, ""
             last.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
                         "content": _text(item.get("output"), f"{where}.output")})  # fmt: skip
         elif kind == "reasoning":
-            continue
+            reasoning = "\n".join(filter(None, [reasoning, _reasoning_text(item)]))
         else:
             raise GatewayError(400, f"{where}: unsupported input item {kind!r} (message, function_call, "
                                     "function_call_output and reasoning are)", param=where)  # fmt: skip
     return out
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its `reasoning_text` parts, else its `summary_text` ones (an
+    item with only `encrypted_content` has none)."""
+    for field in ("content", "summary"):
+        parts = item.get(field)
+        if isinstance(parts, list):
+            text = "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("text"))
+            if text:
+                return text
+    return ""
 
 
 def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -41,6 +41,9 @@ class Message(TypedDict, total=False):
     """Tool messages only: the id of the call this message answers."""
     name: str
     """Tool messages only: the tool that produced this message."""
+    reasoning_content: str
+    """Assistant messages only: reasoning sent back by an agent (the gateway's thinking blocks
+    and reasoning items), rendered where the chat template carries it."""
 
 
 class ToolCall(BaseModel):

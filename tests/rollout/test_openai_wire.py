@@ -129,12 +129,14 @@ def test_anthropic_messages_become_the_same_chat_request() -> None:
     req = to_chat(body)
     assert req.messages == [
         {"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+3?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0_0", "type": "function", "function": {
-            "name": "calc", "arguments": '{"expression": "2+3"}'}}]},
+        {"role": "assistant", "content": "", "reasoning_content": "hm", "tool_calls": [{"id": "call_0_0",
+            "type": "function", "function": {"name": "calc", "arguments": '{"expression": "2+3"}'}}]},
         {"role": "tool", "tool_call_id": "call_0_0", "content": "5"}, {"role": "user", "content": "Sure?"}]  # fmt: skip
     assert req.function_tools() == [{"type": "function", "function": {
         "name": "calc", "description": "Evaluate.", "parameters": schema}}]  # fmt: skip
     assert req.stops() == ["END"] and req.max_tokens == 8
+    # The thinking goes to the template as the answer's reasoning (rendered where it carries it).
+    assert to_message(req.messages[2], 2, {})["reasoning_content"] == "hm"
     assert to_chat({**body, "tool_choice": {"type": "any"}}).tool_choice == "required"
     assert to_chat({**body, "tool_choice": {"type": "tool", "name": "calc"}}).forced_tools() == req.function_tools()
     assert to_chat({**body, "tool_choice": {"type": "none"}}).function_tools() == []
@@ -150,7 +152,8 @@ def test_anthropic_messages_become_the_same_chat_request() -> None:
 def test_responses_input_becomes_the_same_chat_request() -> None:
     """Responses input items as chat messages: instructions first, an assistant message and
     the function calls after it as one answer with tool calls, outputs as tool messages,
-    reasoning items left out; `previous_response_id` continues a response of the episode."""
+    a reasoning item's text the reasoning of the answer after it; `previous_response_id`
+    continues a response of the episode."""
     from types import SimpleNamespace
 
     from agent_rl.rollout.responses_wire import to_chat
@@ -159,7 +162,7 @@ def test_responses_input_becomes_the_same_chat_request() -> None:
     tool = {"type": "function", "name": "calc", "description": "Evaluate.", "parameters": {"type": "object"}}
     body = {"model": "m", "instructions": "Be terse.", "tools": [tool], "max_output_tokens": 8, "input": [
         {"role": "user", "content": [{"type": "input_text", "text": "2+3?"}]},
-        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Add."}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me see."}]},
         {"type": "function_call", "call_id": "call_0_0", "name": "calc", "arguments": '{"expression": "2+3"}'},
         {"type": "function_call", "call_id": "call_0_1", "name": "calc", "arguments": '{"expression": "1"}'},
@@ -170,7 +173,8 @@ def test_responses_input_becomes_the_same_chat_request() -> None:
              for j, a in enumerate(('{"expression": "2+3"}', '{"expression": "1"}'))]  # fmt: skip
     assert req.messages == [{"role": "system", "content": "Be terse."}, *conversation]
     assert conversation == [
-        {"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "Let me see.", "tool_calls": calls},
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "Let me see.", "reasoning_content": "Add.", "tool_calls": calls},
         {"role": "tool", "tool_call_id": "call_0_0", "content": "5"},
         {"role": "tool", "tool_call_id": "call_0_1", "content": "1"}]  # fmt: skip
     assert req.function_tools() == [{"type": "function", "function": {
