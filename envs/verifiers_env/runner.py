@@ -250,6 +250,9 @@ async def serve(raw: str, address: str) -> None:
             name = server.sockets[0].getsockname()
             address = f"{name[0]}:{name[1]}"
         print(json.dumps({"listening": address}), flush=True)
+        # Nobody reads stdout after that line: what the env or its harnesses print goes to the
+        # log (stderr) instead of filling a pipe and blocking the server.
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
