@@ -28,11 +28,11 @@ draft for the model loads (`mtp_prefix`; their decoder layer as the trunk's laye
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from agent_rl import families
 from agent_rl.families.layout import hf_heads, mcore_heads, take, zero
@@ -44,16 +44,26 @@ from agent_rl.sglang.speculative import (
 from agent_rl.kernel.errors import ConfigError
 from trainer import megatron_cpu
 from trainer.arch import ModelArch
+from trainer.safetensors_io import LazyWeights, save_streaming
+
+
+def _weight_files(path: str | Path) -> list[Path]:
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{path} has no *.safetensors weights")
+    return [*files, *sorted((Path(path) / EAGLE_DRAFT_DIR).glob("*.safetensors"))]
+
+
+def lazy_safetensors(path: str | Path) -> LazyWeights:
+    """`read_safetensors`'s tensors, each read from its file when asked for (a load streams)."""
+    return LazyWeights(_weight_files(path))
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of the `*.safetensors` files in `path`, and those of an EAGLE draft in
     `path/draft/` that are not beside them."""
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"{path} has no *.safetensors weights")
     out: dict[str, torch.Tensor] = {}
-    for f in [*files, *sorted((Path(path) / EAGLE_DRAFT_DIR).glob("*.safetensors"))]:
+    for f in _weight_files(path):
         with safe_open(str(f), "pt") as handle:
             for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
                 out.setdefault(key, handle.get_tensor(key))
@@ -92,16 +102,20 @@ def mtp_prefix(module: int, eagle: bool = False) -> str:
 
 
 def hf_to_mcore(
-    hf: dict[str, torch.Tensor], arch: ModelArch, mtp_layers: int = 0
-) -> dict[str, torch.Tensor]:
-    """Full megatron state dict from an HF one. Every HF tensor must be used exactly once,
-    except `mtp.*` weights when `mtp_layers` is 0; with `mtp_layers` k, weights without any
-    `mtp.*` give a dict without MTP modules (the learner keeps their initialisation)."""
-    hf, family = dict(hf), families.get(arch.model_type)
-    out = {
-        "embedding.word_embeddings.weight": take(hf, "model.embed_tokens.weight"),
-        "decoder.final_layernorm.weight": take(hf, "model.norm.weight"),
-    }
+    hf: dict[str, torch.Tensor] | LazyWeights,
+    arch: ModelArch,
+    mtp_layers: int = 0,
+    out: MutableMapping[str, torch.Tensor] | None = None,
+) -> MutableMapping[str, torch.Tensor]:
+    """Full megatron state dict from an HF one, put into `out` (a new dict if None) tensor by
+    tensor, in order: with `LazyWeights` in and a `shard.ParamSink` out a load streams, one
+    layer's tensors in memory at a time. Every HF tensor must be used exactly once, except
+    `mtp.*` weights when `mtp_layers` is 0; with `mtp_layers` k, weights without any `mtp.*`
+    give a dict without MTP modules (the learner keeps their initialisation)."""
+    hf, family = hf.copy(), families.get(arch.model_type)
+    out = {} if out is None else out
+    out["embedding.word_embeddings.weight"] = take(hf, "model.embed_tokens.weight")
+    out["decoder.final_layernorm.weight"] = take(hf, "model.norm.weight")
     if arch.tied_embeddings:
         hf.pop("lm_head.weight", None)  # some writers store the tied copy anyway
     else:
@@ -129,12 +143,11 @@ def hf_to_mcore(
         heads = hf_heads(hf, src + "layers.0.self_attn.", arch.head_dim) if eagle else None
         family.layer_to_mcore(hf, out, src + "layers.0.", layer, arch, arch.is_moe, eagle=eagle,
                               heads=heads)  # fmt: skip
-    if not mtp_layers:
-        # An export with a draft, loaded without one (as SGLang's target model does).
-        hf = {k: v for k, v in hf.items() if not is_draft(k)}
-    if hf:
+    # Without MTP layers, an export's draft is skipped (as SGLang's target model does).
+    left = [k for k in hf if mtp_layers or not is_draft(k)]
+    if left:
         raise ConfigError(
-            f"unexpected weights {sorted(hf)[:5]}: the weights do not match config.json"
+            f"unexpected weights {sorted(left)[:5]}: the weights do not match config.json"
         )
     return out
 
@@ -186,17 +199,16 @@ def write_hf_dir(
     `EAGLE_BESIDE_FILE`."""
     out_dir, source_dir = Path(out_dir), Path(source_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        k: (v.to(dtype) if dtype else v).detach().contiguous().clone() for k, v in hf.items()
-    }
-    eagle = "fc.weight" in tensors
+    # Written tensor by tensor (each cast and made contiguous in turn): `hf` may be views of
+    # the live parameters, and a copy of them all first would be a second model in memory.
+    eagle = "fc.weight" in hf
     model_type = json.loads((source_dir / "config.json").read_text()).get("model_type")
-    draft = {k: v for k, v in tensors.items() if eagle and is_draft(k)}
-    target = {k: v for k, v in tensors.items() if k not in draft}
-    save_file(target, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    draft = {k: v for k, v in hf.items() if eagle and is_draft(k)}
+    target = {k: v for k, v in hf.items() if k not in draft}
+    save_streaming(target, out_dir / "model.safetensors", {"format": "pt"}, dtype)
     beside = out_dir / EAGLE_BESIDE_FILE
     if draft and families.get(model_type).eagle_beside_target:
-        save_file(draft, str(beside), metadata={"format": "pt"})
+        save_streaming(draft, beside, {"format": "pt"}, dtype)
     else:
         beside.unlink(missing_ok=True)  # an earlier export's, into the same directory
     for f in source_dir.iterdir():
@@ -211,10 +223,12 @@ def write_hf_dir(
         config["dtype"] = str(dtype).removeprefix("torch.")
         (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     if eagle:
-        _write_eagle_draft(draft, out_dir)
+        _write_eagle_draft(draft, out_dir, dtype)
 
 
-def _write_eagle_draft(draft: dict[str, torch.Tensor], out_dir: Path) -> None:
+def _write_eagle_draft(
+    draft: dict[str, torch.Tensor], out_dir: Path, dtype: torch.dtype | None = None
+) -> None:
     """`out_dir/draft/`: the EAGLE draft's modules `draft` (module 0 is the one SGLang serves; it
     skips the later ones, `mtp.{j}.*`) and the target's config as SGLang's
     `Qwen2ForCausalLMEagle` takes it (one layer, the draft's MLP width and attention heads; its
@@ -222,7 +236,7 @@ def _write_eagle_draft(draft: dict[str, torch.Tensor], out_dir: Path) -> None:
     it."""
     draft_dir = out_dir / EAGLE_DRAFT_DIR
     draft_dir.mkdir(exist_ok=True)
-    save_file(draft, str(draft_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_streaming(draft, draft_dir / "model.safetensors", {"format": "pt"}, dtype)
     for f in out_dir.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "config.json":
             (draft_dir / f.name).write_bytes(f.read_bytes())

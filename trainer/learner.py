@@ -495,8 +495,11 @@ def load_hf_weights(
     """Copy the HF safetensors in `path` into this rank's shard of `model` (exactly, no casts
     beyond the model dtype); raise ConfigError if the files do not match the config. MTP
     modules load from the files' `mtp.*` weights, or keep their initialisation without any."""
-    full = hf_convert.hf_to_mcore(hf_convert.read_safetensors(path), arch, mtp_layers)
-    shard.load_full_state_dict(model, full, arch, keep="mtp." if mtp_layers else None)
+    # Streamed: each tensor is read from its file as the conversion asks for it and goes into
+    # the parameters as it comes out, so a load holds one layer's weights beside the model.
+    sink = shard.ParamSink(model, arch, keep="mtp." if mtp_layers else None)
+    hf_convert.hf_to_mcore(hf_convert.lazy_safetensors(path), arch, mtp_layers, out=sink)
+    sink.finish()
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ model would stream per tensor instead).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 
 import torch
 import torch.distributed as dist
@@ -96,35 +96,77 @@ def load_full_state_dict(
 ) -> None:
     """Copy this rank's shard of `full` into `model`'s parameters; every parameter must be
     covered, except those under the prefix `keep`, which keep their values when `full` has none."""
-    offset = layer_offset(model)
-    with torch.no_grad():
+    sink = ParamSink(model, arch, keep)
+    for key in sink.wanted():
+        if key in full:
+            sink[key] = full[key]
+    sink.finish()
+
+
+class ParamSink(MutableMapping[str, torch.Tensor]):
+    """A write-only full state dict: a tensor stored under its megatron name is cut to this
+    rank's shard and copied into the parameter(s) it fills at once, so a converter writing into
+    it streams (a name this rank has no parameter for is dropped). `finish` then checks that
+    every parameter was filled, except those under the prefix `keep`."""
+
+    def __init__(self, model: torch.nn.Module, arch: ModelArch, keep: str | None = None) -> None:
+        offset = layer_offset(model)
+        self._targets: dict[str, list[tuple[str, torch.Tensor]]] = {}
         for name, param in _weights(model):
             key = _global_name(_strip(name), arch, offset)
             if _tied_copy(key, arch):
                 key = "embedding.word_embeddings.weight"
-            if keep is not None and key.startswith(keep) and key not in full:
+            self._targets.setdefault(key, []).append((name, param))
+        self._keep, self._done = keep, set[str]()
+
+    def wanted(self) -> list[str]:
+        """The full names this rank's parameters take, in the model's order."""
+        return list(self._targets)
+
+    def __setitem__(self, key: str, tensor: torch.Tensor) -> None:
+        with torch.no_grad():
+            for name, param in self._targets.get(key, ()):
+                _copy_into(name, param, key, tensor)
+        if key in self._targets:
+            self._done.add(key)
+
+    def finish(self) -> None:
+        for key in self._targets:
+            if key in self._done or (self._keep is not None and key.startswith(self._keep)):
                 continue
-            if key not in full:
-                raise ConfigError(f"no weight for {key!r}: the weights do not match the model")
-            tensor = full[key]
-            if getattr(param, "tensor_model_parallel", False):
-                _, rank, size = _groups(_expert_index(name) is not None)
-                tensor = _cut(
-                    tensor, param.partition_dim, rank, size, name.endswith("linear_fc1.weight")
-                )
-            if tuple(tensor.shape) != tuple(param.shape):
-                hint = ""
-                if key.startswith("mtp.") and ".mlp." in key:
-                    hint = ("; the draft's MLP width is trainer.mtp.ffn_hidden_size (the "
-                            "weights' draft/config.json gives theirs as intermediate_size)")
-                elif key.startswith("mtp.") and ".self_attention." in key:
-                    hint = ("; the draft's attention heads are trainer.mtp.num_attention_heads "
-                            "(the weights' draft/config.json gives theirs as "
-                            "num_attention_heads)")
-                raise ConfigError(
-                    f"{key}: shape {tuple(tensor.shape)} does not fit {tuple(param.shape)}{hint}"
-                )
-            param.copy_(tensor)
+            raise ConfigError(f"no weight for {key!r}: the weights do not match the model")
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        raise TypeError(f"ParamSink is write-only ({key!r}): read the model's parameters")
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError(f"ParamSink is write-only ({key!r})")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._done))
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+
+def _copy_into(name: str, param: torch.Tensor, key: str, tensor: torch.Tensor) -> None:
+    """Copy this rank's shard of the full `tensor` (megatron name `key`) into `param`."""
+    if getattr(param, "tensor_model_parallel", False):
+        _, rank, size = _groups(_expert_index(name) is not None)
+        tensor = _cut(tensor, param.partition_dim, rank, size, name.endswith("linear_fc1.weight"))
+    if tuple(tensor.shape) != tuple(param.shape):
+        hint = ""
+        if key.startswith("mtp.") and ".mlp." in key:
+            hint = ("; the draft's MLP width is trainer.mtp.ffn_hidden_size (the "
+                    "weights' draft/config.json gives theirs as intermediate_size)")
+        elif key.startswith("mtp.") and ".self_attention." in key:
+            hint = ("; the draft's attention heads are trainer.mtp.num_attention_heads "
+                    "(the weights' draft/config.json gives theirs as "
+                    "num_attention_heads)")
+        raise ConfigError(
+            f"{key}: shape {tuple(tensor.shape)} does not fit {tuple(param.shape)}{hint}"
+        )
+    param.copy_(tensor)
 
 
 def gather_full_state_dict(model: torch.nn.Module, arch: ModelArch, *,
