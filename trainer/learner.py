@@ -497,7 +497,7 @@ def load_hf_weights(
     modules load from the files' `mtp.*` weights, or keep their initialisation without any."""
     # Streamed: each tensor is read from its file as the conversion asks for it and goes into
     # the parameters as it comes out, so a load holds one layer's weights beside the model.
-    sink = shard.ParamSink(model, arch, keep="mtp." if mtp_layers else None)
+    sink = shard.ParamSink(model, arch, keep="mtp." if mtp_layers else None, adopt=True)
     hf_convert.hf_to_mcore(hf_convert.lazy_safetensors(path), arch, mtp_layers, out=sink)
     sink.finish()
 

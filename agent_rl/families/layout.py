@@ -31,6 +31,15 @@ def take(sd: Weights, key: str) -> torch.Tensor:
         ) from None
 
 
+def take_stacked(sd: Weights, keys: list[str]) -> torch.Tensor:
+    """`take` each of `keys`, concatenated on dim 0. Weights read as asked for
+    (trainer.safetensors_io's `LazyWeights`, a big model's load) are read straight into the
+    result: a fused MLP weight of a 1B model is most of it, and torch.cat a second copy."""
+    pop_stacked = getattr(sd, "pop_stacked", None)
+    stacked = pop_stacked(keys) if pop_stacked is not None else None
+    return stacked if stacked is not None else torch.cat([take(sd, k) for k in keys], dim=0)
+
+
 def zero(t: torch.Tensor, name: str) -> None:
     """An EAGLE draft's bias the learner's module does not have must be zero."""
     if t.any():
@@ -95,8 +104,9 @@ def layer_in(
 
 def mlp_in(hf: Weights, out: Weights, src: str, dst: str) -> None:
     """A SwiGLU MLP, HF -> megatron: gate and up stacked into `linear_fc1`."""
-    gate, up = take(hf, src + "gate_proj.weight"), take(hf, src + "up_proj.weight")
-    out[dst + "linear_fc1.weight"] = torch.cat([gate, up], dim=0)
+    out[dst + "linear_fc1.weight"] = take_stacked(
+        hf, [src + "gate_proj.weight", src + "up_proj.weight"]
+    )
     out[dst + "linear_fc2.weight"] = take(hf, src + "down_proj.weight")
 
 

@@ -60,3 +60,14 @@ def test_lazy_reads_what_the_library_wrote(tmp_path: Path) -> None:
     assert "gate" not in copy and "gate" in lazy
     with pytest.raises(TypeError):
         lazy["x"] = torch.ones(1)
+
+
+def test_pop_stacked_reads_pieces_into_one_tensor(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(1)
+    gate, up = torch.randn(3, 4, generator=g), torch.randn(5, 4, generator=g)
+    save_file({"gate": gate, "up": up, "other": torch.ones(2, 3)}, str(tmp_path / "a.safetensors"))
+    lazy = LazyWeights([tmp_path / "a.safetensors"])
+    assert lazy.pop_stacked(["gate", "other"]) is None  # trailing shapes differ
+    assert lazy.pop_stacked(["gate", "missing"]) is None
+    assert torch.equal(lazy.pop_stacked(["gate", "up"]), torch.cat([gate, up]))
+    assert set(lazy) == {"other"}
