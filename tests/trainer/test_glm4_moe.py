@@ -23,6 +23,7 @@ from agent_rl.models import init_model
 from agent_rl.sglang.client import EngineClient
 from agent_rl.sglang.generation import Generation
 from tests.trainer._batches import rl_batch
+from tests.trainer._exports import assert_loads_back_exactly
 from tests.trainer.test_parallel import _baseline, _compare, _launch, _metrics
 from trainer import hf_convert
 from trainer.batch import Batch
@@ -84,17 +85,7 @@ def test_a_trained_export_loads_back_bit_exact_and_into_transformers(
     bias = "model.layers.1.mlp.gate.e_score_correction_bias"
     assert torch.equal(exported[bias], start[bias])  # the engine routes with the checkpoint's
     assert not torch.equal(exported["model.norm.weight"], start["model.norm.weight"])  # trained
-    with learner(out, TrainerConfig(micro_batch_size=4)) as back:
-        again = back.hf_state_dict()
-        assert set(again) == set(exported)
-        assert all(torch.equal(again[k], exported[k]) for k in exported)
-    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    with torch.no_grad():
-        ref = torch.log_softmax(hf(input_ids=batch.tokens).logits, -1)
-    ref = ref[:, :-1].gather(-1, batch.tokens[:, 1:, None]).squeeze(-1)
-    diff = ((ours[:, 1:] - ref).abs() * batch.loss_mask[:, 1:]).max().item()
-    print(f"glm4_moe: export vs learner max |logprob diff| {diff:.2e}")
-    assert diff < 1e-5
+    assert_loads_back_exactly(out, exported, batch, ours, "glm4_moe")
 
 
 def test_its_mtp_layers_are_refused_in_one_line(glm_dir: Path) -> None:

@@ -19,6 +19,7 @@ from agent_rl.models import init_model
 from agent_rl.sglang.client import EngineClient
 from agent_rl.sglang.generation import Generation
 from tests.trainer._batches import rl_batch
+from tests.trainer._exports import assert_loads_back_exactly
 from trainer import hf_convert, shard
 from trainer.batch import Batch
 from trainer.arch import ModelArch, Parallel
@@ -75,19 +76,7 @@ def test_a_trained_export_loads_back_bit_exact_and_into_transformers(
     assert all(torch.equal(exported[k], trained[k]) for k in trained)
     start = hf_convert.read_safetensors(llama_dir)
     assert not torch.equal(start["model.norm.weight"], exported["model.norm.weight"])  # trained
-    # Back into megatron: the same tensors, to the bit.
-    with learner(out, TrainerConfig(micro_batch_size=4)) as back:
-        again = back.hf_state_dict()
-        assert set(again) == set(exported)
-        assert all(torch.equal(again[k], exported[k]) for k in exported)
-    # And into transformers, with the learner's logprobs.
-    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    with torch.no_grad():
-        ref = torch.log_softmax(hf(input_ids=batch.tokens).logits, -1)
-    ref = ref[:, :-1].gather(-1, batch.tokens[:, 1:, None]).squeeze(-1)
-    diff = ((ours[:, 1:] - ref).abs() * batch.loss_mask[:, 1:]).max().item()
-    print(f"{llama_dir.name}: export vs learner max |logprob diff| {diff:.2e}")
-    assert diff < 1e-5
+    assert_loads_back_exactly(out, exported, batch, ours, llama_dir.name)
 
 
 def test_round_trip_of_the_full_state_dict_is_exact(llama_dir: Path, solo: None) -> None:
