@@ -7,7 +7,9 @@ in CI (CI=true) they must run, so a missing URL is an error there rather than a 
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,34 @@ from tests._databases import fresh_database
 
 if TYPE_CHECKING:
     from agent_rl.engine.launcher import EngineServer
+
+
+@pytest.fixture(autouse=True)
+def _cpu_exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest-xdist (the README's `-n 2`), a test marked `cpu_exclusive` runs while every
+    other worker waits between tests: its subject is a process that only gets idle CPU (an
+    evaluator under SCHED_IDLE), which a second worker keeping both cores busy would starve.
+
+    Two flocks shared by the workers: every test takes the turnstile, then the gate (shared, or
+    exclusive for a marked test), then lets the turnstile go. A marked test waiting for the gate
+    holds the turnstile, so no other test slips in before it (the kernel's flock alone does not
+    favour the exclusive waiter)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("cpu_exclusive") is not None
+    base = Path(tempfile.gettempdir()) / f"agent-rl-tests-{run}"
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.gate", "a") as gate:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

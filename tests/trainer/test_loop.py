@@ -182,6 +182,7 @@ def test_routing_replay_uses_rollout_experts(
     assert mismatch.fraction > 0
 
 
+@pytest.mark.cpu_exclusive  # its evaluator runs under SCHED_IDLE
 def test_eval_every_evaluates_pinned_versions_beside_training(
     store_copy: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path,
     restore_engine: None,
@@ -240,6 +241,7 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
     assert second_step.finished_at < eval_span.finished_at
 
 
+@pytest.mark.cpu_exclusive  # its evaluator runs under SCHED_IDLE
 def test_one_evaluator_serves_every_evaluation_and_a_dead_one_is_replaced(
     store_copy: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path,
     restore_engine: None,
