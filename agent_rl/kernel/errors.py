@@ -57,3 +57,8 @@ class EngineError(AgentRLError):
 class EngineUnavailableError(EngineError):
     """No engine could take the request (503: all workers down, quarantined or breaker-open);
     nothing was generated, so the request may be sent again."""
+
+
+class ClusterError(AgentRLError):
+    """The cluster a launch runs on (Ray, a Slurm allocation) refused or lost what was asked of
+    it: a job that could not be submitted, an address with no cluster behind it."""
