@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from agent_rl.config.base import Section
+from agent_rl.config.cluster import ClusterConfig, RoleResources
 from agent_rl.config.engine import EngineConfig
 from agent_rl.config.moved import moved_in_environment
 from agent_rl.config.router import RouterConfig
@@ -33,9 +34,9 @@ from agent_rl.config.trainer import TrainerConfig
 from agent_rl.kernel.errors import ConfigError
 
 __all__ = [
-    "ApiConfig", "Config", "EngineConfig", "RolloutConfig", "RouterConfig", "RunConfig",
-    "SandboxConfig", "SandboxLimits", "Section", "StoreConfig", "TelemetryConfig",
-    "TrainerConfig", "load_config", "resolve_config_path",
+    "ApiConfig", "ClusterConfig", "Config", "EngineConfig", "RoleResources", "RolloutConfig",
+    "RouterConfig", "RunConfig", "SandboxConfig", "SandboxLimits", "Section", "StoreConfig",
+    "TelemetryConfig", "TrainerConfig", "load_config", "resolve_config_path",
 ]  # fmt: skip
 
 DEFAULT_CONFIG_FILE = Path("agent-rl.toml")
@@ -77,6 +78,9 @@ class Config(BaseSettings):
 
     api: ApiConfig = ApiConfig()
     """The web API and episode viewer (`agent-rl api`, or mounted by `serve`)."""
+
+    cluster: ClusterConfig = ClusterConfig()
+    """Roles placed and kept alive on a Ray cluster by `agent-rl launch`."""
 
     @classmethod
     def settings_customise_sources(

@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "eval": "agent_rl.app.cli.eval_cmd:eval_cmd",
     "api": "agent_rl.app.cli.api:api",
     "quickstart": "agent_rl.app.cli.quickstart:quickstart",
+    "launch": "agent_rl.app.cli.launch:app",
 }
 
 

@@ -1,0 +1,304 @@
+"""`agent-rl launch` on a local multi-node Ray cluster (`ray.cluster_utils.Cluster`: one raylet
+per node on this machine, a custom resource `accel` standing for each node's accelerator), with
+the real roles: SGLang engines on CPU, the router, serves and the Megatron-core trainer, sharing
+a PostgreSQL store.
+
+- the router alone: SIGKILLed, it is started again at the same address, with the reason in the
+  status; a second death past `max_restarts` leaves it failed, with that reason;
+- a quickstart-sized run reaches several policy versions; then the node that hosts an engine and
+  a serve is lost (fault injection: the node's raylet and every process under it are killed, as
+  if the machine went away), its roles are placed again on a node that joins, versions keep
+  advancing, `agent-rl launch stop` drains and checkpoints, and `agent-rl db audit` is clean;
+- SQLite is refused in one line when the cluster has more than one node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from agent_rl.config import Config, load_config
+from agent_rl.engine.launcher import free_port
+from tests._databases import fresh_postgres
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from agent_rl.cluster import launch as cluster  # noqa: E402
+
+ACCEL = "accel"
+WORKER = {"num_cpus": 1, "resources": {ACCEL: 1, "serve_slot": 1}}
+"""A GPU node of the test: one engine (its `accel`) and one serve (its CPU)."""
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Cluster]:
+    """A head (the launch's supervisor, the router and the trainer) and two worker nodes; node
+    deaths noticed within ~3 s."""
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": {"trainer_slot": 1}, "include_dashboard": False,
+        "_system_config": {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
+                           "health_check_failure_threshold": 3},
+    })  # fmt: skip
+    for _ in range(2):
+        c.add_node(**WORKER)
+    c.connect(namespace="agent-rl-tests")
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    with fresh_postgres() as url:
+        yield url
+
+
+def _write_config(workdir: Path, **sections: Any) -> Path:
+    path = workdir / "agent-rl.toml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(sections))
+    return path
+
+
+def _until(what: str, condition: Callable[[], Any], timeout_s: float, poll_s: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not reached within {timeout_s:.0f}s: {what}"
+        time.sleep(poll_s)
+
+
+def _by_name(status: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in status}
+
+
+def _cli(config: Path, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
+    """`agent-rl --config CONFIG ARGS` as a user runs it (none of the tests' AGENT_RL_*)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
+    return subprocess.Popen([sys.executable, "-m", "agent_rl.app.cli", "--config", str(config),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, **kwargs)  # fmt: skip
+
+
+class Lines:
+    """The output of a running process, line by line as it comes (a reader thread)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append(line)
+
+    def has(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+    def text(self) -> str:
+        self.thread.join(timeout=30)
+        return "".join(self.lines)
+
+
+def _run_cli(config: Path, *args: str, timeout_s: float = 120) -> tuple[int, str]:
+    proc = _cli(config, *args)
+    out, _ = proc.communicate(timeout=timeout_s)
+    return proc.returncode, out
+
+
+@pytest.mark.postgres
+def test_a_killed_router_is_restarted_until_max_restarts(
+    ray_cluster: Cluster, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`agent-rl launch` in the foreground, with only a router: killed, it is started again at
+    the same address; a second death is past max_restarts, so it is left failed with the reason,
+    and the launch, with nothing left running, stops the run and exits 1."""
+    config = _write_config(
+        tmp_path, run={"name": "router-only"}, store={"url": pg_url},
+        router={"port": free_port(), "admin_token": secrets.token_urlsafe(16)},
+        cluster={"address": ray_cluster.address, "engines": 0, "serves": 0, "trainer_ranks": 0,
+                 "max_restarts": 1, "restart_delay_s": 0.2},
+    )  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(config)
+    launch = _cli(config, "launch", cwd=tmp_path)
+    output = Lines(launch)
+    try:
+        router = _until("the router running", lambda: next(
+            (s for s in _status_or_none(cfg) if s["state"] == "running"), None), 120)
+        assert router["starts"] == 1 and router["node_id"] == _head_id(), router
+        os.kill(router["pid"], signal.SIGKILL)
+        again = _until("the router restarted", lambda: next(
+            (s for s in cluster.status(cfg) if s["state"] == "running" and s["starts"] == 2),
+            None), 60)  # fmt: skip
+        assert again["restarts"] == 1 and again["reason"] == "killed by SIGKILL"
+        assert again["url"] == router["url"] and again["pid"] != router["pid"]  # same address
+        with pytest.raises(cluster.ClusterError, match="no role 'engine-9'.*router"):
+            cluster.logs(cfg, "engine-9")
+        assert cluster.logs(cfg, "router").count("start on") == 2  # read on its node
+        _until("the launch reported the restart",
+               lambda: output.has("router: restart 1 (killed by SIGKILL)"), 30, poll_s=0.2)
+        os.kill(again["pid"], signal.SIGTERM)  # a clean exit of a router is a death too
+        launch.wait(timeout=120)
+    finally:
+        if launch.poll() is None:
+            launch.send_signal(signal.SIGINT)
+            launch.wait(timeout=120)
+    out = output.text()
+    assert launch.returncode == 1, out
+    assert "router: failed (exited cleanly; not restarted: max_restarts=1 reached)" in out
+    with pytest.raises(cluster.ClusterError, match="no launch of run 'router-only'"):
+        cluster.status(cfg)
+
+
+def _status_or_none(cfg: Config) -> list[dict[str, Any]]:
+    try:
+        return cluster.status(cfg)
+    except cluster.ClusterError:  # not launched yet
+        return []
+
+
+def _head_id() -> str:
+    return cluster.head_node(ray)
+
+
+def test_sqlite_is_refused_in_one_line_when_roles_span_nodes(
+    ray_cluster: Cluster, tmp_path: Path
+) -> None:
+    config = _write_config(tmp_path, store={"url": f"sqlite:///{tmp_path / 's.db'}"},
+                           router={"admin_token": "t"}, cluster={"address": ray_cluster.address})
+    code, out = _run_cli(config, "launch")
+    assert code == 1 and "Traceback" not in out, out
+    assert out.strip().splitlines()[-1] == (
+        "error: store.url is SQLite and the Ray cluster has 3 nodes: roles on different nodes "
+        "share one store, set store.url = postgresql://..."), out
+
+
+# ----- a whole run ---------------------------------------------------------------------------
+
+
+def _run_config(workdir: Path, model: Path, store_url: str, address: str) -> Path:
+    return _write_config(
+        workdir,
+        run={"name": "launched"},
+        store={"url": store_url},
+        engine={"model": str(model), "log_dir": "runs/logs"},
+        router={"port": free_port(), "admin_token": secrets.token_urlsafe(16)},
+        rollout={
+            "env": "calculator", "env_kwargs": {"min_terms": 2, "max_terms": 2, "max_digits": 1,
+                                                "max_turns": 2, "tools_in_prompt": False},
+            "group_size": 4, "max_concurrent_episodes": 8, "max_turns": 2, "max_tokens": 256,
+            "max_new_tokens": 16, "temperature": 1.0, "heartbeat_s": 1.0, "stale_after_s": 6.0,
+            "filter_zero_variance": False,
+        },  # a random model's rewards are mostly 0: its groups still train
+        trainer={
+            "model": str(model), "groups_per_step": 2, "micro_batch_size": 8, "max_staleness": 2,
+            "export_every": 1, "checkpoint_every": 1, "claim_lease_s": 10.0, "data_poll_s": 0.5,
+            "checkpoint_dir": "runs/checkpoints", "export_dir": "runs/exports",
+            "tensorboard_dir": "runs/tensorboard",
+        },
+        cluster={
+            "address": address, "accelerator": ACCEL, "engines": 2, "serves": 2,
+            "trainer_ranks": 1, "restart_delay_s": 0.5, "serve_drain_s": 30.0,
+            "engine_resources": {"cpus": 0, "accelerators": 1},
+            "serve_resources": {"cpus": 1, "resources": {"serve_slot": 1}},
+            "trainer_resources": {"cpus": 1, "resources": {"trainer_slot": 1}},
+        },
+    )  # fmt: skip
+
+
+def _version(cfg: Config) -> int:
+    from agent_rl.store import Store
+
+    async def read() -> int:
+        async with await Store.open(cfg.store) as store:
+            return await store.latest_version(await store.ensure_run(cfg.run.name))
+
+    return asyncio.run(read())
+
+
+def _lose_node(c: Cluster, node: Any) -> None:
+    """Fault injection: the node goes away with everything on it (its raylet, Ray's workers and
+    the role processes they started), as when a machine dies; Ray is told nothing."""
+    import psutil
+
+    raylet = node.all_processes["raylet"][0].process.pid
+    doomed = psutil.Process(raylet).children(recursive=True)
+    c.remove_node(node, allow_graceful=False)
+    for p in doomed:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_launched_run_trains_and_survives_losing_a_node(
+    ray_cluster: Cluster, engine_venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_rl.models import init_model
+
+    model = init_model(tmp_path / "model", "quickstart", seed=0)
+    with fresh_postgres() as url:
+        config = _run_config(tmp_path, model, url, ray_cluster.address)
+        monkeypatch.chdir(tmp_path)
+        cfg = load_config(config)
+        code, out = _run_cli(config, "launch", "--detach", "--wait", "600", timeout_s=700)
+        try:
+            assert code == 0, out
+            status = cluster.status(cfg)
+            roles = _by_name(status)
+            assert all(s["state"] == "running" for s in status), status
+            assert set(roles) == {"router", "engine-0", "engine-1", "serve-0", "serve-1", "train"}
+            _until("policy version 3", lambda: _version(cfg) >= 3, 420)
+            # engine-0's node also hosts a serve (each worker node holds one of each).
+            victim_id = roles["engine-0"]["node_id"]
+            assert [n for n, s in roles.items() if s["node_id"] == victim_id] in (
+                ["engine-0", "serve-0"], ["engine-0", "serve-1"])
+            victim = next(n for n in ray_cluster.worker_nodes if n.node_id == victim_id)
+            spare = ray_cluster.add_node(**WORKER)
+            before = _version(cfg)
+            _lose_node(ray_cluster, victim)
+            def on_spare() -> list[dict[str, Any]] | None:
+                there = [s for s in cluster.status(cfg)
+                         if s["node_id"] == spare.node_id and s["state"] == "running"]
+                return there if len(there) == 2 else None
+
+            moved = _until("engine-0 and its serve running on the spare node", on_spare, 300)
+            for s in moved:
+                assert s["restarts"] == 1, s
+                assert re.fullmatch(r"node \S+ \(\w{8}\) lost", s["reason"]), s
+            _until("two more versions after the loss", lambda: _version(cfg) >= before + 2, 420)
+            untouched = _by_name(cluster.status(cfg))
+            assert untouched["train"]["restarts"] == 0 and untouched["router"]["restarts"] == 0
+        finally:
+            code, out = _run_cli(config, "launch", "stop", timeout_s=400)
+        assert code == 0, out
+        names = ("router", "engine-0", "engine-1", "serve-0", "serve-1", "train")
+        rows = [line.split()[:2] for line in out.splitlines() if line.partition(" ")[0] in names]
+        assert rows == [[n, "stopped"] for n in names], out
+        # The trainer stopped at a step's end (its checkpoint written) and printed its summary.
+        assert "now policy version" in (tmp_path / "runs/logs/train.log").read_text()
+        code, out = _run_cli(config, "db", "audit", "--finished")
+        assert code == 0, out
+        assert "lost=0" in out and "1 runs audited, 0 with problems" in out, out
