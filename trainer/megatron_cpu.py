@@ -37,6 +37,7 @@ def apply() -> list[str]:
     _moe()
     _cuda_literals()
     _tied_embeddings()
+    _latent_attention()
     return APPLIED
 
 
@@ -208,6 +209,18 @@ def _cuda_literals() -> None:
 
     torch.Tensor.type = type_  # type: ignore[assignment]
     APPLIED.append("Tensor.type()->torch.cuda.* for megatron")
+
+
+def _latent_attention() -> None:
+    import megatron.core.transformer.multi_latent_attention as mla
+
+    # Reason: without TransformerEngine its megatron extension still imports, its classes mock
+    # stand-ins, so MLA's `isinstance(self.linear_proj, TELinear)` raises. Classes nothing is
+    # an instance of keep those checks false, as they are without TE.
+    for name in ("TELinear", "TEColumnParallelLinear"):
+        if not isinstance(getattr(mla, name), type):
+            setattr(mla, name, type(f"No{name}", (), {}))
+    APPLIED.append("MLA's TransformerEngine checks without TransformerEngine")
 
 
 def _tied_embeddings() -> None:

@@ -25,10 +25,9 @@ def transformer_config(
     arch: ModelArch, par: Parallel, dtype: torch.dtype = torch.float32, mtp_layers: int = 0
 ):
     """megatron TransformerConfig matching the HF model; fusions off (they need CUDA kernels)."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
+    family = families.get(arch.model_type)
     check_parallel(arch, par, mtp_layers)
-    return TransformerConfig(
+    return family.megatron_config_class()(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_heads,
@@ -66,7 +65,7 @@ def transformer_config(
         # Megatron requires sequence parallelism for MoE with TP (the dispatcher expects it).
         sequence_parallel=par.tp > 1 and arch.is_moe,
         mtp_num_layers=mtp_layers or None,
-        **families.get(arch.model_type).megatron_config(arch),
+        **family.megatron_config(arch),
     )
 
 

@@ -140,21 +140,27 @@ def _pack(batch: Batch, rows: list[int], lengths: list[int], multiple: int) -> M
 
 @contextmanager
 def per_token_rope(model: Any, positions: torch.Tensor) -> Iterator[None]:
-    """Within the block, the model's rotary embedding rotates each token by its own position
+    """Within the block, the model's rotary embeddings rotate each token by its own position
     ([s, b, 1, dim], which megatron-core's apply broadcasts) instead of by its index in the
-    row; a model without rotary embedding is left alone."""
-    rope = getattr(model, "rotary_pos_emb", None)
-    if rope is None:
-        yield
-        return
-    original = rope.forward
+    row: the model's one, or each attention layer's own (latent attention's, whose YaRN
+    returns its cos/sin factor beside); a model without rotary embedding is left alone."""
+    ropes = [m for name, m in model.named_modules() if name.split(".")[-1] == "rotary_pos_emb"]
+    length = int(positions.max()) + 1
+    index = positions.transpose(0, 1)
 
-    def forward(max_seq_len: int, offset: int = 0, *args: Any, **kwargs: Any) -> torch.Tensor:
-        emb = original(int(positions.max()) + 1, offset, *args, **kwargs)  # [L, 1, 1, dim]
-        return emb[:, 0][positions.transpose(0, 1)]
+    def per_token(original: Any) -> Any:
+        def forward(max_seq_len: int, offset: int = 0, *args: Any, **kwargs: Any) -> Any:
+            out = original(length, offset, *args, **kwargs)  # [L, 1, 1, dim] (, factor)
+            if isinstance(out, tuple):
+                return (out[0][:, 0][index], *out[1:])
+            return out[:, 0][index]
 
-    rope.forward = forward
+        return forward
+
+    for rope in ropes:
+        rope.forward = per_token(rope.forward)
     try:
         yield
     finally:
-        del rope.forward  # the class's method again
+        for rope in ropes:
+            del rope.forward  # the class's method again

@@ -16,6 +16,24 @@ from agent_rl.kernel.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (MLA): queries through a low-rank projection (or a full one),
+    keys and values from one shared latent, each head's query/key a part without position
+    (`qk_nope_head_dim`) and a rotary part (`qk_rope_head_dim`, the key's shared by all heads)."""
+
+    q_lora_rank: int | None
+    """The queries' low rank (None: a full query projection)."""
+    kv_lora_rank: int
+    """The shared key/value latent's width."""
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_scaling: dict[str, float] | None = None
+    """YaRN's settings (`factor`, `original_max_position_embeddings`, `beta_fast`, `beta_slow`,
+    `mscale`, `mscale_all_dim`); None: plain rotary embeddings."""
+
+
+@dataclass(frozen=True)
 class ModelArch:
     """What the HF config says about the network, in the terms the converter needs."""
 
@@ -51,6 +69,14 @@ class ModelArch:
     e_score_correction_bias`, megatron's `router.expert_bias`)."""
     moe_scaling_factor: float | None = None
     """MoE models: the factor the routed experts' weights are scaled by (None: 1)."""
+    moe_groups: int = 1
+    """MoE models: the expert groups of group-limited routing (1: none)."""
+    moe_group_topk: int = 1
+    """MoE models: the groups each token's experts are chosen from (group-limited routing)."""
+    latent: LatentAttention | None = None
+    """Multi-head latent attention's shape (DeepSeek-V2/V3), where the model has it instead of
+    grouped-query attention (`head_dim` is then its value head, the width of each head's
+    attention output)."""
     has_draft: bool = True
     """Whether an MTP draft (`trainer.mtp.layers`) can be built, served and exported for it."""
     eagle_draft: bool = True

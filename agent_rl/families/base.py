@@ -121,6 +121,12 @@ class Family:
         """TransformerConfig arguments beyond the standard decoder's (a router's settings)."""
         return {}
 
+    def megatron_config_class(self) -> type:
+        """megatron-core's config class for the family (latent attention has its own)."""
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        return TransformerConfig
+
     def gpt_model_kwargs(self, arch: ModelArch) -> dict[str, Any]:
         """GPTModel arguments beyond the standard decoder's (rope scaling)."""
         return {}

@@ -89,6 +89,13 @@ def layer_in(
         out[dst + "self_attention.k_layernorm.weight"] = take(hf, attn + "k_norm.weight")
     if not eagle:
         out[dst + "input_layernorm.weight"] = take(hf, src + "input_layernorm.weight")
+    ffn_in(hf, out, src, dst, arch, moe)
+
+
+def ffn_in(hf: Weights, out: Weights, src: str, dst: str, arch: ModelArch, moe: bool) -> None:
+    """A decoder layer's feed-forward half, HF -> megatron: its norm, then a dense MLP or (`moe`)
+    the router (and its score correction bias), the routed experts and the shared ones where the
+    arch has them."""
     out[dst + "pre_mlp_layernorm.weight"] = take(hf, src + "post_attention_layernorm.weight")
     if moe:
         out[dst + "mlp.router.weight"] = take(hf, src + "mlp.gate.weight")
@@ -136,6 +143,11 @@ def layer_out(
         out[attn + "k_norm.weight"] = sd[src + "self_attention.k_layernorm.weight"]
     if not eagle:
         out[dst + "input_layernorm.weight"] = sd[src + "input_layernorm.weight"]
+    ffn_out(sd, out, src, dst, arch, moe)
+
+
+def ffn_out(sd: Weights, out: Weights, src: str, dst: str, arch: ModelArch, moe: bool) -> None:
+    """The inverse of `ffn_in`."""
     out[dst + "post_attention_layernorm.weight"] = sd[src + "pre_mlp_layernorm.weight"]
     if moe:
         out[dst + "mlp.gate.weight"] = sd[src + "mlp.router.weight"]

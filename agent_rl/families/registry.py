@@ -19,6 +19,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_moe": "agent_rl.families.qwen3_moe:Qwen3Moe",
     "llama": "agent_rl.families.llama:Llama",
     "glm4_moe": "agent_rl.families.glm4_moe:Glm4Moe",
+    "deepseek_v3": "agent_rl.families.deepseek_v3:DeepseekV3",
 }
 """HF `model_type` -> the family's class (an `agent_rl.families.base.Family`)."""
 
