@@ -528,3 +528,27 @@ def test_kuberay_rayjob_example_is_a_rayjob_that_launches() -> None:
     assert all(isinstance(v, str) for group in [cluster["headGroupSpec"],
                                                 *cluster["workerGroupSpecs"]]
                for v in group["rayStartParams"].values())  # KubeRay takes strings only
+
+
+def test_agent_rl_launch_slurm_dry_run() -> None:
+    """The real command: `agent-rl launch --slurm ... --dry-run` prints the script, with the
+    launch's own options passed on to the launch in the job."""
+    from agent_rl.app.cli import app
+
+    result = CliRunner().invoke(app, [
+        "-c", "run.toml", "launch", "--slurm", "--nodes", "4", "--gpus-per-node", "8",
+        "--partition", "gpu", "--until-version", "5", "--wait", "600", "--dry-run",
+    ])
+    assert result.exit_code == 0, result.output
+    assert re.findall(r"^#SBATCH (.+)$", result.output, re.M)[:4] == [
+        "--job-name=agent-rl", "--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8",
+    ]
+    assert ('\n  agent-rl --config run.toml launch --address "$ip_head" --until-version 5 '
+            "--wait 600.0 &\n") in result.output
+    checked = subprocess.run(["bash", "-n"], input=result.output, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    result = CliRunner().invoke(app, ["launch", "--nodes", "2"])
+    assert isinstance(result.exception, ConfigError)
+    assert str(result.exception) == "--nodes: Slurm options, for a launch with --slurm only"
+    result = CliRunner().invoke(app, ["launch", "--slurm", "--detach", "--dry-run"])
+    assert "leave --detach out" in str(result.exception)

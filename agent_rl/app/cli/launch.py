@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from agent_rl.app.cli import launch_slurm as slurm_cli
 from agent_rl.app.cli.common import console, plain_table, state
 
 app = typer.Typer(
@@ -34,11 +35,29 @@ def launch(
     wait_s: Annotated[
         float, typer.Option("--wait", min=0, help="Seconds to wait for every role to run.")
     ] = 900.0,
+    # the job of a Slurm allocation instead (agent_rl/app/cli/launch_slurm.py)
+    slurm: slurm_cli.Slurm = False,
+    nodes: slurm_cli.Nodes = 1,
+    gpus_per_node: slurm_cli.GpusPerNode = 0,
+    cpus_per_node: slurm_cli.CpusPerNode = None,
+    partition: slurm_cli.Partition = None,
+    account: slurm_cli.Account = None,
+    time: slurm_cli.TimeLimit = None,
+    job_name: slurm_cli.JobName = "agent-rl",
+    output: slurm_cli.Output = None,
+    exclusive: slurm_cli.Exclusive = True,
+    sbatch: slurm_cli.Sbatch = None,
+    setup: slurm_cli.Setup = None,
+    ray_port: slurm_cli.RayPort = 6379,
+    dry_run: slurm_cli.DryRun = False,
 ) -> None:
     """Start the engines, router, serves and trainer of [cluster] as Ray actors and keep them
     alive; follow the run until its trainer is done (then stop it), or Ctrl-C (stops it too).
-    With --detach, return once the roles run: `agent-rl launch status | logs ROLE | stop`."""
+    With --detach, return once the roles run: `agent-rl launch status | logs ROLE | stop`.
+    With --slurm, an sbatch starts Ray on a Slurm allocation and runs this launch there."""
     if ctx.invoked_subcommand is not None:
+        return
+    if slurm_cli.launch_on_slurm(ctx):
         return
     from agent_rl.cluster.launch import follow, launch as start, stop
 

@@ -47,8 +47,8 @@ Setup = Annotated[Optional[list[str]], typer.Option(
     help="A shell line the job runs first (module load ..., source .venv/bin/activate); "
     "repeatable.", rich_help_panel=_PANEL)]
 RayPort = Annotated[int, typer.Option(help="The Ray head's port.", rich_help_panel=_PANEL)]
-DryRun = Annotated[bool, typer.Option(help="With --slurm: print the sbatch, submit nothing.",
-                                      rich_help_panel=_PANEL)]
+DryRun = Annotated[bool, typer.Option(
+    "--dry-run", help="With --slurm: print the sbatch, submit nothing.", rich_help_panel=_PANEL)]
 
 # The launch's parameters that configure the job rather than the launch inside it.
 SLURM_PARAMS = frozenset({
