@@ -32,6 +32,7 @@ from agent_rl.cluster.role import RoleProcess, free_port, tail_file
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
+GANG_SETTLE_S = 10.0
 NODE_DEATH_WAIT_S = 40.0
 """How long a dead actor's node may still count as alive (Ray's default health checks take
 ~15 s to declare a silent node dead) before the death is put down to the actor itself."""
@@ -300,8 +301,18 @@ class Supervisor:
         while not done:
             done, _ = ray.wait(placed.waits, timeout=POLL_S)
         index = placed.waits.index(done[0])
-        name = g.process_names()[index]
         reason = self._ending(placed, index)
+        if g.ranks > 1 and reason is not None and "lost" not in reason:
+            # A rank that dies takes its peers' collectives down with it: the cause is the rank
+            # whose node was lost, if one was, not the first to notice.
+            settled, _ = ray.wait(placed.waits, num_returns=len(placed.waits),
+                                  timeout=GANG_SETTLE_S)
+            for ref in settled:
+                other = self._ending(placed, placed.waits.index(ref))
+                if other is not None and "lost" in other:
+                    index, reason = placed.waits.index(ref), other
+                    break
+        name = g.process_names()[index]
         if reason is None and g.done_on_success:
             # One rank finished: the others finish the same last step.
             for ref in placed.waits:

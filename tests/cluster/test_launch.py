@@ -42,6 +42,8 @@ from agent_rl.cluster import launch as cluster  # noqa: E402
 ACCEL = "accel"
 WORKER = {"num_cpus": 1, "resources": {ACCEL: 1, "serve_slot": 1}}
 """A GPU node of the test: one engine (its `accel`) and one serve (its CPU)."""
+TRAINER_NODE = {"num_cpus": 1, "resources": {"trainer_slot": 1}}
+"""A node for one trainer rank (the head is another)."""
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +220,8 @@ def _run_config(workdir: Path, model: Path, store_url: str, address: str) -> Pat
         },
         cluster={
             "address": address, "accelerator": ACCEL, "engines": 2, "serves": 2,
-            "trainer_ranks": 1, "restart_delay_s": 0.5, "serve_drain_s": 30.0,
+            "trainer_ranks": 2, "trainer_strategy": "STRICT_SPREAD", "restart_delay_s": 0.5,
+            "serve_drain_s": 30.0,
             "engine_resources": {"cpus": 0, "accelerators": 1},
             "serve_resources": {"cpus": 1, "resources": {"serve_slot": 1}},
             "trainer_resources": {"cpus": 1, "resources": {"trainer_slot": 1}},
@@ -251,14 +254,35 @@ def _lose_node(c: Cluster, node: Any) -> None:
             pass
 
 
+def _router_workers(cfg: Config, router_url: str) -> set[str]:
+    import httpx
+
+    token = cfg.router.admin_token.get_secret_value()  # type: ignore[union-attr]
+    listed = httpx.get(router_url + "/workers", headers={"Authorization": f"Bearer {token}"})
+    return {w["url"] for w in listed.json()["workers"] if w["healthy"]}
+
+
+def _running_on(cfg: Config, node_id: str, count: int) -> list[dict[str, Any]] | None:
+    there = [s for s in cluster.status(cfg) if s["node_id"] == node_id and s["state"] == "running"]
+    return there if len(there) == count else None
+
+
+LOST = re.compile(r"(train-\d )?node \S+ \(\w{8}\) lost")
+
+
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_a_launched_run_trains_and_survives_losing_a_node(
+def test_a_launched_run_trains_and_survives_losing_nodes(
     ray_cluster: Cluster, engine_venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two engines, the router, two serves and a 2-rank trainer gang over two nodes; the node of
+    an engine and a serve is lost, then the node of a trainer rank; the run goes on through
+    both, and its store is audited clean after `agent-rl launch stop`."""
     from agent_rl.models import init_model
 
     model = init_model(tmp_path / "model", "quickstart", seed=0)
+    trainer_node = ray_cluster.add_node(**TRAINER_NODE)
+    names = ("router", "engine-0", "engine-1", "serve-0", "serve-1", "train-0", "train-1")
     with fresh_postgres() as url:
         config = _run_config(tmp_path, model, url, ray_cluster.address)
         monkeypatch.chdir(tmp_path)
@@ -266,39 +290,52 @@ def test_a_launched_run_trains_and_survives_losing_a_node(
         code, out = _run_cli(config, "launch", "--detach", "--wait", "600", timeout_s=700)
         try:
             assert code == 0, out
-            status = cluster.status(cfg)
-            roles = _by_name(status)
-            assert all(s["state"] == "running" for s in status), status
-            assert set(roles) == {"router", "engine-0", "engine-1", "serve-0", "serve-1", "train"}
+            roles = _by_name(cluster.status(cfg))
+            assert list(roles) == list(names), roles
+            assert {s["state"] for s in roles.values()} == {"running"}, roles
+            # The gang spans two nodes: the head and the trainer node (STRICT_SPREAD).
+            assert {roles["train-0"]["node_id"], roles["train-1"]["node_id"]} == {
+                _head_id(), trainer_node.node_id}
             _until("policy version 3", lambda: _version(cfg) >= 3, 420)
-            # engine-0's node also hosts a serve (each worker node holds one of each).
+
+            # 1. The node of engine-0 and a serve (each worker node holds one of each) is lost.
             victim_id = roles["engine-0"]["node_id"]
             assert [n for n, s in roles.items() if s["node_id"] == victim_id] in (
                 ["engine-0", "serve-0"], ["engine-0", "serve-1"])
             victim = next(n for n in ray_cluster.worker_nodes if n.node_id == victim_id)
             spare = ray_cluster.add_node(**WORKER)
-            before = _version(cfg)
             _lose_node(ray_cluster, victim)
-            def on_spare() -> list[dict[str, Any]] | None:
-                there = [s for s in cluster.status(cfg)
-                         if s["node_id"] == spare.node_id and s["state"] == "running"]
-                return there if len(there) == 2 else None
-
-            moved = _until("engine-0 and its serve running on the spare node", on_spare, 300)
+            moved = _until("engine-0 and its serve running on the spare node",
+                           lambda: _running_on(cfg, spare.node_id, 2), 400)
             for s in moved:
-                assert s["restarts"] == 1, s
-                assert re.fullmatch(r"node \S+ \(\w{8}\) lost", s["reason"]), s
-            _until("two more versions after the loss", lambda: _version(cfg) >= before + 2, 420)
-            untouched = _by_name(cluster.status(cfg))
-            assert untouched["train"]["restarts"] == 0 and untouched["router"]["restarts"] == 0
+                assert s["restarts"] == 1 and LOST.fullmatch(s["reason"]), s
+            now = _by_name(cluster.status(cfg))
+            engines = {now["engine-0"]["url"], now["engine-1"]["url"]}
+            _until("the router's workers: the engines that run (the lost one's address left)",
+                   lambda: _router_workers(cfg, now["router"]["url"]) == engines, 30)
+            after = _version(cfg)
+            _until("two more versions", lambda: _version(cfg) >= after + 2, 420)
+            assert all(now[n]["restarts"] == 0 for n in ("router", "engine-1", "train-0"))
+
+            # 2. The node of a trainer rank is lost: the gang starts again from its checkpoint.
+            spare_trainer = ray_cluster.add_node(**TRAINER_NODE)
+            _lose_node(ray_cluster, trainer_node)
+            ranks = _until("the trainer's gang running again", lambda: [
+                s for s in cluster.status(cfg) if s["name"].startswith("train-")
+                and s["state"] == "running" and s["restarts"] == 1] or None, 400)  # fmt: skip
+            assert len(ranks) == 2 and {s["node_id"] for s in ranks} == {
+                _head_id(), spare_trainer.node_id}, ranks
+            assert all(LOST.fullmatch(s["reason"]) for s in ranks), ranks
+            after = _version(cfg)
+            _until("two more versions", lambda: _version(cfg) >= after + 2, 420)
+            assert "resumed from checkpoint" in (tmp_path / "runs/logs/train-0.log").read_text()
         finally:
             code, out = _run_cli(config, "launch", "stop", timeout_s=400)
         assert code == 0, out
-        names = ("router", "engine-0", "engine-1", "serve-0", "serve-1", "train")
         rows = [line.split()[:2] for line in out.splitlines() if line.partition(" ")[0] in names]
         assert rows == [[n, "stopped"] for n in names], out
         # The trainer stopped at a step's end (its checkpoint written) and printed its summary.
-        assert "now policy version" in (tmp_path / "runs/logs/train.log").read_text()
+        assert "now policy version" in (tmp_path / "runs/logs/train-0.log").read_text()
         code, out = _run_cli(config, "db", "audit", "--finished")
         assert code == 0, out
         assert "lost=0" in out and "1 runs audited, 0 with problems" in out, out
