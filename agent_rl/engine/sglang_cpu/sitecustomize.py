@@ -36,6 +36,13 @@ The shims (each shown necessary on a CPU-only host, see docs/engine.md):
    time, so a request's result does not depend on its batch (bit for bit; seeded sampling relies
    on it); decode equals SGLang's bit for bit, prefill to float rounding. Sliding windows and
    encoder attention keep SGLang's own. AGENT_RL_ENGINE_FAST_ATTENTION=0 turns this one off.
+6. latent attention (DeepSeek-V2/V3 and their kin) on the CPU backend: with no handler of its
+   own, `torch_native` took the Triton one, which runs a prefill through the model's MHA path
+   (per-head keys and values handed to the backend with `save_kv_cache=False`); the CPU
+   backend attends what the KV cache holds, which for MLA is the latent, so the widths
+   disagree and the engine dies on its first request. Registered for `torch_native`: the
+   absorbed MLA path for every forward (queries against the cached latent, which is what the
+   cache holds), as SGLang's deterministic mode chooses on the GPU backends.
 
 AGENT_RL_ENGINE_COMPAT=0 disables everything; AGENT_RL_ENGINE_COMPAT_VERBOSE=1 logs to stderr.
 """
@@ -327,8 +334,22 @@ def _patch_torch_native_backend(module: types.ModuleType) -> None:
          "attends its new tokens only")
 
 
+# --- 6. latent attention's forward method on the CPU backend --------------------------------------
+def _patch_latent_attention_handler(module: types.ModuleType) -> None:
+    registry = getattr(module, "AttentionBackendRegistry", None)
+    dispatch = getattr(module, "_dispatch_mla_subtype", None)
+    if registry is None or dispatch is None:
+        _warn("deepseek_common.attention_backend_handler drifted (SGLang version?); latent "
+              "attention on torch_native takes the MHA path, which reads the wrong cache")
+        return
+    registry.register("torch_native", dispatch)
+    _log("latent attention on torch_native: the absorbed MLA path for every forward")
+
+
 _POST_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
+    "sglang.srt.models.deepseek_common.attention_backend_handler":
+        _patch_latent_attention_handler,
     "sglang.srt.sampling.sampling_batch_info": _patch_sampling_batch_info,
     "sglang.srt.layers.sampler": _patch_sampler,
 }
