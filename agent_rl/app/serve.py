@@ -130,6 +130,8 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
         scheduler = Scheduler(
             ctx, env_id=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
             max_staleness=cfg.trainer.max_staleness, max_queued_groups=queued_groups_bound(cfg),
+            max_ready_groups=ready_groups_bound(cfg),
+            staleness=(cfg.trainer.staleness_measure, cfg.trainer.stale_siblings),
             run_config=cfg.model_dump(mode="json"), gateway=gateway,
         )
         with anyio.CancelScope() as scope:
@@ -259,6 +261,16 @@ def queued_groups_bound(cfg: Config) -> int:
     """`rollout.max_queued_groups`, its default worked out (0: no bound)."""
     bound = cfg.rollout.max_queued_groups
     if bound is None:
+        return max(cfg.trainer.max_staleness, 1) * cfg.trainer.groups_per_step
+    return bound
+
+
+def ready_groups_bound(cfg: Config) -> int:
+    """`rollout.max_ready_groups`, its default worked out (0: no bound)."""
+    bound = cfg.rollout.max_ready_groups
+    if bound is None:
+        if queued_groups_bound(cfg) == 0:
+            return 0
         return max(cfg.trainer.max_staleness, 1) * cfg.trainer.groups_per_step
     return bound
 

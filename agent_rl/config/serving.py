@@ -47,6 +47,14 @@ class RolloutConfig(Section):
     max(trainer.max_staleness, 1) x trainer.groups_per_step; 0: no bound (admission then checks
     only the served version)."""
 
+    max_ready_groups: int | None = Field(default=None, ge=0)
+    """Admission also waits while this many of the run's groups have finished and wait for the
+    trainer (ready): with a queue wider than the default, groups that finish while the trainer
+    is the slower side would otherwise line up behind each other and age past the staleness
+    bound, whole groups filtered as stale. None: max(trainer.max_staleness, 1) x
+    trainer.groups_per_step (the next steps' worth; implied by the default queue), or no bound
+    where `max_queued_groups` is 0 (collecting without a trainer); 0: no bound."""
+
     max_turns: int = Field(default=8, ge=1)
     """Assistant turns before the runner truncates an episode (reward 0, recorded why)."""
 
@@ -74,12 +82,14 @@ class RolloutConfig(Section):
     task_selection: Literal["all", "skip_all_equal"] = "all"
     """Which drawn tasks serve admits: every one, or ("skip_all_equal") not a task whose last
     group's rewards were all equal, for its next `task_pause` draws (doubled for each further
-    all-equal group in a row, up to 8x), so the long tail of groups with no signal is not
-    generated again and again (agent_rl/rollout/task_selection.py)."""
+    all-equal group in a row, up to 8x, and scaled by the share of the task's groups that were
+    all equal), so the long tail of groups with no signal is not generated again and again
+    (agent_rl/rollout/task_selection.py)."""
 
-    task_pause: int = Field(default=4, ge=1)
+    task_pause: int = Field(default=8, ge=1)
     """With `task_selection = "skip_all_equal"`: draws of a task skipped after one all-equal
-    group."""
+    group, when all of its groups so far were all equal (a task with a record of signal is
+    paused for its share of all-equal groups of this, at least 1)."""
 
     router_url: str | None = None
     """An external router (or SGLang server) to generate with; unset: `serve` starts the

@@ -2,7 +2,8 @@
 
 Admission: a group of n episodes (one task) is admitted only while the policy the engine
 serves is within eta versions of the newest version in the store (and fewer than
-`max_queued_groups` groups are queued for the trainer), and only once a slot is free. Its
+`max_queued_groups` groups are queued for the trainer, fewer than `max_ready_groups` of them
+finished and waiting for it), and only once a slot is free. Its
 episodes then start one by one as slots free up, in order, and the next group is admitted
 only after all of them have started: slots never sit idle while a group's long-tail episode
 finishes (the old rule, all n slots free before a group, left up to n-1 idle), and at most
@@ -39,6 +40,7 @@ from agent_rl.rollout.recorded import recorded_turns
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
 from agent_rl.rollout.task_selection import TaskSelection
 from agent_rl.sdk.tasks import Task
+from agent_rl.store.staleness import Measure, Siblings
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +59,16 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, ctx: RunnerContext, *, env_id: str, max_staleness: int,
-                 max_queued_groups: int = 0, env_kwargs: dict[str, Any] | None = None,
+                 max_queued_groups: int = 0, max_ready_groups: int = 0,
+                 staleness: tuple[Measure, Siblings] = ("tokens", "baseline"),
+                 env_kwargs: dict[str, Any] | None = None,
                  run_config: dict[str, Any] | None = None, version_poll_s: float = 0.5,
                  gateway: Gateway | None = None) -> None:  # fmt: skip
         """`max_queued_groups`: admit only while fewer of the run's groups are queued for the
         trainer, running or ready (0: no bound); see `RolloutConfig.max_queued_groups`.
+        `max_ready_groups`: nor while this many of them are ready and within the bound (0: no
+        bound; `staleness`: the trainer's measure and sibling rule, which say what is within
+        it); see `RolloutConfig.max_ready_groups`.
         `gateway`: where an agent env's episodes talk to the policy (`AgentRunner` runs them)."""
         self.ctx = ctx
         self.gateway = gateway
@@ -69,6 +76,8 @@ class Scheduler:
         self.env_kwargs = env_kwargs or {}
         self.max_staleness = max_staleness
         self.max_queued_groups = max_queued_groups
+        self.max_ready_groups = max_ready_groups
+        self.staleness = staleness
         self._told_capacity = False
         self.run_config = run_config or {}
         self.version_poll_s = version_poll_s
@@ -244,8 +253,9 @@ class Scheduler:
 
     async def _wait_within_staleness(self) -> None:
         """Block while the served policy is more than eta versions behind the newest one, while
-        `max_queued_groups` groups are already queued for the trainer (what is admitted now would
-        age past the bound before its turn), or while no engine answers (a
+        `max_queued_groups` groups are already queued for the trainer or `max_ready_groups` of
+        them have finished and wait for it (what is admitted now would age past the bound
+        before its turn), or while no engine answers (a
         crashed engine being restarted): new episodes wait instead of failing one after another."""
         unavailable = False
         while True:
@@ -255,7 +265,7 @@ class Scheduler:
                 if not unavailable:
                     log.warning("no engine answers; admission waits for one")
                     unavailable = True
-            elif served < latest - self.max_staleness or await self._at_capacity():
+            elif served < latest - self.max_staleness or await self._at_capacity(latest):
                 self.stats.waits_for_staleness += 1
             else:
                 if unavailable:
@@ -263,15 +273,22 @@ class Scheduler:
                 return
             await anyio.sleep(self.version_poll_s)
 
-    async def _at_capacity(self) -> bool:
-        if not self.max_queued_groups:
+    async def _at_capacity(self, latest: int) -> bool:
+        if not self.max_queued_groups and not self.max_ready_groups:
             return False
-        queued = await self.ctx.store.queued_groups(self.run_id)  # type: ignore[arg-type]
-        full = queued >= self.max_queued_groups
+        # Ready groups already below the trainer's floor do not count: it filters them at its
+        # next step, and while it waits for fresh ones they must not hold admission back.
+        assert self.run_id is not None
+        measure, siblings = self.staleness
+        queued, ready = await self.ctx.store.queued_groups(
+            self.run_id, floor=latest - self.max_staleness, measure=measure, siblings=siblings)
+        full = ((bool(self.max_queued_groups) and queued >= self.max_queued_groups)
+                or (bool(self.max_ready_groups) and ready >= self.max_ready_groups))
         if full and not self._told_capacity:
-            log.info("admission waits: %d groups are queued for training (rollout.max_queued_groups); "
-                     "is `agent-rl train` running? Set rollout.max_queued_groups = 0 to collect "
-                     "episodes without training", queued)
+            log.info("admission waits: %d groups are queued for training, %d of them ready "
+                     "(rollout.max_queued_groups, rollout.max_ready_groups); is `agent-rl train` "
+                     "running? Set rollout.max_queued_groups = 0 to collect episodes without "
+                     "training", queued, ready)
         self._told_capacity = full
         return full
 

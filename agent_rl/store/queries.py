@@ -34,6 +34,7 @@ from agent_rl.store.models import (
 )
 from agent_rl.store.records import Audit, Endings, EpisodeDetail, EpisodeSummary, Ledger, TurnView
 from agent_rl.store import search
+from agent_rl.store.staleness import Measure, Siblings, group_version
 
 if TYPE_CHECKING:
     import numpy as np
@@ -266,12 +267,22 @@ class Queries(StoreBase):
         return out
 
     @read
-    def queued_groups(self, conn: Connection, run_id: int) -> int:
-        """The run's groups admitted and not yet taken by a trainer (running or ready)."""
-        return int(conn.scalar(
+    def queued_groups(
+        self, conn: Connection, run_id: int, *, floor: int | None = None,
+        measure: Measure = "tokens", siblings: Siblings = "baseline",
+    ) -> tuple[int, int]:
+        """The run's groups admitted and not yet taken by a trainer (running or ready), and of
+        those the ready ones (finished, waiting for it) a claim with this staleness `floor` could
+        still take (`agent_rl.store.staleness`; the stale ones are the trainer's to filter)."""
+        queued = conn.scalar(
             select(func.count()).select_from(GroupRow)
             .where(GroupRow.run_id == run_id, GroupRow.status.in_(("open", "ready")))
-        ))
+        )
+        ready = select(func.count()).select_from(GroupRow).where(
+            GroupRow.run_id == run_id, GroupRow.status == "ready")
+        if floor is not None:
+            ready = ready.where(group_version(measure, siblings) >= floor)
+        return int(queued or 0), int(conn.scalar(ready) or 0)
 
     @read
     def episodes_by_id(self, conn: Connection, ids: list[int]) -> list[EpisodeSummary]:

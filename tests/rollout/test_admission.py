@@ -87,3 +87,53 @@ async def test_next_group_starts_while_a_long_tail_episode_runs(tmp_path: Path, 
             by_group.setdefault(e.group_id, []).append(e.status)
         assert sorted(len(v) for v in by_group.values()) == [2, 2, 2]
         assert all(s == "completed" for v in by_group.values() for s in v)
+
+
+class Alternating(Env):
+    """One-turn episodes whose rewards alternate 0, 1, 0, ...: every group of two has a signal
+    (none is filtered), so every finished group is ready for a trainer."""
+
+    count = 0
+
+    def builtin_tasks(self, split: str = "train") -> TaskSource:
+        return ListTasks([Task(id=f"t{i}", data={"q": f"question {i}"}) for i in range(4)])
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        return [user(task["q"])]
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        Alternating.count += 1
+        return StepResult(reward=float(Alternating.count % 2), terminated=True)
+
+    async def score(self, answer: str) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize("max_ready_groups", [None, 0])
+async def test_admission_waits_on_finished_groups_under_a_wide_queue(
+    tmp_path: Path, tiny_dense_model: Path, max_ready_groups: int | None
+) -> None:
+    """A queue 4x the default (8 groups) and no trainer: by default admission stops once the
+    trainer's next step's worth of groups (2) has finished and waits, so groups do not line up
+    ready and age past the bound (a group still running when the last one was admitted may
+    finish after: 3 at most here, one group running at a time); `max_ready_groups = 0` admits
+    up to the queue (8 ready)."""
+    register("test-alternating", Alternating)
+    renderer = ChatRenderer(tiny_dense_model)
+    async with StandInEngine([renderer.encode("413")], renderer.eos_id) as engine:
+        cfg = Config(
+            store=StoreConfig(url=f"sqlite:///{tmp_path / 'store.db'}"),
+            engine=EngineConfig(model=tiny_dense_model),
+            rollout=RolloutConfig(env="test-alternating", router_url=engine.url, group_size=2,
+                                  max_concurrent_episodes=2, max_queued_groups=8,
+                                  max_ready_groups=max_ready_groups, max_turns=2),
+            trainer={"max_staleness": 1, "groups_per_step": 2},
+        )  # fmt: skip
+        with anyio.move_on_after(6.0):  # bounded: it waits for a trainer that never comes
+            await serve(cfg, max_episodes=20)
+    async with await Store.open(cfg.store) as store:
+        run = await store.run_id(cfg.run.name)
+        queued, ready = await store.queued_groups(run)
+        assert (await store.audit(run)).problems(finished=False) == []
+    assert queued == ready  # nothing left running
+    assert ready in ((2, 3) if max_ready_groups is None else (8,))

@@ -68,6 +68,22 @@ def test_a_pause_doubles_with_each_all_equal_group_and_one_signal_clears_it() ->
     assert s.admit("a") and s.admit("b") and s.skipped == 6
 
 
+def test_a_task_with_a_record_of_signal_is_paused_for_its_share_of_all_equal_groups() -> None:
+    """The pause is scaled by the task's record: a hopeless task (every group all equal) is
+    paused the whole `task_pause`; one whose groups mostly had a signal and that went all-equal
+    once (by chance) is paused a quarter of it after four groups."""
+    s = TaskSelection(pause=8)
+    s.observe("hopeless", [0.0] * 4)
+    assert [s.admit("hopeless") for _ in range(9)] == [False] * 8 + [True]
+    for _ in range(3):
+        s.observe("coin", [0.0, 1.0, 1.0, 0.0])
+    s.observe("coin", [1.0] * 4)  # 1 of its 4 groups all equal
+    assert s.pause_after("coin") == 2
+    assert [s.admit("coin") for _ in range(3)] == [False, False, True]
+    s.observe("coin", [0.0] * 4)  # a second in a row: 2 of 5, doubled: ceil(8 x 2 x 0.4)
+    assert s.pause_after("coin") == 7
+
+
 async def test_serve_skips_tasks_whose_groups_were_all_equal(
     tmp_path: Path, tiny_dense_model: Path
 ) -> None:
