@@ -240,13 +240,22 @@ class DeepseekV3(Family):
 
     def layer_spec(self, arch: ModelArch, config: Any) -> Any:
         """A block spec: dense first layers, MoE ones after, every one's attention MLA with
-        megatron's local core attention (`_core_attention`)."""
+        megatron's local core attention (`_core_attention`) and its down projections whole on
+        every tensor-parallel rank, as TransformerEngine's spec has them. (The local spec splits
+        them over the ranks and gathers their outputs, and then each rank's gradient of the
+        shared rotary key holds its own heads' part alone: under TP=2 the first step's gradient
+        norm was 7e-5 off one process's.)"""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        from megatron.core.post_training.modelopt.layers import Linear
 
         block = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                            normalization="RMSNorm")  # fmt: skip
         for layer in block.layer_specs:
-            layer.submodules.self_attention.submodules.core_attention = _core_attention()
+            attention = layer.submodules.self_attention.submodules
+            attention.core_attention = _core_attention()
+            # A plain linear on the sequence-parallel shard, its gradient summed over the TP
+            # group (it tags its weight sequence_parallel); MLA gathers the rotary key.
+            attention.linear_q_down_proj = attention.linear_kv_down_proj = Linear
         return block
 
     # --- weights ------------------------------------------------------------------------------

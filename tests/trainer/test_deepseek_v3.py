@@ -238,3 +238,19 @@ def test_sglang_serves_it_with_the_learners_logprobs_and_its_experts_replay(
     fed = torch.arange(batch.tokens.shape[1]) < batch.lengths[:, None] - 1
     assert (moe[fed] >= 0).all()
     assert metrics["routing_mismatch_fraction"] <= 0.02
+
+
+@pytest.mark.slow
+def test_ep2_and_tp2_match_one_process(ds_dir: Path, tmp_path: Path) -> None:
+    """Expert parallelism (the router's bias, its groups and the shared expert on every rank)
+    and tensor parallelism (the latent projections column-parallel, their outputs gathered)
+    train as one process does, a checkpoint resumes bit-exact, the exports agree
+    (tests/trainer/test_parallel.py's runs and tolerances)."""
+    from tests.trainer.test_parallel import _baseline, _compare, _launch, _metrics
+
+    base, base_dir = _baseline(ds_dir, tmp_path / "one")
+    assert 0 < base[0]["routing_mismatch_fraction"] <= 1  # the replayed experts are not free routing
+    _launch(ds_dir, tmp_path, "ep2", "tp2")
+    for run in ("ep2", "tp2"):
+        print(run)
+        _compare(base, _metrics(tmp_path / run), base_dir, tmp_path / run)
