@@ -105,6 +105,11 @@ class DeepseekV3(Family):
     # --- HF config -> ModelArch -------------------------------------------------------------
 
     def read_config(self, hf: Any, path: Path) -> ModelArch:
+        quantized = getattr(hf, "quantization_config", None)
+        if quantized:
+            kind = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
+            raise ConfigError(f"{path}: a quantized checkpoint ({kind}; DeepSeek-V3 ships FP8) "
+                              "is not supported: start from its bf16 weights")  # fmt: skip
         if not getattr(hf, "rope_interleave", True):
             raise ConfigError(f"{path}: rope_interleave=false is not supported (megatron-core's "
                               "latent attention takes the rotary dims as interleaved pairs)")

@@ -188,6 +188,56 @@ def test_what_it_cannot_map_is_refused(
         ModelArch.from_hf_dir(tmp_path)
 
 
+# The published configs, trimmed to what the family reads (their sizes, router and rope).
+_DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5,
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+    "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3,
+    "norm_topk_prob": True, "scoring_func": "sigmoid", "hidden_act": "silu",
+    "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "tie_word_embeddings": False, "attention_bias": False, "num_nextn_predict_layers": 0,
+}
+_MOONLIGHT = {**_DEEPSEEK_V3, "vocab_size": 163840, "hidden_size": 2048,
+              "intermediate_size": 11264, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+              "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2,
+              "n_routed_experts": 64, "routed_scaling_factor": 2.446, "q_lora_rank": None,
+              "n_group": 1, "topk_group": 1, "num_experts_per_tok": 6,
+              "first_k_dense_replace": 1, "max_position_embeddings": 8192, "rope_theta": 50000,
+              "rope_scaling": None}  # fmt: skip
+
+
+@pytest.mark.parametrize("config", [_DEEPSEEK_V3, _MOONLIGHT], ids=["DeepSeek-V3", "Moonlight"])
+def test_the_published_configs_read_and_build_megatron_s_config(
+    config: dict[str, object], tmp_path: Path, solo: None
+) -> None:
+    """DeepSeek-V3's (8 groups, top-8 from 4, YaRN factor 40) and Moonlight's (a full q_proj,
+    one group, plain rope) configs map; their FP8 release is refused in one line."""
+    from trainer.model import transformer_config
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    arch = ModelArch.from_hf_dir(tmp_path)
+    mc = transformer_config(arch, Parallel())
+    assert mc.multi_latent_attention and mc.kv_lora_rank == config["kv_lora_rank"]
+    assert mc.q_lora_rank == config["q_lora_rank"]
+    if config is _DEEPSEEK_V3:
+        assert (mc.moe_router_num_groups, mc.moe_router_group_topk) == (8, 4)
+        assert mc.rope_type == "yarn" and mc.rotary_scaling_factor == 40 and mc.mscale_all_dim == 1
+        assert arch.dense_layers == 3 and mc.moe_router_topk_scaling_factor == 2.5
+    else:
+        assert mc.moe_router_num_groups is None and mc.rope_type == "rope"
+    fp8 = {**config, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}
+    (tmp_path / "config.json").write_text(json.dumps(fp8))
+    with pytest.raises(ConfigError, match="quantized checkpoint \\(fp8"):
+        ModelArch.from_hf_dir(tmp_path)
+
+
 @pytest.mark.slow
 def test_sglang_serves_it_with_the_learners_logprobs_and_its_experts_replay(
     ds_dir: Path, sglang_server_factory: Callable[..., EngineServer]
