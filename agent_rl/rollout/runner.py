@@ -23,6 +23,7 @@ interrupted.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -333,27 +334,40 @@ class EpisodeRunner:
 async def while_writing(write: Callable[[], Awaitable[Any]], generation: Awaitable[Generation]) -> Generation:
     """`generation` while `write` commits; returns once both are done. The write is shielded (a
     write that began is finished, whatever cancels the generation); a failed write cancels the
-    generation and is raised, as a write made before it would have been."""
+    generation and is raised, as a write made before it would have been.
+
+    The write runs as a bare asyncio task, which no cancel scope of the caller's reaches, and
+    the generation in a cancel scope of its own that a failed write cancels, rather than both
+    in an anyio task group, whose spawn and scopes cost CPU on every turn of every episode."""
+    scope = anyio.CancelScope()
+    done = anyio.Event()
     write_error: BaseException | None = None
-    gen_error: Exception | None = None
-    gen: Generation | None = None
+    generating = True
 
     async def commit() -> None:
         nonlocal write_error
-        with anyio.CancelScope(shield=True):
-            try:
-                await write()
-            except Exception as e:
-                write_error = e
-                tg.cancel_scope.cancel()
-
-    # Neither side raises inside the task group: it would wrap what they raise.
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(commit)
         try:
-            gen = await generation
+            await write()
         except Exception as e:
-            gen_error = e
+            write_error = e
+            if generating:
+                scope.cancel()
+        finally:
+            done.set()
+
+    task = asyncio.get_running_loop().create_task(commit())
+    gen_error: Exception | None = None
+    gen: Generation | None = None
+    try:
+        with scope:
+            gen = await generation
+    except Exception as e:
+        gen_error = e
+    finally:
+        generating = False
+        if not task.done():
+            with anyio.CancelScope(shield=True):
+                await done.wait()
     if write_error is not None:
         raise write_error
     if gen_error is not None:
