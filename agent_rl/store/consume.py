@@ -1,7 +1,8 @@
 """How trainers consume the store: claim ready groups under a lease, commit them as trained.
 
-`claim` takes the oldest ready groups (and groups whose lease expired) whose policy version is
-at least the staleness floor, and marks them claimed by a fresh claim id. `commit` then, in ONE
+`claim` takes ready groups (and groups whose lease expired) whose policy version is at least the
+staleness floor, nearest to going stale first (the lowest version, then the oldest ready), and
+marks them claimed by a fresh claim id. `commit` then, in ONE
 transaction, marks those groups and their completed episodes trained by the step and records
 the new policy version; if any group's claim was taken over after its lease expired, nothing is
 written and LeaseLostError is raised. So two trainers, or a restarted one, never train the same
@@ -39,8 +40,10 @@ class Consumption(StoreBase):
         lease_s: float = 300.0,
     ) -> Claim:
         """Claim up to `max_groups` ready groups whose version (by `measure` and `siblings`,
-        `agent_rl.store.staleness`) is at least `min_version`, oldest ready first; the claim may
-        hold fewer (or none)."""
+        `agent_rl.store.staleness`) is at least `min_version`, the lowest version first, then
+        the oldest ready: a group one step from going stale is trained before a fresher one that
+        can wait a step (earliest deadline first), instead of being filtered as stale behind it
+        when more groups are ready than a step takes. The claim may hold fewer (or none)."""
         t = now()
         claim_id = uuid.uuid4().hex
         version = group_version(measure, siblings)
@@ -51,7 +54,7 @@ class Consumption(StoreBase):
                 or_(GroupRow.status == "ready",
                     (GroupRow.status == "claimed") & (GroupRow.lease_expires_at < t)),
             )
-            .order_by(GroupRow.ready_at, GroupRow.id)
+            .order_by(version, GroupRow.ready_at, GroupRow.id)
             .limit(max_groups)
         )
         if min_version is not None:

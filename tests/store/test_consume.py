@@ -78,3 +78,22 @@ async def test_release_min_version_and_monotonic_versions(db_url: str) -> None:
             await store.commit(await store.claim(run, "t", 1), run, step=8, version=7)
         assert (await store.policy_versions(run))[-1]["metrics"] == {"loss": 0.25}
         assert (await store.claim(run, "t", 10)).groups == []
+
+
+async def test_the_group_nearest_to_going_stale_is_claimed_first(db_url: str) -> None:
+    """Earliest deadline first: with more groups ready than a step takes, the one sampled by the
+    older version (the first to fall below a rising floor) is claimed before a fresher one that
+    became ready earlier; groups of one version stay in ready order."""
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        fresh, _ = await completed_group(store, run, version=5)
+        older, _ = await completed_group(store, run, version=4)
+        fresh_later, _ = await completed_group(store, run, version=5)
+        claim = await store.claim(run, "t", 1, min_version=4)
+        assert claim.group_ids == [older]
+        await store.release(claim)
+        claim = await store.claim(run, "t", 3, min_version=4)
+        assert sorted(claim.group_ids) == sorted([older, fresh, fresh_later])
+        await store.release(claim)
+        claim = await store.claim(run, "t", 2, min_version=4)
+        assert set(claim.group_ids) == {older, fresh}
