@@ -7,7 +7,9 @@ trainer's SFT (`trainer.sft.run_sft`) consumes these sequences and nothing else,
 reaches back into environments or sandboxes.
 
 `sft_sequences` is what `agent-rl train --sft` collects: `demonstrations_needed` of the
-configured env (`rollout.env_kwargs`, seeded by `trainer.seed`), in sandboxes of the backend the
+configured env (`rollout.env_kwargs`, seeded by `trainer.seed`; for an agent env, of the SDK env
+it names in `demonstrations_from`, e.g. a `verifiers:` env's `demonstrations` kwarg; one that
+names none is refused in one line), in sandboxes of the backend the
 application opens when the env needs them (only the application chooses a backend,
 docs/layers.md, so it passes the opener in). Each demonstration runs to the turn limit given
 (`train --sft --max-turns`), else the env's own `max_turns`, else `rollout.max_turns`, the limit
@@ -26,6 +28,7 @@ from agent_rl.config import Config
 from agent_rl.config.trainer import SftConfig
 from agent_rl.kernel.errors import ConfigError
 from agent_rl.rollout.render import ChatRenderer, encode_transcript
+from agent_rl.sdk.agent import AgentEnv
 from agent_rl.sdk.demonstrations import SandboxFactory, demonstrations
 from agent_rl.sdk.registry import make
 from agent_rl.sdk.sandbox import Sandbox, SandboxBackend, SandboxSpec
@@ -102,6 +105,15 @@ async def sft_sequences(
     without it."""
     kwargs = cfg.rollout.env_kwargs
     env = make(env_id, **kwargs)
+    if isinstance(env, AgentEnv):
+        source = env.demonstrations_from()
+        if source is None:
+            raise ConfigError(
+                f"{env_id} is an agent environment: its program, not a teacher, writes its "
+                "episodes, so it has no demonstrations; pass train --sft --env <an SDK env whose "
+                "prompts it shares> (or, for verifiers:..., the env kwarg demonstrations=<id>)")
+        env_id, kwargs = source
+        env = make(env_id, **kwargs)
     max_turns = max_turns or env.max_turns or cfg.rollout.max_turns
     if not env.needs_sandbox:
         return await demonstration_sequences(env_id, count, model_dir, seed=cfg.trainer.seed,

@@ -87,6 +87,13 @@ class AgentEnv(Env):
             f"{type(self).__name__} must implement score(task, result, transcript)"
         )
 
+    def demonstrations_from(self) -> tuple[str, dict[str, Any]] | None:
+        """The SDK env (its id and kwargs) whose teacher's demonstrations are what this agent
+        shows the model, token for token (its prompts, calls and tool messages): `agent-rl
+        train --sft` on this env trains on them. None (the default): an agent program has no
+        teacher, and `train --sft` refuses it in one line."""
+        return None
+
     @classmethod
     def task_json(cls, task: Task) -> str:
         """The task as the command form receives it."""

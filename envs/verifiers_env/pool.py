@@ -100,9 +100,13 @@ class Server:
         self._folders.append(folder)
         log = folder / "server.log"
         with log.open("wb") as out:
+            # A session of its own: a SIGTERM or Ctrl-C to serve's process group (a supervisor
+            # stopping it) must not end the server before serve's running episodes finish; it
+            # leaves with serve (its stdin closes) or when the pool is closed.
             process = subprocess.Popen([*self.command, f"unix:{folder / 'server.sock'}"],
                                        env=self.environ, stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=out)  # fmt: skip
+                                       stdout=subprocess.PIPE, stderr=out,
+                                       start_new_session=True)  # fmt: skip
         assert process.stdout is not None
         life = Life("", process, log)
         try:

@@ -47,25 +47,68 @@ REMOTE_RUNTIMES = ("prime", "modal", "e2b")
 server and the provider's credentials, which an offline trainer does not have."""
 
 
+MAX_TASKS_VAR = "AGENT_RL_VERIFIERS_MAX_TASKS"
+"""Rows listed of an endless taskset (agent-rl's env kwarg `max_tasks`)."""
+
+
 class Refused(Exception):
     """A configuration the bridge cannot carry; its message is the one line printed."""
 
 
 def _config(raw: str) -> Any:
-    """The EnvConfig `raw` names, refused before verifiers is imported if it cannot be carried."""
+    """The EnvConfig `raw` names, refused if it cannot be carried. Every agent seat of the env
+    (`agent` for a plain taskset; `player` for TextArena's and OpenEnv's) runs on the
+    `subprocess` runtime unless the config names another."""
     data = json.loads(raw)
     if not isinstance(data, dict) or not (data.get("taskset") or {}).get("id"):
         raise Refused("a verifiers env config needs a taskset id: {\"taskset\": {\"id\": ...}}")
-    agent = dict(data.get("agent") or {})
-    agent.setdefault("runtime", {"type": "subprocess"})
-    runtime = agent["runtime"].get("type") if isinstance(agent["runtime"], dict) else None
-    if runtime in REMOTE_RUNTIMES:
-        raise Refused(f"the verifiers runtime {runtime!r} runs off this host and needs a tunnel "
-                      "and its provider's credentials: use subprocess, docker or podman")
-    data["agent"] = agent
+    taskset = data["taskset"]["id"]
+    if taskset == "harbor":
+        _check_harbor()
+    if taskset == "textarena":
+        _nltk_offline()
     import verifiers.v1 as vf
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.utils.loaders import env_config_type
 
+    for seat, field in env_config_type(taskset, data.get("id") or "").model_fields.items():
+        if not isinstance(field.default, AgentConfig):
+            continue
+        agent = dict(data.get(seat) or {})
+        agent.setdefault("runtime", {"type": "subprocess"})
+        runtime = agent["runtime"].get("type") if isinstance(agent["runtime"], dict) else None
+        if runtime in REMOTE_RUNTIMES:
+            raise Refused(f"the verifiers runtime {runtime!r} runs off this host and needs a "
+                          "tunnel and its provider's credentials: use subprocess, docker or podman")
+        data[seat] = agent
     return vf.resolve_env_config(data)
+
+
+def _nltk_offline() -> None:
+    """TextArena's games call `nltk.download` when they load, which reaches the network (and,
+    where it can, rewrites the data): here their data is read from `NLTK_DATA` (agent-rl's
+    word lists, envs/verifiers_env/nltk_data, unless the environment names others) and a
+    download is never attempted."""
+    import nltk
+
+    def download(info_or_id: Any = None, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    nltk.download = download
+
+
+def _check_harbor() -> None:
+    """verifiers' Harbor taskset downloads its tasks and runs them with the Harbor CLI (the
+    `harbor` package, which needs Python >= 3.12) in task images a docker runtime pulls or
+    builds: refused in one line where that CLI is missing, before verifiers raises deep in a
+    load."""
+    import shutil
+
+    if shutil.which("harbor", path=os.path.dirname(sys.executable)) is None:
+        raise Refused("the verifiers harbor taskset needs the Harbor CLI in this verifiers "
+                      f"environment (verifiers[harbor]: harbor==0.24.0, Python >= 3.12; this is "
+                      f"Python {sys.version_info[0]}.{sys.version_info[1]}), its task images "
+                      "(a registry, or Dockerfiles) and a docker runtime to run them in")
 
 
 def list_tasks(raw: str) -> None:
@@ -74,10 +117,12 @@ def list_tasks(raw: str) -> None:
 
 
 def task_rows(env: Any) -> list[dict[str, Any]]:
-    """The taskset's rows as agent-rl tasks: `{"id", "data": {"verifiers_task", "key"}}`."""
+    """The taskset's rows as agent-rl tasks: `{"id", "data": {"verifiers_task", "key"}}`; of
+    an endless taskset (TextArena's seeded games), the first `AGENT_RL_VERIFIERS_MAX_TASKS`."""
     rows = []
-    for task in env.taskset:
-        data = task.data.model_dump(mode="json", exclude_none=True)
+    limit = None if env.taskset.bounded else int(os.environ.get(MAX_TASKS_VAR, "256"))
+    for task in itertools.islice(env.taskset, limit):
+        data = task.data.model_dump(mode="json")  # a None may be required (OpenEnvData.env)
         ident = task.data.id or str(task.data.idx)
         rows.append({"id": ident, "data": {"verifiers_task": data, "key": task.key}})
     return rows

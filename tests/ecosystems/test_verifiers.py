@@ -36,25 +36,8 @@ from tests.rollout.conftest import serve_config
 from tests.rollout.gateway_helpers import Tap, check_agent_episode
 
 MODULES = Path(__file__).with_name("verifiers_modules")
-ROOT = Path(__file__).resolve().parents[2]
 BASES = {"Say hi.": 0.0, "Count to three.": 0.25}
 """Each task's base reward, by its prompt (as `vf_tiny_echo.PROMPTS` has them)."""
-INSTALL = "python -m venv .venv-verifiers && .venv-verifiers/bin/pip install verifiers==0.4.0"
-
-
-@pytest.fixture(scope="session")
-def verifiers_python() -> str:
-    """The Python of a virtual environment with verifiers 0.4.0."""
-    python = os.environ.get(PYTHON_VAR) or str(ROOT / ".venv-verifiers" / "bin" / "python")
-    found = Path(python).is_file() and subprocess.run(
-        [python, "-c", "import importlib.metadata as m; assert m.version('verifiers') == '0.4.0'"],
-        capture_output=True, check=False).returncode == 0  # fmt: skip
-    if not found:
-        message = f"no verifiers 0.4.0 environment at {python}: set {PYTHON_VAR} or run {INSTALL}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return python
 
 
 @pytest.fixture
@@ -88,6 +71,13 @@ def test_a_remote_runtime_is_refused_in_one_line(verifiers_python: str) -> None:
     env = make("verifiers:vf_tiny_echo",
                **env_kwargs(verifiers_python, config={"agent": {"runtime": {"type": "prime"}}}))  # fmt: skip
     with pytest.raises(EnvError, match=r"runtime 'prime' runs off this host"):
+        env.task_source()
+
+
+def test_a_harbor_taskset_is_refused_in_one_line_without_its_cli(verifiers_python: str) -> None:
+    env = make("verifiers:harbor", python=verifiers_python)
+    with pytest.raises(EnvError, match=r"the verifiers harbor taskset needs the Harbor CLI .*"
+                                       r"Python >= 3\.12.* a docker runtime to run them in"):  # fmt: skip
         env.task_source()
 
 
