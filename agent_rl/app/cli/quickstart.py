@@ -34,6 +34,9 @@ def quickstart(
     dialect: Annotated[
         str, typer.Option("--dialect", help="With --agent: the API the agent is written against: chat (completions), responses, messages (Anthropic).")
     ] = "chat",
+    env: Annotated[
+        Optional[str], typer.Option("--env", help="Train an environment of another ecosystem: verifiers:vf_calculator (the calculator as a verifiers v1 taskset; needs AGENT_RL_VERIFIERS_PYTHON or .venv-verifiers).")
+    ] = None,
     serve_after: Annotated[
         bool, typer.Option("--serve-after/--no-serve-after", help="Keep the viewer up after the report, until Ctrl-C.")
     ] = True,
@@ -43,7 +46,7 @@ def quickstart(
 
     opts = Options(seed=seed, sft_steps=sft_steps, rl_steps=rl_steps, rl_minutes=rl_minutes,
                    eval_tasks=eval_tasks, eval_samples=eval_samples, cluster=cluster,
-                   store_url=store_url, agent=agent, dialect=dialect)
+                   store_url=store_url, agent=agent, dialect=dialect, env=env)
     try:
         anyio.run(lambda: run_quickstart(opts, workdir, console=console, serve_after=serve_after))
     except KeyboardInterrupt:

@@ -214,15 +214,20 @@ class Quickstart:
         shutil.rmtree(SFT_MODEL, ignore_errors=True)
         self.say(f"SFT warm start: {self.opts.sft_steps} steps on {ENV_ID} demonstrations")
         sup = self.supervisor
+        # An agent run's demonstrations are the SDK env's (an agent has no teacher): its kwargs
+        # are the calculator's, plus the teacher's (the environment's settings add to the
+        # file's). A verifiers env names them itself (its `demonstrations`).
+        sft_env, kwargs = ENV_ID, {}
+        if self.opts.env is not None:
+            sft_env = self.opts.env
+        elif self.cfg.rollout.env != ENV_ID:
+            kwargs = {"AGENT_RL_ROLLOUT__ENV_KWARGS": json.dumps(ENV_KWARGS)}
         m = sup.add("sft", agent_rl_command(
             "train", "--sft", "--model", str(BASE_MODEL), "--output", str(SFT_MODEL),
-            "--max-steps", str(self.opts.sft_steps), "--env", ENV_ID),
+            "--max-steps", str(self.opts.sft_steps), "--env", sft_env),
             log_path=Path("runs/logs/sft.log"), restart=False,
-            # The engines idle meanwhile: the trainer may use both cores. An agent run's
-            # demonstrations are the SDK env's (an agent has no teacher): its kwargs are the
-            # calculator's, plus the teacher's (the environment's settings add to the file's).
-            env={"AGENT_RL_TRAINER__THREADS": "2",
-                 **({"AGENT_RL_ROLLOUT__ENV_KWARGS": json.dumps(ENV_KWARGS)} if self.cfg.rollout.env != ENV_ID else {})})  # fmt: skip
+            # The engines idle meanwhile: the trainer may use both cores.
+            env={"AGENT_RL_TRAINER__THREADS": "2", **kwargs})  # fmt: skip
         with Progress(self.console, "SFT") as progress:
             while m.running:
                 progress.update(_last_line(m.log_path, "SFT step"))

@@ -15,6 +15,7 @@ Why these numbers (measured on 2 CPU cores; see the README's quickstart section)
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_rl.config import Config, load_config
+from agent_rl.kernel.errors import ConfigError
 
 CONFIG_FILE = "agent-rl.toml"
 STATE_FILE = "quickstart.json"
@@ -43,6 +45,15 @@ AGENT_ENV_IDS = {"chat": AGENT_ENV_ID, "responses": "calculator-agent-responses"
 AGENT_ENV_KWARGS: dict[str, Any] = {
     "tools_in_prompt": False, "min_terms": 3, "max_terms": 3, "max_digits": 1, "max_turns": 3,
 }
+VERIFIERS_ENV_KWARGS: dict[str, Any] = {
+    "config": {"taskset": {"min_terms": 3, "max_terms": 3, "max_digits": 1}},
+    "splits": {"eval": {"taskset": {"seed": 1}}},
+    "demonstrations": ENV_ID, "demonstration_kwargs": ENV_KWARGS,
+}  # fmt: skip
+"""`--env verifiers:vf_calculator`: the calculator written as a verifiers v1 taskset and harness
+(envs/verifiers_env/tasksets/vf_calculator.py), run in a verifiers env server of its own. Its
+harness shows the model what the calculator env does, so the calculator's demonstrations
+warm-start it (its `demonstrations`); its eval split is the taskset's rows of another seed."""
 MODEL_PRESET = "quickstart"
 BASE_MODEL = Path("runs/model")
 SFT_MODEL = Path("runs/sft")
@@ -71,6 +82,10 @@ class Options(BaseModel):
     dialect: Literal["chat", "responses", "messages"] = "chat"
     """With `agent`: the API the agent is written against (chat completions, Responses, or
     Anthropic's Messages)."""
+    env: Literal["verifiers:vf_calculator"] | None = None
+    """Train this environment of another ecosystem instead (`verifiers:vf_calculator`: the
+    calculator as a verifiers taskset, in the verifiers environment `AGENT_RL_VERIFIERS_PYTHON`
+    names, else the checkout's `.venv-verifiers`)."""
 
 
 def recipe(opts: Options) -> dict[str, Any]:
@@ -78,6 +93,12 @@ def recipe(opts: Options) -> dict[str, Any]:
     from agent_rl.engine.launcher import free_port  # httpx: kept off the CLI's import path
 
     store_url = opts.store_url or "sqlite:///agent_rl.db"
+    if opts.env is not None:
+        env, env_kwargs = opts.env, {**VERIFIERS_ENV_KWARGS, "python": verifiers_python()}
+    elif opts.agent:
+        env, env_kwargs = AGENT_ENV_IDS[opts.dialect], AGENT_ENV_KWARGS
+    else:
+        env, env_kwargs = ENV_ID, ENV_KWARGS
     return {
         "run": {"name": RUN_NAME},
         "store": {"url": store_url},
@@ -85,8 +106,7 @@ def recipe(opts: Options) -> dict[str, Any]:
         "router": {"port": free_port(), "admin_token": secrets.token_urlsafe(24)},
         "api": {"port": free_port()},
         "rollout": {
-            "env": AGENT_ENV_IDS[opts.dialect] if opts.agent else ENV_ID,
-            "env_kwargs": AGENT_ENV_KWARGS if opts.agent else ENV_KWARGS, "seed": opts.seed, "group_size": 8,
+            "env": env, "env_kwargs": env_kwargs, "seed": opts.seed, "group_size": 8,
             "max_concurrent_episodes": 64, "max_turns": 3, "max_tokens": 512,
             "max_new_tokens": 48, "temperature": 1.0, "heartbeat_s": 2.0, "stale_after_s": 15.0,
         },  # fmt: skip
@@ -99,6 +119,20 @@ def recipe(opts: Options) -> dict[str, Any]:
             "sft": {"lr": 3e-3, "batch_size": 32, "steps": opts.sft_steps},
         },  # fmt: skip
     }
+
+
+def verifiers_python() -> str:
+    """The verifiers environment's Python, as an absolute path (the recipe's processes run in
+    the working directory): `AGENT_RL_VERIFIERS_PYTHON`, else this checkout's `.venv-verifiers`."""
+    from envs.verifiers_env.env import PYTHON_VAR
+
+    named = os.environ.get(PYTHON_VAR)
+    python = Path(named) if named else Path(__file__).resolve().parents[3] / ".venv-verifiers/bin/python"
+    if not python.is_file():
+        raise ConfigError(f"--env verifiers:... needs a virtual environment with verifiers==0.4.0: "
+                          f"set {PYTHON_VAR} to its Python (python -m venv .venv-verifiers && "
+                          ".venv-verifiers/bin/pip install verifiers==0.4.0)")
+    return str(python.absolute())
 
 
 def write_or_load(workdir: Path, opts: Options) -> Config:
