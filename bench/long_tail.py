@@ -25,15 +25,21 @@ install`). Last line: RESULT {"lost", "not_terminal", "length_bias", "stale_filt
 "baseline_length_bias", "baseline_stale_filtered_share", "trainer_idle", ...} (the fair
 design's worst over both loads).
 
-The long tail II (issue 49), `python bench/long_tail.py` (the default, under 5 minutes): a
+The long tail II (issue 49), `python bench/long_tail.py` (the default; 4-7 minutes at load 9-22): a
 searcher-shaped `long-tail` (`SEARCH`: each episode's turns drawn around its task's, a few to
 30, so a group's short siblings finish long before its long ones; the env's and the rollout's
 max_turns 30, past which an episode is truncated with reward 0, so a task whose turns lie past
 it fails in every sibling; 6 tasks that come back, of 21, 89, 90, 3, 9 and 14 turns: two no
 sibling can finish, four whose siblings' rewards differ), at `trainer.max_staleness = 1` and an
 admission queue 4x the default (`rollout.max_queued_groups = 4 x groups_per_step`), zero-variance
-groups filtered as serve does by default. Two runs of the same seed and length: without task
-selection and with `rollout.task_selection = "skip_all_equal"`. Measured from the store:
+groups filtered as serve does by default, the ready groups bounded as serve does by default
+(`rollout.max_ready_groups`: the trainer's next step's worth). Two runs paired: the same seed,
+task stream and work (each stops once the trainer has published `II_VERSIONS` versions, so a
+busier machine makes a run longer, not shorter in data; `--versions N`), requests sampled with
+seeds (`rollout.seeded_sampling`, so an episode of the same stream position and turn samples the
+same tokens while the weights agree), without task selection and with
+`rollout.task_selection = "skip_all_equal"` (its default pause). Each run's load average at
+its start and end is in `by_run`. Measured from the store:
 
 - `stale_filtered_share`: episodes of groups filtered as stale / finished episodes (a stale
   sibling no longer takes its group with it: `stale_sibling_share` is those that counted in
@@ -43,8 +49,11 @@ selection and with `rollout.task_selection = "skip_all_equal"`. Measured from th
 - `tokens_generated_per_trained` (with selection) and `..._without_selection`: model tokens
   generated in the run (every episode's, as the audit counts them: those still running when the
   run stops too, since their compute was spent) / model tokens trained (the steps' loss-mask
-  tokens, stale ones masked); `decided_per_trained` counts only the episodes decided (trained or
-  filtered);
+  tokens, stale ones masked); `decided_per_trained` (and `waste_cut_decided`) counts only the
+  episodes decided (trained or filtered), leaving out those the stop caught running or ready;
+  `waste_cut_before_stale_mask` divides by the model tokens of the trained episodes instead,
+  before `max_staleness` masks their old tokens (`by_run`'s `stale_token_share`), to tell the
+  two apart;
 - `reward_at_version`: each run's mean trained reward over the versions both reached (the env's
   reward is a coin and the truncation, so this shows selection does not change what is
   trained, not learning).
@@ -58,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 import sys
 import tempfile
 import time
@@ -116,8 +126,10 @@ def config(work: Path, router: RouterThread, model: Path, run: str, load: str, d
     )
 
 
-def train_for(cfg: Config, model: Path, seconds: float, pad_s: float) -> dict[str, Any]:
-    """The trainer loop for `seconds` beside a continuously running serve; then serve stops."""
+def train_for(cfg: Config, model: Path, seconds: float, pad_s: float,
+              versions: int | None = None) -> dict[str, Any]:
+    """The trainer loop for `seconds` (or until it has published `versions` versions, whichever
+    comes first) beside a continuously running serve; then serve stops."""
     from trainer.learner import learner
     from trainer.loop import TrainLoop
 
@@ -129,7 +141,7 @@ def train_for(cfg: Config, model: Path, seconds: float, pad_s: float) -> dict[st
         idle = busy = 0.0
         try:
             end = time.monotonic() + seconds
-            while time.monotonic() < end:
+            while time.monotonic() < end and (versions is None or loop.stats.steps < versions):
                 t0 = time.monotonic()
                 metrics = loop.step_once() or {}
                 took = time.monotonic() - t0
@@ -187,7 +199,8 @@ SEARCH = {"turns_median": 16.0, "sigma": 1.4, "sibling_sigma": 0.5, "length_medi
           "max_length": 8, "max_drawn_turns": 90, "task_pool": 6, "pool_seed": 32,
           "max_turns": 30}
 """Issue 49's searcher, shaped: turns a few to 30 (the limit), short siblings beside long ones."""
-II_RUN_S = 75.0
+II_VERSIONS = 10  # each arm trains this many versions (the same work), then stops
+II_MAX_S = 240.0  # ... or stops after this long (a very busy machine)
 II_GROUPS = 2
 II_ETA = 1
 II_CONCURRENCY = 12
@@ -204,7 +217,7 @@ def config_ii(work: Path, router: RouterThread, model: Path, run: str, selection
             env="long-tail", env_kwargs=SEARCH, router_url=router.url, group_size=4,
             max_turns=30, max_new_tokens=64, max_tokens=8192, max_concurrent_episodes=II_CONCURRENCY,
             heartbeat_s=1.0, max_queued_groups=4 * max(II_ETA, 1) * II_GROUPS,
-            task_selection=selection, seed=0,
+            task_selection=selection, seed=0, seeded_sampling=True,
         ),  # fmt: skip
         trainer=TrainerConfig(
             groups_per_step=II_GROUPS, micro_batch_size=8, optim={"lr": 1e-5},
@@ -226,6 +239,7 @@ def measure_ii(cfg: Config) -> dict[str, Any]:
             episodes = await store.list_episodes(run_id=run, limit=1_000_000)
             reasons = {e.id: (await store.get_episode(e.id)).episode.filter_reason or ""
                        for e in episodes if e.status == "filtered"}
+            keys = {t: (await store.get_task(t))["key"] for t in {e.task_id for e in episodes}}
         finished = [e for e in episodes if e.status in ("completed", "trained", "filtered")]
         trained = [e for e in episodes if e.status == "trained"]
         stale = [e for e in episodes if e.status == "filtered" and reasons[e.id].startswith("stale")]
@@ -245,6 +259,7 @@ def measure_ii(cfg: Config) -> dict[str, Any]:
             "generated_decided": sum(e.num_model_tokens for e in decided),
             "trained_model_tokens": sum(e.num_model_tokens for e in trained),
             "turns_max": max((e.num_turns for e in finished), default=0),
+            "episodes_per_task": dict(sorted(Counter(keys[e.task_id] for e in episodes).items())),
             "at_limit": sum(e.num_turns >= 30 for e in finished),
             "truncated": endings.truncated,
         }
@@ -254,18 +269,26 @@ def measure_ii(cfg: Config) -> dict[str, Any]:
 
 def long_tail_ii(work: Path, router: RouterThread, model: Path, reset: Any) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
+    versions = II_VERSIONS
+    if "--versions" in sys.argv:
+        versions = int(sys.argv[sys.argv.index("--versions") + 1])
     for selection in SELECTIONS:
         run = f"search-{selection}"
         cfg = config_ii(work, router, model, run, selection)
         asyncio.run(upgrade(cfg.store))
         reset()
-        seconds = float(sys.argv[sys.argv.index("--run-s") + 1]) if "--run-s" in sys.argv else II_RUN_S
-        trained = train_for(cfg, model, seconds, 0.0)
+        load = [_load()]
+        t0 = time.monotonic()
+        trained = train_for(cfg, model, II_MAX_S, 0.0, versions)
+        load.append(_load())
         m = measure_ii(cfg)
+        m["wall_s"] = round(time.monotonic() - t0, 1)
+        m["load"] = load
         m["rewards"] = trained["rewards"]
         m["steps"] = trained["steps"]
         m["trainer_idle"] = round(trained["trainer_idle"], 3)
         m["trained_tokens"] = trained["trained_tokens"]  # the steps' loss-mask tokens
+        m["stale_token_share"] = round(trained["stale_token_share"], 3)
         m["generated_per_trained"] = m["generated"] / max(m["trained_tokens"], 1)
         m["decided_per_trained"] = m["generated_decided"] / max(m["trained_tokens"], 1)
         m["stale_filtered_share"] = m["stale_filtered"] / max(m["finished"], 1)
@@ -284,14 +307,30 @@ def long_tail_ii(work: Path, router: RouterThread, model: Path, reset: Any) -> d
         "tokens_generated_per_trained": round(on["generated_per_trained"], 3),
         "tokens_generated_per_trained_without_selection": round(off["generated_per_trained"], 3),
         "waste_cut": round(1 - on["generated_per_trained"] / off["generated_per_trained"], 3),
+        "waste_cut_decided": round(1 - on["decided_per_trained"] / off["decided_per_trained"], 3),
         "decided_per_trained": {k: round(r["decided_per_trained"], 3) for k, r in results.items()},
+        # The same cut before the staleness mask (model tokens of the trained episodes): what
+        # selection saves apart from the tokens max_staleness leaves out of the episodes trained.
+        "waste_cut_before_stale_mask": round(
+            1 - (on["generated"] / max(on["trained_model_tokens"], 1))
+            / (off["generated"] / max(off["trained_model_tokens"], 1)), 3),
         "reward_at_version": {"versions": versions, **reward},
-        "by_run": {k: {"steps": r["steps"], "trainer_idle": r["trainer_idle"],
+        "by_run": {k: {"steps": r["steps"], "wall_s": r["wall_s"], "load": r["load"],
+                       "trainer_idle": r["trainer_idle"],
+                       "stale_token_share": r["stale_token_share"],
+                       "generated": r["generated"], "trained_tokens": r["trained_tokens"],
+                       "trained_model_tokens": r["trained_model_tokens"],
                        "finished": r["finished"], "trained": r["trained"],
                        "zero_variance": r["zero_variance"], "stale_filtered": r["stale_filtered"],
                        "stale_siblings": r["stale_siblings"], "at_limit": r["at_limit"],
+                       "episodes_per_task": r["episodes_per_task"],
                        "turns_max": r["turns_max"]} for k, r in results.items()},
     }
+
+
+def _load() -> float:
+    """The 1-minute load average (the machine is shared: figures are read beside it)."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def main() -> None:
