@@ -1,15 +1,25 @@
-"""Checks shared by the family tests on a trained learner's HF export."""
+"""Checks shared by the family tests: a trained learner's HF export, and an MoE family served by
+SGLang's CPU engine against the learner with routing replay."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from agent_rl.config import TrainerConfig
+from agent_rl.sglang.client import EngineClient
+from agent_rl.sglang.generation import Generation
+from trainer.arch import ModelArch
 from trainer.batch import Batch
 from trainer.learner import learner
+
+if TYPE_CHECKING:
+    from agent_rl.engine.launcher import EngineServer
 
 
 def assert_loads_back_exactly(out: Path, exported: dict[str, torch.Tensor], batch: Batch,
@@ -27,3 +37,54 @@ def assert_loads_back_exactly(out: Path, exported: dict[str, torch.Tensor], batc
     diff = ((ours[:, 1:] - ref).abs() * batch.loss_mask[:, 1:]).max().item()
     print(f"{label}: export vs learner max |logprob diff| {diff:.2e}")
     assert diff < 1e-5
+
+
+def assert_engine_logprobs_and_experts_replay(
+    model_dir: Path, sglang_server_factory: Callable[..., EngineServer], label: str
+) -> None:
+    """SGLang's CPU engine serving the MoE model `model_dir` (an engine of its own, stopped before
+    the check) samples tokens whose logprobs are the learner's (mean within 1e-5), with the
+    engine's routed experts replayed in the learner (R3): SGLang reports a row per decoder layer,
+    the dense first ones included, which replay drops; every fed token has its experts in every
+    MoE layer."""
+    prompts = [[5, 6, 7, 8, 9], [40, 41, 42], [100, 7, 300, 12, 13, 14, 15]]
+    server = sglang_server_factory(model_dir, moe_routing_replay=True)
+
+    async def sample() -> list[Generation]:
+        async with EngineClient(server.url) as client:
+            params = {"temperature": 1.0, "max_new_tokens": 24, "sampling_seed": 0}
+            return [await client.generate(p, params, return_routed_experts=True) for p in prompts]
+
+    try:
+        generations = asyncio.run(sample())
+    finally:
+        server.stop()  # its ~2 GB back before the rest of the session
+    arch = ModelArch.from_hf_dir(model_dir)
+    for p, g in zip(prompts, generations):
+        assert g.routed_experts is not None
+        assert g.routed_experts.shape == (len(p) + len(g.output_ids) - 1, arch.num_layers,
+                                          arch.moe_topk)  # fmt: skip
+    batch = Batch.from_sequences(
+        [p + g.output_ids for p, g in zip(prompts, generations)],
+        loss_masks=[[0.0] * len(p) + [1.0] * len(g.output_ids)
+                    for p, g in zip(prompts, generations)],
+        rollout_logprobs=[[0.0] * len(p) + list(g.logprobs or [])
+                          for p, g in zip(prompts, generations)],
+        advantages=[1.0, -1.0, 0.5],
+        routed_experts=[torch.from_numpy(g.routed_experts.copy()) for g in generations],
+        topk=arch.moe_topk,
+    )  # fmt: skip
+    with learner(model_dir, TrainerConfig(micro_batch_size=4, routing_replay=True)) as e:
+        ours = e.logprobs(batch)["logprobs"]
+        metrics = e.rl_step(batch)
+    mask = batch.loss_mask
+    diff = (ours - batch.rollout_logprobs).abs() * mask
+    mean = float(diff.sum() / mask.sum())
+    print(f"trainer vs SGLang ({label}, R3): mean |logprob diff| {mean:.2e}, max "
+          f"{diff.max().item():.2e} over {int(mask.sum())} tokens; free routing differs on "
+          f"{metrics['routing_mismatch_fraction']:.4f} of tokens")
+    assert mask.sum() >= 3 * 8 and mean <= 1e-5
+    moe = batch.routed_experts[:, :, arch.dense_layers:]
+    fed = torch.arange(batch.tokens.shape[1]) < batch.lengths[:, None] - 1
+    assert (moe[fed] >= 0).all()
+    assert metrics["routing_mismatch_fraction"] <= 0.02

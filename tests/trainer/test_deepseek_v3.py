@@ -8,7 +8,6 @@ latent attention layer."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -23,13 +22,13 @@ from agent_rl.config import TrainerConfig
 from agent_rl.engine.launcher import EngineServer
 from agent_rl.kernel.errors import ConfigError
 from agent_rl.models import init_model
-from agent_rl.sglang.client import EngineClient
-from agent_rl.sglang.generation import Generation
 from tests.trainer._batches import rl_batch
-from tests.trainer._exports import assert_loads_back_exactly
+from tests.trainer._exports import (
+    assert_engine_logprobs_and_experts_replay,
+    assert_loads_back_exactly,
+)
 from trainer import hf_convert
 from trainer.arch import ModelArch, Parallel, check_parallel
-from trainer.batch import Batch
 from trainer.learner import learner, load_hf_weights
 from trainer.packing import per_token_rope
 from trainer.model import build_gpt_model
@@ -246,48 +245,7 @@ def test_sglang_serves_it_with_the_learners_logprobs_and_its_experts_replay(
     routing with a correction bias) samples tokens whose logprobs are the learner's, with the
     engine's routed experts replayed in the learner (R3; SGLang reports a row per decoder layer,
     the dense first one included, which replay drops). An engine of its own: ~30 s to start."""
-    prompts = [[5, 6, 7, 8, 9], [40, 41, 42], [100, 7, 300, 12, 13, 14, 15]]
-    server = sglang_server_factory(ds_dir, moe_routing_replay=True)
-
-    async def sample() -> list[Generation]:
-        async with EngineClient(server.url) as client:
-            params = {"temperature": 1.0, "max_new_tokens": 24, "sampling_seed": 0}
-            return [await client.generate(p, params, return_routed_experts=True) for p in prompts]
-
-    try:
-        generations = asyncio.run(sample())
-    finally:
-        server.stop()  # its ~2 GB back before the rest of the session
-    arch = ModelArch.from_hf_dir(ds_dir)
-    for p, g in zip(prompts, generations):
-        assert g.routed_experts is not None
-        assert g.routed_experts.shape == (len(p) + len(g.output_ids) - 1, arch.num_layers,
-                                          arch.moe_topk)  # fmt: skip
-    batch = Batch.from_sequences(
-        [p + g.output_ids for p, g in zip(prompts, generations)],
-        loss_masks=[[0.0] * len(p) + [1.0] * len(g.output_ids)
-                    for p, g in zip(prompts, generations)],
-        rollout_logprobs=[[0.0] * len(p) + list(g.logprobs or [])
-                          for p, g in zip(prompts, generations)],
-        advantages=[1.0, -1.0, 0.5],
-        routed_experts=[torch.from_numpy(g.routed_experts.copy()) for g in generations],
-        topk=arch.moe_topk,
-    )  # fmt: skip
-    with learner(ds_dir, TrainerConfig(micro_batch_size=4, routing_replay=True)) as e:
-        ours = e.logprobs(batch)["logprobs"]
-        metrics = e.rl_step(batch)
-    mask = batch.loss_mask
-    diff = (ours - batch.rollout_logprobs).abs() * mask
-    mean = float(diff.sum() / mask.sum())
-    print(f"trainer vs SGLang (tiny-deepseek_v3, R3): mean |logprob diff| {mean:.2e}, max "
-          f"{diff.max().item():.2e} over {int(mask.sum())} tokens; free routing differs on "
-          f"{metrics['routing_mismatch_fraction']:.4f} of tokens")
-    assert mask.sum() >= 3 * 8 and mean <= 1e-5
-    # Every token fed back has the engine's experts in every MoE layer: all of them replayed.
-    moe = batch.routed_experts[:, :, arch.dense_layers:]
-    fed = torch.arange(batch.tokens.shape[1]) < batch.lengths[:, None] - 1
-    assert (moe[fed] >= 0).all()
-    assert metrics["routing_mismatch_fraction"] <= 0.02
+    assert_engine_logprobs_and_experts_replay(ds_dir, sglang_server_factory, "tiny-deepseek_v3")
 
 
 @pytest.mark.slow
