@@ -77,3 +77,38 @@ def test_the_rl_stage_on_ray_trains_to_the_target_and_stops_clean(
         for v in (1, 2):
             assert (tmp_path / cfg.trainer.export_dir / f"v{v:06d}" / "config.json").is_file()
     assert os.getcwd() == str(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_quickstart_ray_option_runs_its_rl_stage_through_the_launch(
+    engine_venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`agent-rl quickstart --ray`'s wiring: the pipeline's RL stage goes to rl_on_ray (no
+    supervised serve or trainer of its own) and records the version it reached."""
+    import anyio
+    from rich.console import Console
+
+    from agent_rl.app.quickstart.pipeline import Quickstart
+    from agent_rl.models import init_model
+
+    for k, v in {"AGENT_RL_TRAINER__GROUPS_PER_STEP": "2", "AGENT_RL_ROLLOUT__MAX_NEW_TOKENS": "16",
+                 "AGENT_RL_ROLLOUT__MAX_CONCURRENT_EPISODES": "16",
+                 "AGENT_RL_ROLLOUT__FILTER_ZERO_VARIANCE": "false"}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)  # as in the test above
+    monkeypatch.chdir(tmp_path)
+    with fresh_postgres() as url:
+        qs = Quickstart(Options(store_url=url, ray=True, rl_steps=1, rl_minutes=10), tmp_path,
+                        Console(record=True, width=200))  # fmt: skip
+        init_model(BASE_MODEL, "quickstart", seed=0)
+        shutil.copytree(BASE_MODEL, SFT_MODEL)
+
+        async def rl() -> tuple[int, set[str]]:
+            async with qs.running() as sup:
+                return await qs.rl_stage(), set(sup.procs)
+
+        version, supervised = anyio.run(rl)
+        assert version == 1 and qs.state.data["rl_version"] == 1
+        assert supervised == set()  # every role ran under the launch, none under the supervisor
+        assert "launched run 'quickstart' on 1 Ray node(s)" in qs.console.export_text()
+        assert not ray.is_initialized()

@@ -25,6 +25,9 @@ def quickstart(
     cluster: Annotated[
         bool, typer.Option("--cluster", help="Multi-process mode: 2 engines behind a standalone router, 2 serves, 1 trainer.")
     ] = False,
+    ray: Annotated[
+        bool, typer.Option("--ray", help="Place the RL stage's roles on a local Ray cluster through `agent-rl launch` (needs agent-rl[cluster]); with --cluster: 2 engines and 2 serves.")
+    ] = False,
     store_url: Annotated[
         Optional[str], typer.Option(help="Store URL (--cluster needs postgresql://...); default SQLite in the working directory.")
     ] = None,
@@ -45,7 +48,7 @@ def quickstart(
     from agent_rl.app.quickstart import run_quickstart
 
     opts = Options(seed=seed, sft_steps=sft_steps, rl_steps=rl_steps, rl_minutes=rl_minutes,
-                   eval_tasks=eval_tasks, eval_samples=eval_samples, cluster=cluster,
+                   eval_tasks=eval_tasks, eval_samples=eval_samples, cluster=cluster, ray=ray,
                    store_url=store_url, agent=agent, dialect=dialect, env=env)
     try:
         anyio.run(lambda: run_quickstart(opts, workdir, console=console, serve_after=serve_after))

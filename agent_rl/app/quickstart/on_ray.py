@@ -50,7 +50,7 @@ def ray_config(config_path: Path, *, start_weights: Path, engines: int, serves: 
     }  # fmt: skip
     path = config_path.parent / RAY_CONFIG
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# Written by `agent-rl quickstart --cluster --ray` for its RL stage.\n"
+    path.write_text("# Written by `agent-rl quickstart --ray` for its RL stage.\n"
                     + tomli_w.dumps(data))  # fmt: skip
     path.chmod(0o600)  # the router's admin token
     return path

@@ -35,6 +35,7 @@ from agent_rl.app.quickstart.processes import Supervisor, agent_rl_command
 from agent_rl.app.quickstart.progress import Progress
 from agent_rl.app.quickstart.recipe import (
     BASE_MODEL,
+    CONFIG_FILE,
     ENV_ID,
     ENV_KWARGS,
     MODEL_PRESET,
@@ -242,6 +243,9 @@ class Quickstart:
         """Serve and train together; returns the policy version reached."""
         from agent_rl.sglang.client import EngineClient
 
+        if self.opts.ray:
+            return await self.rl_stage_on_ray()
+
         store = await Store.open(self.cfg.store)
         try:
             run_id = await store.ensure_run(self.cfg.run.name)
@@ -295,6 +299,35 @@ class Quickstart:
         self.state.data["rl_version"] = version
         self.state.save()
         return version
+
+    async def rl_stage_on_ray(self) -> int:
+        """The RL stage through `agent-rl launch` on a local Ray cluster (on_ray.py): the
+        fleet of the evaluations is stopped first (the launch runs engines and a router of its
+        own) and started again by the next evaluation."""
+        from agent_rl.app.quickstart.on_ray import rl_on_ray
+
+        async with await Store.open(self.cfg.store) as store:
+            version = await store.latest_version(await store.ensure_run(self.cfg.run.name))
+        if version < self.opts.rl_steps:
+            await self.stop_fleet()
+            n = 2 if self.opts.cluster else 1
+            weights = export_path(self.cfg, version) if version else SFT_MODEL
+            with Progress(self.console, "RL") as progress:
+                version = await rl_on_ray(
+                    self.workdir / CONFIG_FILE, start_weights=weights, rl_steps=self.opts.rl_steps,
+                    rl_minutes=self.opts.rl_minutes, engines=n, serves=n, say=self.say,
+                    progress=progress.update)  # fmt: skip
+        self.state.data["rl_version"] = version
+        self.state.save()
+        return version
+
+    async def stop_fleet(self) -> None:
+        """Stop the engines and router (`ensure_fleet` starts them again on next need)."""
+        if self.fleet is not None and self.supervisor is not None:
+            with anyio.CancelScope(shield=True):
+                for name in ("router", *(f"engine-{i}" for i in range(len(self.fleet.engines)))):
+                    await self.supervisor.stop(name)
+            self.fleet = None
 
 
 async def _fresh_run_name(cfg: Config, base: str) -> str:

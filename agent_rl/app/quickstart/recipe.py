@@ -74,6 +74,9 @@ class Options(BaseModel):
     eval_samples: int = Field(default=4, ge=1)
     cluster: bool = False
     """Multi-process mode: two engines behind a standalone router, two serves, one trainer."""
+    ray: bool = False
+    """The RL stage's roles placed on a local Ray cluster by `agent-rl launch` (on_ray.py)
+    instead of the quickstart's own supervisor; the evaluations keep theirs."""
     store_url: str | None = None
     """Store URL (cluster mode needs PostgreSQL); unset: SQLite in the working directory."""
     agent: bool = False
