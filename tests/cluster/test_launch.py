@@ -39,6 +39,11 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from agent_rl.cluster import launch as cluster  # noqa: E402
 
+# Every test that starts a Ray cluster runs on one pytest-xdist worker (the README's `--dist loadgroup`):
+# two clusters started side by side took each other's ports (a client reached the other
+# cluster's GCS and was refused).
+pytestmark = pytest.mark.xdist_group("ray")
+
 ACCEL = "accel"
 WORKER = {"num_cpus": 1, "resources": {ACCEL: 1, "serve_slot": 1}}
 """A GPU node of the test: one engine (its `accel`) and one serve (its CPU)."""

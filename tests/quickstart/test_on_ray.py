@@ -28,6 +28,11 @@ ray = pytest.importorskip("ray")
 
 from agent_rl.app.quickstart.on_ray import RAY_CONFIG, rl_on_ray  # noqa: E402
 
+# Every test that starts a Ray cluster runs on one pytest-xdist worker (the README's `--dist loadgroup`):
+# two clusters started side by side took each other's ports (a client reached the other
+# cluster's GCS and was refused).
+pytestmark = pytest.mark.xdist_group("ray")
+
 
 @pytest.mark.slow
 @pytest.mark.postgres
