@@ -220,6 +220,12 @@ def _latent_attention() -> None:
     for name in ("TELinear", "TEColumnParallelLinear"):
         if not isinstance(getattr(mla, name), type):
             setattr(mla, name, type(f"No{name}", (), {}))
+    # megatron-core 0.19 (Python 3.12's) imports the plain `Linear` that MLA accepts for its
+    # down projections only with TransformerEngine (None without): the one the deepseek_v3
+    # family's spec names (agent_rl/families/deepseek_v3.py).
+    from megatron.core.post_training.modelopt.layers import Linear
+
+    mla.Linear = Linear
     APPLIED.append("MLA's TransformerEngine checks without TransformerEngine")
 
 

@@ -62,6 +62,25 @@ _YARN = {"original_max_position_embeddings": None, "beta_fast": 32.0, "beta_slow
 
 
 @cache
+def _full_query_attention() -> type:
+    """megatron-core's MLA for a model without a query latent (`q_lora_rank` None: a plain
+    `q_proj`, as Moonlight's). megatron-core 0.19 resolves its projections from the latent
+    norms' setting and, with them on and no query latent, asks for a query projection fused
+    with a norm (TransformerEngine's) that DeepSeek's architecture does not have; here the query
+    projection is the spec's plain one and only the key/value latent has its norm. (0.16 does
+    not ask: the override is not called there.)"""
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    class FullQueryAttention(MLASelfAttention):
+        def _resolve_qk_norm_config(self, submodules: Any) -> dict[str, Any]:
+            return dict(linear_q_proj=submodules.linear_q_proj, linear_q_up_proj=IdentityOp,
+                        linear_kv_up_proj=submodules.linear_kv_up_proj,
+                        q_layernorm=IdentityOp, kv_layernorm=submodules.kv_layernorm)  # fmt: skip
+
+    return FullQueryAttention
+
+
 def _core_attention() -> type:
     """megatron-core's local core attention for MLA. Its MLA builds the core attention with the
     query/key and value widths (`k_channels`, `v_channels`), which only TransformerEngine's takes;
@@ -252,6 +271,7 @@ class DeepseekV3(Family):
         norm was 7e-5 off one process's.)"""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
         from megatron.core.post_training.modelopt.layers import Linear
+        from megatron.core.transformer.identity_op import IdentityOp
 
         block = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                            normalization="RMSNorm")  # fmt: skip
@@ -261,6 +281,11 @@ class DeepseekV3(Family):
             # A plain linear on the sequence-parallel shard, its gradient summed over the TP
             # group (it tags its weight sequence_parallel); MLA gathers the rotary key.
             attention.linear_q_down_proj = attention.linear_kv_down_proj = Linear
+            if config.q_lora_rank is None:
+                # No query latent, so no norm of it (megatron-core 0.19 refuses a norm it would
+                # not use; 0.16 just leaves it unbuilt).
+                attention.q_layernorm = IdentityOp
+                layer.submodules.self_attention.module = _full_query_attention()
         return block
 
     # --- weights ------------------------------------------------------------------------------
