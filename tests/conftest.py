@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 def _cpu_exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under pytest-xdist (the README's `-n 2`), a test marked `cpu_exclusive` runs while every
     other worker waits between tests: its subject is a process that only gets idle CPU (an
-    evaluator under SCHED_IDLE), which a second worker keeping both cores busy would starve.
+    evaluator under SCHED_IDLE), which a second worker keeping both cores busy would starve, or
+    a Ray cluster, whose many listening processes took another cluster's ports when two started
+    side by side. (pytest-xdist's own `--dist loadgroup` does not group under pytest 9: the
+    node id it rewrites is no longer the one reported.)
 
     Two flocks shared by the workers: every test takes the turnstile, then the gate (shared, or
     exclusive for a marked test), then lets the turnstile go. A marked test waiting for the gate

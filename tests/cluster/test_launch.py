@@ -39,10 +39,10 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from agent_rl.cluster import launch as cluster  # noqa: E402
 
-# Every test that starts a Ray cluster runs on one pytest-xdist worker (the README's `--dist loadgroup`):
+# A test that starts a Ray cluster runs while the other pytest-xdist worker waits (tests/conftest.py):
 # two clusters started side by side took each other's ports (a client reached the other
 # cluster's GCS and was refused).
-pytestmark = pytest.mark.xdist_group("ray")
+pytestmark = pytest.mark.cpu_exclusive
 
 ACCEL = "accel"
 WORKER = {"num_cpus": 1, "resources": {ACCEL: 1, "serve_slot": 1}}
@@ -51,9 +51,9 @@ TRAINER_NODE = {"num_cpus": 1, "resources": {"trainer_slot": 1}}
 """A node for one trainer rank (the head is another)."""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ray_cluster() -> Iterator[Cluster]:
-    """A head (the launch's supervisor, the router and the trainer) and two worker nodes; node
+    """One test's own cluster (it lives only while its test holds the CPU to itself): a head (the launch's supervisor, the router and the trainer) and two worker nodes; node
     deaths noticed within ~3 s."""
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {"trainer_slot": 1}, "include_dashboard": False,

@@ -216,8 +216,12 @@ SCONTROL = '[[ "$1 $2" == "show hostnames" ]] || exit 9\nprintf "%s\\n" $FAKE_NO
 
 
 def _run(script: Path, fake: Path, nodes: list[str], timeout: float = 60) -> tuple[int, str, str]:
+    # Ray's token authentication off for the whole job, as the job's own shell would have it:
+    # `ray.init` of an earlier test in this process (tests/cluster/test_launch.py) left
+    # RAY_AUTH_MODE=token in os.environ and a token in ~/.ray, and the head and the launch's
+    # client then disagreed (InvalidAuthToken).
     env = {
-        **os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "nodes[1-4]",
+        **os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "nodes[1-4]",
         "SLURM_JOB_ID": "4242", "SLURM_CPUS_ON_NODE": "2",
         "FAKE_NODES": " ".join(nodes), "STEPS": str(script.parent / "steps"),
     }
@@ -356,7 +360,7 @@ def _stop_our_ray(port: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/cluster/test_launch.py)
+@pytest.mark.cpu_exclusive  # one Ray cluster at a time (tests/cluster/test_launch.py)
 def test_real_ray_cluster_of_two_nodes(tmp_path: Path) -> None:
     """The script starts a real Ray head and worker (two raylets on this machine), waits for
     both to join, and the launch connects at the address it is given and sees both nodes'

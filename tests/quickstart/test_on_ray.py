@@ -28,10 +28,10 @@ ray = pytest.importorskip("ray")
 
 from agent_rl.app.quickstart.on_ray import RAY_CONFIG, rl_on_ray  # noqa: E402
 
-# Every test that starts a Ray cluster runs on one pytest-xdist worker (the README's `--dist loadgroup`):
+# A test that starts a Ray cluster runs while the other pytest-xdist worker waits (tests/conftest.py):
 # two clusters started side by side took each other's ports (a client reached the other
 # cluster's GCS and was refused).
-pytestmark = pytest.mark.xdist_group("ray")
+pytestmark = pytest.mark.cpu_exclusive
 
 
 @pytest.mark.slow
