@@ -187,3 +187,25 @@ def rope_parameters(hf: Any) -> dict[str, Any]:
     rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
     rope.setdefault("rope_theta", getattr(hf, "rope_theta", None))
     return rope
+
+
+def sigmoid_router_moe(arch: ModelArch) -> dict[str, Any]:
+    """megatron's MoE settings for a sigmoid router with a score correction bias (frozen: the
+    checkpoint's), shared experts and dense first layers, no auxiliary loss, routing replay on:
+    what glm4_moe and deepseek_v3 have in common (`Family.megatron_config`)."""
+    return {
+        "num_moe_experts": arch.num_experts,
+        "moe_router_topk": arch.moe_topk,
+        "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
+        "moe_shared_expert_intermediate_size": arch.moe_shared_ffn_hidden_size or None,
+        "moe_layer_freq": [0] * arch.dense_layers + [1] * (arch.num_layers - arch.dense_layers),
+        "moe_router_score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True,
+        "moe_router_bias_update_rate": 0.0,
+        "moe_router_topk_scaling_factor": arch.moe_scaling_factor,
+        "moe_router_dtype": "fp32",
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": False,
+        "moe_enable_routing_replay": True,
+    }

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agent_rl.families.arch import LatentAttention, ModelArch
-from agent_rl.families.base import Family, Weights, rope_parameters
+from agent_rl.families.base import Family, Weights, rope_parameters, sigmoid_router_moe
 from agent_rl.kernel.errors import ConfigError
 
 LATENT_EPS = 1e-6
@@ -244,22 +244,9 @@ class DeepseekV3(Family):
             "v_head_dim": latent.v_head_dim,
             "rotary_base": arch.rope_theta,
             **rope,
-            "num_moe_experts": arch.num_experts,
-            "moe_router_topk": arch.moe_topk,
-            "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
-            "moe_shared_expert_intermediate_size": arch.moe_shared_ffn_hidden_size or None,
-            "moe_layer_freq": [0] * arch.dense_layers + [1] * (arch.num_layers - arch.dense_layers),
-            "moe_router_score_function": "sigmoid",
-            "moe_router_enable_expert_bias": True,
-            "moe_router_bias_update_rate": 0.0,
-            "moe_router_topk_scaling_factor": arch.moe_scaling_factor,
+            **sigmoid_router_moe(arch),
             "moe_router_num_groups": arch.moe_groups if grouped else None,
             "moe_router_group_topk": arch.moe_group_topk if grouped else None,
-            "moe_router_dtype": "fp32",
-            "moe_router_load_balancing_type": "none",
-            "moe_aux_loss_coeff": 0.0,
-            "moe_grouped_gemm": False,
-            "moe_enable_routing_replay": True,
         }
 
     def layer_spec(self, arch: ModelArch, config: Any) -> Any:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agent_rl.families.arch import ModelArch
-from agent_rl.families.base import Family, rope_parameters
+from agent_rl.families.base import Family, rope_parameters, sigmoid_router_moe
 from agent_rl.kernel.errors import ConfigError
 
 
@@ -81,22 +81,7 @@ class Glm4Moe(Family):
         }
 
     def megatron_config(self, arch: ModelArch) -> dict[str, Any]:
-        return {
-            "num_moe_experts": arch.num_experts,
-            "moe_router_topk": arch.moe_topk,
-            "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
-            "moe_shared_expert_intermediate_size": arch.moe_shared_ffn_hidden_size or None,
-            "moe_layer_freq": [0] * arch.dense_layers + [1] * (arch.num_layers - arch.dense_layers),
-            "moe_router_score_function": "sigmoid",
-            "moe_router_enable_expert_bias": True,
-            "moe_router_bias_update_rate": 0.0,
-            "moe_router_topk_scaling_factor": arch.moe_scaling_factor,
-            "moe_router_dtype": "fp32",
-            "moe_router_load_balancing_type": "none",
-            "moe_aux_loss_coeff": 0.0,
-            "moe_grouped_gemm": False,
-            "moe_enable_routing_replay": True,
-        }
+        return sigmoid_router_moe(arch)
 
     def gpt_model_kwargs(self, arch: ModelArch) -> dict[str, Any]:
         return {"rotary_percent": arch.rotary_percent}
