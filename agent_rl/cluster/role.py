@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from agent_rl.kernel.processes import signal_tree
+
 
 class RoleProcess:
     def __init__(self, name: str, cwd: str, log_path: str) -> None:
@@ -67,13 +69,13 @@ class RoleProcess:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            _signal_tree(self.proc.pid, sig)
+            signal_tree(self.proc.pid, sig)
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 pass
         # Whatever it started (an engine's SGLang, in a session of its own) goes with it.
-        _signal_tree(self.proc.pid, signal.SIGKILL)
+        signal_tree(self.proc.pid, signal.SIGKILL)
         return self.proc.wait()
 
     def tail(self, lines: int = 50) -> str:
@@ -108,23 +110,3 @@ def tail_file(path: Path, lines: int) -> str:
     except OSError as e:
         return f"(no log at {path}: {e.strerror})\n"
     return "\n".join(text.splitlines()[-lines:]) + "\n"
-
-
-def _signal_tree(pid: int, sig: int) -> None:
-    """Signal the process, its group and every descendant (SGLang runs in a session of its own,
-    which a group signal misses)."""
-    import psutil
-
-    try:
-        family = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        family = []
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for child in family:
-        try:
-            child.send_signal(sig)
-        except psutil.Error:
-            pass

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import anyio
 
+from agent_rl.kernel.processes import signal_tree
+
 log = logging.getLogger(__name__)
 
 
@@ -119,16 +121,16 @@ class Supervisor:
         m.stopped = True
         if m.proc is None or m.proc.poll() is not None:
             return
-        _signal_group(m.proc, sig)
+        signal_tree(m.proc.pid, sig)
         deadline = time.monotonic() + grace_s
         while m.proc.poll() is None and time.monotonic() < deadline:
             await anyio.sleep(0.1)
         if m.proc.poll() is None:
             self.on_event(f"{m.name} did not stop within {grace_s:.0f}s; killing it")
-            _signal_group(m.proc, signal.SIGKILL)
+            signal_tree(m.proc.pid, signal.SIGKILL)
             m.proc.wait()
         # Whatever it started (an engine's scheduler processes) goes with it.
-        _signal_group(m.proc, signal.SIGKILL)
+        signal_tree(m.proc.pid, signal.SIGKILL)
 
     async def stop_all(self, order: list[str] | None = None, grace_s: float = 30.0) -> None:
         for name in order or list(reversed(self.procs)):
@@ -140,28 +142,8 @@ class Supervisor:
         m = self.procs[name]
         assert m.proc is not None and m.proc.poll() is None, f"{name} is not running"
         pid = m.proc.pid
-        _signal_group(m.proc, signal.SIGKILL)
+        signal_tree(m.proc.pid, signal.SIGKILL)
         return pid
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Signal the process, its group and every descendant (an `agent-rl engine start` runs
-    SGLang in a session of its own, which a group signal would miss)."""
-    import psutil
-
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        family = []
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for child in family:
-        try:
-            child.send_signal(sig)
-        except psutil.Error:
-            pass
 
 
 def _describe(code: int | None) -> str:
