@@ -40,6 +40,9 @@ def quickstart(
     env: Annotated[
         Optional[str], typer.Option("--env", help="Train an environment of another ecosystem: verifiers:vf_calculator (the calculator as a verifiers v1 taskset; needs AGENT_RL_VERIFIERS_PYTHON or .venv-verifiers).")
     ] = None,
+    family: Annotated[
+        Optional[str], typer.Option("--family", help="The tiny model's family (an HF model_type with a tiny preset; `agent-rl model init --help` lists them): its preset at the quickstart model's size, an MoE with routing replay; default the quickstart preset.")
+    ] = None,
     serve_after: Annotated[
         bool, typer.Option("--serve-after/--no-serve-after", help="Keep the viewer up after the report, until Ctrl-C.")
     ] = True,
@@ -49,7 +52,7 @@ def quickstart(
 
     opts = Options(seed=seed, sft_steps=sft_steps, rl_steps=rl_steps, rl_minutes=rl_minutes,
                    eval_tasks=eval_tasks, eval_samples=eval_samples, cluster=cluster, ray=ray,
-                   store_url=store_url, agent=agent, dialect=dialect, env=env)
+                   store_url=store_url, agent=agent, dialect=dialect, env=env, family=family)
     try:
         anyio.run(lambda: run_quickstart(opts, workdir, console=console, serve_after=serve_after))
     except KeyboardInterrupt:

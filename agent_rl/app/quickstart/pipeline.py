@@ -1,6 +1,6 @@
 """The quickstart's stages, each recorded in `quickstart.json` so a second run resumes.
 
-1. model: a random-init tiny model (`runs/model`).
+1. model: a random-init tiny model (`runs/model`; `--family`: that family's, at the same size).
 2. fleet: SGLang engine(s) behind a standalone router, as supervised processes.
 3. eval base, 4. SFT (`agent-rl train --sft`), 5. eval sft,
 6. RL: `agent-rl serve` process(es) and one `agent-rl train` against the router, until the
@@ -38,10 +38,10 @@ from agent_rl.app.quickstart.recipe import (
     CONFIG_FILE,
     ENV_ID,
     ENV_KWARGS,
-    MODEL_PRESET,
     SFT_MODEL,
     STATE_FILE,
     Options,
+    base_model,
     write_or_load,
 )  # fmt: skip
 from agent_rl.store import Store
@@ -101,10 +101,11 @@ class Quickstart:
         self.workdir = workdir.resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         os.chdir(self.workdir)  # every path of the recipe is relative to it
-        self.cfg: Config = write_or_load(self.workdir, opts)
+        self.started = time.monotonic()
+        moe = self.make_model()  # first: the recipe asks whether the engines return its experts
+        self.cfg: Config = write_or_load(self.workdir, opts, moe=moe)
         self.state = State.load(self.workdir / STATE_FILE)
         self.token = self.cfg.router.admin_token.get_secret_value() if self.cfg.router.admin_token else None
-        self.started = time.monotonic()
         self.fleet: Fleet | None = None
         self.supervisor: Supervisor | None = None
         """Set by the caller, which also runs its watcher."""
@@ -150,14 +151,23 @@ class Quickstart:
             raise ConfigError("the multi-process mode shares one store between processes on a "
                               "cluster: pass --store-url postgresql://...")
         await upgrade(self.cfg.store)
+
+    def make_model(self) -> bool:
+        """The run's random-init base model, made on the first run (`base_model`: the
+        quickstart preset, or `--family`'s at its size); whether it is an MoE."""
+        from agent_rl.families.arch import ModelArch
+
         if not (BASE_MODEL / "config.json").is_file():
             from transformers.utils import logging as hf_logging
 
             from agent_rl.models import init_model
 
             hf_logging.disable_progress_bar()  # a bar for one tiny file is noise in the summary
-            init_model(BASE_MODEL, MODEL_PRESET, seed=self.opts.seed)
-            self.say(f"made a random-init {MODEL_PRESET!r} model in {BASE_MODEL}")
+            preset, size = base_model(self.opts.family)
+            init_model(BASE_MODEL, preset, seed=self.opts.seed, **size)
+            self.say(f"made a random-init {preset!r} model{' at the quickstart size' if size else ''}"
+                     f" in {BASE_MODEL}")
+        return ModelArch.from_hf_dir(BASE_MODEL).is_moe
 
     async def start_fleet(self, supervisor: Supervisor) -> Fleet:
         n = 2 if self.opts.cluster else 1

@@ -9,7 +9,8 @@ Why these numbers (measured on 2 CPU cores; see the README's quickstart section)
   demonstrations answer by mental math, which the small student cannot imitate, so SFT leaves a
   policy that uses the tool about half the time; RL then discovers that the tool pays.
 - `tools_in_prompt = false`: the tool's JSON schema would be ~80% of every sequence.
-- the `quickstart` model preset (1M parameters), SFT at lr 3e-3 on 32 transcripts a step,
+- the `quickstart` model preset (1M parameters; `--family` puts another family's tiny preset at
+  its size), SFT at lr 3e-3 on 32 transcripts a step,
   RL at lr 1e-4 (3e-4 and up made the tiny policy collapse in the shared notes' runs).
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_rl.config import Config, load_config
 from agent_rl.kernel.errors import ConfigError
@@ -55,6 +56,10 @@ VERIFIERS_ENV_KWARGS: dict[str, Any] = {
 harness shows the model what the calculator env does, so the calculator's demonstrations
 warm-start it (its `demonstrations`); its eval split is the taskset's rows of another seed."""
 MODEL_PRESET = "quickstart"
+MODEL_SIZE = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size")  # fmt: skip
+"""The quickstart model's dimensions, which `--family` gives that family's tiny preset: about the
+same compute per token, so the recipe's steps and learning rates carry over."""
 BASE_MODEL = Path("runs/model")
 SFT_MODEL = Path("runs/sft")
 
@@ -89,10 +94,39 @@ class Options(BaseModel):
     """Train this environment of another ecosystem instead (`verifiers:vf_calculator`: the
     calculator as a verifiers taskset, in the verifiers environment `AGENT_RL_VERIFIERS_PYTHON`
     names, else the checkout's `.venv-verifiers`)."""
+    family: str | None = None
+    """The model's family (an HF `model_type` of agent_rl.families, e.g. `llama`, `glm4_moe`):
+    its tiny preset at the quickstart model's size (`MODEL_SIZE`); unset: the `quickstart`
+    preset (a qwen2). An MoE family's engines return their routed experts (R3)."""
+
+    @field_validator("family")
+    @classmethod
+    def _has_a_preset(cls, family: str | None) -> str | None:
+        if family is not None:
+            try:
+                base_model(family)
+            except ConfigError as e:  # pydantic reports a ValueError as the option's error
+                raise ValueError(str(e)) from e
+        return family
 
 
-def recipe(opts: Options) -> dict[str, Any]:
-    """The config of a new quickstart run (TOML-ready)."""
+def base_model(family: str | None) -> tuple[str, dict[str, Any]]:
+    """The preset of the run's base model and the fields it overrides: the quickstart preset, or
+    `family`'s first tiny preset at the quickstart model's size."""
+    from agent_rl.models.presets import PRESETS
+
+    if family is None:
+        return MODEL_PRESET, {}
+    named = [name for name, p in PRESETS.items() if p.architecture == family]
+    if not named:
+        having = sorted({p.architecture for p in PRESETS.values()})
+        raise ConfigError(f"--family {family}: no tiny preset of that family; one of {', '.join(having)}")
+    return named[0], PRESETS[MODEL_PRESET].model_dump(include=set(MODEL_SIZE))
+
+
+def recipe(opts: Options, moe: bool = False) -> dict[str, Any]:
+    """The config of a new quickstart run (TOML-ready); `moe`: the base model is an MoE, whose
+    engines return the experts each token was routed to (R3: the trainer replays them)."""
     from agent_rl.engine.launcher import free_port  # httpx: kept off the CLI's import path
 
     store_url = opts.store_url or "sqlite:///agent_rl.db"
@@ -105,7 +139,7 @@ def recipe(opts: Options) -> dict[str, Any]:
     return {
         "run": {"name": RUN_NAME},
         "store": {"url": store_url},
-        "engine": {"model": str(BASE_MODEL), "log_dir": "runs/logs"},
+        "engine": {"model": str(BASE_MODEL), "log_dir": "runs/logs", "moe_routing_replay": moe},
         "router": {"port": free_port(), "admin_token": secrets.token_urlsafe(24)},
         "api": {"port": free_port()},
         "rollout": {
@@ -138,14 +172,14 @@ def verifiers_python() -> str:
     return str(python.absolute())
 
 
-def write_or_load(workdir: Path, opts: Options) -> Config:
-    """The run's config: written on the first run, read back (and validated) afterwards."""
+def write_or_load(workdir: Path, opts: Options, moe: bool = False) -> Config:
+    """The run's config: written on the first run (`recipe`), read back (and validated) afterwards."""
     path = workdir / CONFIG_FILE
     if not path.is_file():
         workdir.mkdir(parents=True, exist_ok=True)
         path.write_text(
             "# Written by `agent-rl quickstart`; every agent-rl command run in this directory reads it.\n"
-            + tomli_w.dumps(recipe(opts))
+            + tomli_w.dumps(recipe(opts, moe))
         )
         path.chmod(0o600)  # it holds the router's admin token
     return load_config(path)
