@@ -238,9 +238,12 @@ class Router:
         except ConfigError as e:
             return error_response(400, str(e))
         if created:
-            # Probe before the caller learns it was added, so a dead URL shows as unhealthy.
-            await self.health.probe(self.client(), worker)
-            await self.control.refresh_version(worker)
+            # Probe before the caller learns it was added, so a dead URL shows as unhealthy; a
+            # worker joining a fleet that took weight updates serves only once it has the newest.
+            behind = self.control.last_update is not None
+            await self.health.admit(self.client(), worker, behind=behind)
+            if not behind:
+                await self.control.refresh_version(worker)
         return web.json_response({"added": created, "worker": worker.describe()},
                                  status=201 if created else 200)
 

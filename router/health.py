@@ -111,6 +111,24 @@ class Health:
                 ok, detail = False, f"not restored: {e}"
         self.probe_result(worker, ok, detail)
 
+    async def admit(self, session: aiohttp.ClientSession, worker: Worker, *, behind: bool) -> None:
+        """A worker just added to the pool: probed once. `behind` (the fleet has taken weight
+        updates, so a worker that joins now, such as an engine re-placed by `agent-rl launch`,
+        runs older weights) keeps it out of rotation until `before_restore` gave it the newest
+        ones: now if it answers, else when its health checks restore it."""
+        worker.quarantined = behind
+        await self.probe(session, worker)
+        if not worker.quarantined or worker.health_failures or self.before_restore is None:
+            return  # restored by the probe itself (recover_after=1), or not answering yet
+        try:
+            await self.before_restore(worker)
+        except Exception as e:  # noqa: BLE001 - any failure keeps it out of rotation
+            worker.last_error = f"not restored: {e}"
+            return
+        worker.quarantined = False
+        self.metrics.healthy.labels(worker.url).set(1)
+        log.info("worker %s: joined at the fleet's newest weights", worker.url)
+
     async def probe_all(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self.probe(session, w) for w in self.pool))
 

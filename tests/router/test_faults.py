@@ -266,6 +266,35 @@ async def test_restored_worker_loads_the_restore_point_of_in_memory_updates(
     assert body == {"model_path": "/exports/v000005", "weight_version": "5"}
 
 
+async def test_worker_added_after_an_update_joins_on_the_newest_weights(
+    make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    # `agent-rl launch` re-places a lost engine elsewhere (a new URL, on its launch weights) and
+    # adds it with POST /workers: it must not serve the older weights meanwhile.
+    a, b, c = [await make_worker(name=n) for n in "abc"]
+    router = await make_router([a.url], health_interval_s=0, recover_after=2)
+    admin = {"Authorization": "Bearer secret"}
+    async with http.post(router.url + "/update_weights_from_disk", headers=admin,
+                         json={"model_path": "/models/v4", "weight_version": "4"}) as r:
+        assert r.status == 200
+    b.weight_version = "default"
+    async with http.post(router.url + "/workers", json={"url": b.url}, headers=admin) as r:
+        assert r.status == 201
+        added = (await r.json())["worker"]
+    assert added["healthy"] is True and added["weight_version"] == "4" and b.weight_version == "4"
+    assert json.loads(b.calls("/update_weights_from_disk")[-1].body)["model_path"] == "/models/v4"
+    # One that cannot take them stays out of rotation.
+    c.weight_version = "default"
+    c.mode = "error500"
+    c.health_mode = "ok"
+    async with http.post(router.url + "/workers", json={"url": c.url}, headers=admin) as r:
+        added = (await r.json())["worker"]
+    assert added["quarantined"] is True and "not restored" in added["last_error"]
+    for _ in range(4):
+        async with http.post(router.url + "/generate", data=BODY) as r:
+            assert (await r.json())["meta_info"]["weight_version"] == "4"
+
+
 async def test_worker_that_cannot_take_the_weights_stays_quarantined(
     make_worker: WorkerFactory, make_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
