@@ -7,6 +7,7 @@ in CI (CI=true) they must run, so a missing URL is an error there rather than a 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
@@ -26,31 +27,36 @@ if TYPE_CHECKING:
 def _cpu_exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under pytest-xdist (the README's `-n 2`), a test marked `cpu_exclusive` runs while every
     other worker waits between tests: its subject is a process that only gets idle CPU (an
-    evaluator under SCHED_IDLE), which a second worker keeping both cores busy would starve, or
-    a Ray cluster, whose many listening processes took another cluster's ports when two started
-    side by side. (pytest-xdist's own `--dist loadgroup` does not group under pytest 9: the
+    evaluator under SCHED_IDLE), which a second worker keeping both cores busy would starve. A
+    test marked `one_at_a_time(GROUP)` runs while no other test of its group runs, and beside
+    any other test: the Ray tests are one group, since two Ray clusters started side by side took
+    each other's ports. (pytest-xdist's own `--dist loadgroup` does not group under pytest 9: the
     node id it rewrites is no longer the one reported.)
 
-    Two flocks shared by the workers: every test takes the turnstile, then the gate (shared, or
-    exclusive for a marked test), then lets the turnstile go. A marked test waiting for the gate
-    holds the turnstile, so no other test slips in before it (the kernel's flock alone does not
-    favour the exclusive waiter)."""
+    Flocks shared by the workers. A grouped test first takes its group's lock, holding nothing
+    else meanwhile. Then every test takes the turnstile, then the gate (shared, or exclusive for
+    a `cpu_exclusive` test), then lets the turnstile go. A marked test waiting for the gate holds
+    the turnstile, so no other test slips in before it (the kernel's flock alone does not favour
+    the exclusive waiter)."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         yield
         return
     exclusive = request.node.get_closest_marker("cpu_exclusive") is not None
+    grouped = request.node.get_closest_marker("one_at_a_time")
     base = Path(tempfile.gettempdir()) / f"agent-rl-tests-{run}"
-    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.gate", "a") as gate:
+    with contextlib.ExitStack() as held:
+        if grouped is not None:
+            group = held.enter_context(open(f"{base}.group-{grouped.args[0]}", "a"))
+            fcntl.flock(group, fcntl.LOCK_EX)  # released when the file closes
+        turnstile = held.enter_context(open(f"{base}.turnstile", "a"))
+        gate = held.enter_context(open(f"{base}.gate", "a"))
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -39,10 +39,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from agent_rl.cluster import launch as cluster  # noqa: E402
 
-# A test that starts a Ray cluster runs while the other pytest-xdist worker waits (tests/conftest.py):
-# two clusters started side by side took each other's ports (a client reached the other
-# cluster's GCS and was refused).
-pytestmark = pytest.mark.cpu_exclusive
+# Tests that start a Ray cluster run one at a time (tests/conftest.py): two clusters started side
+# by side took each other's ports (a client reached the other cluster's GCS and was refused).
+pytestmark = pytest.mark.one_at_a_time("ray")
 
 ACCEL = "accel"
 WORKER = {"num_cpus": 1, "resources": {ACCEL: 1, "serve_slot": 1}}

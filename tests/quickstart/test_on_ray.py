@@ -28,10 +28,9 @@ ray = pytest.importorskip("ray")
 
 from agent_rl.app.quickstart.on_ray import RAY_CONFIG, rl_on_ray  # noqa: E402
 
-# A test that starts a Ray cluster runs while the other pytest-xdist worker waits (tests/conftest.py):
-# two clusters started side by side took each other's ports (a client reached the other
-# cluster's GCS and was refused).
-pytestmark = pytest.mark.cpu_exclusive
+# Tests that start a Ray cluster run one at a time (tests/conftest.py): two clusters started side
+# by side took each other's ports (a client reached the other cluster's GCS and was refused).
+pytestmark = pytest.mark.one_at_a_time("ray")
 
 
 @pytest.mark.slow
