@@ -83,6 +83,20 @@ class RoleProcess:
         return tail_file(self.log_path, lines)
 
 
+def kill_orphan(pid: int) -> bool:
+    """SIGKILL the role process `pid` on this node and everything it started, if it still runs
+    an `agent-rl` command (its actor died without stopping it); whether it did."""
+    import psutil
+
+    try:
+        if "agent_rl.app.cli" not in psutil.Process(pid).cmdline():
+            return False
+    except psutil.Error:
+        return False
+    signal_tree(pid, signal.SIGKILL)
+    return True
+
+
 def free_port() -> int:
     """A port free on this node, outside the kernel's range for outgoing connections: a server
     binds it only after loading (an engine: 20 s and more), and a port from that range could be

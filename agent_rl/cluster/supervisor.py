@@ -5,7 +5,8 @@ One thread per group runs its life: place (actors reserving the group's resource
 gang in a placement group), start the processes, wait for the first to end, then decide: a
 clean end of a `done_on_success` group is done; anything else (an exit status, a signal, the
 actor gone with its node) is a restart after `restart_delay_s`, on whatever nodes Ray finds
-the resources on, until `max_restarts`; then the group is left failed with the reason.
+the resources on, until `max_restarts`; then the group is left failed with the reason. A role
+process whose actor died while its node stayed up is killed there first (no orphan serving on).
 Engines join the router once they answer: a sync thread keeps the router's worker list equal
 to the engines that are up (adding a re-placed engine, removing the address of a lost one); the
 router hands a worker it adds the newest weights (router/control.py).
@@ -27,7 +28,7 @@ from typing import Any
 import httpx
 
 from agent_rl.cluster.plan import STOP_ORDER, Group, Plan, fill
-from agent_rl.cluster.role import RoleProcess, free_port, tail_file
+from agent_rl.cluster.role import RoleProcess, free_port, kill_orphan, tail_file
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class Placed:
     where: list[dict[str, str]]
     pg: Any = None
     waits: list[Any] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
 
 
 class Supervisor:
@@ -258,6 +260,7 @@ class Supervisor:
         pids = ray.get([a.start.remote(args, env)
                         for a, env in zip(placed.actors, envs, strict=True)])  # fmt: skip
         placed.waits = [a.wait.remote() for a in placed.actors]
+        placed.pids = pids
         url = f"http://{host}:{port}" if g.kind in ("router", "engine") else None
         with self.lock:
             for s, w, pid in zip(self.status_of[g.name], placed.where, pids, strict=True):
@@ -336,13 +339,17 @@ class Supervisor:
             code = ray.get(placed.waits[index])
         except Exception as e:  # noqa: BLE001 - its actor is gone: was its node lost?
             where = placed.where[index]
-            # The actor's death can reach us before Ray's health checks declare its node dead.
+            # The actor's death can reach us before Ray's health checks declare its node dead
+            # (this node, the supervisor's, is alive: no need to wait for it).
             deadline = time.monotonic() + NODE_DEATH_WAIT_S
-            while time.monotonic() < deadline and not self.stopping.is_set():
+            while where["node_id"] != self.node_id and time.monotonic() < deadline \
+                    and not self.stopping.is_set():  # fmt: skip
                 alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
                 if not alive.get(where["node_id"], False):
                     return f"node {where['ip']} ({where['node_id'][:8]}) lost"
                 time.sleep(POLL_S)
+            if index < len(placed.pids):
+                self._kill_orphan(where["node_id"], placed.pids[index])
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             return f"its Ray actor died ({first[:160]})"
         if code == 0:
@@ -353,6 +360,20 @@ class Supervisor:
             except ValueError:
                 return f"killed by signal {-code}"
         return f"exit status {code}"
+
+    def _kill_orphan(self, node_id: str, pid: int) -> None:
+        """The role process `pid` outlived its actor on a node that is up: kill it and what it
+        started there (a task on that node), before its role is placed again."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        try:
+            ref = ray.remote(num_cpus=0, max_retries=0)(kill_orphan).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid)
+            if ray.get(ref, timeout=30):
+                log.warning("killed role process %d, whose actor had died", pid)
+        except Exception as e:  # noqa: BLE001 - its node went away meanwhile: so did it
+            log.warning("could not reach the node of role process %d: %s", pid, e)
 
     def _release(self, g: Group) -> None:
         """Stop what is left of the group and give its resources back."""
@@ -408,7 +429,9 @@ class Supervisor:
                     listed = client.get(self.router_url + "/workers").json()["workers"]
                     have = {w["url"] for w in listed}
                     for url in sorted(wanted - have):
-                        added = client.post(self.router_url + "/workers", json={"url": url})
+                        # The router gives an engine that joins late the newest weights first.
+                        added = client.post(self.router_url + "/workers", json={"url": url},
+                                            timeout=120.0)
                         added.raise_for_status()
                         log.info("engine %s joined the router", url)
                     for url in sorted((have - wanted) & self.managed_urls):

@@ -4,11 +4,13 @@ the real roles: SGLang engines on CPU, the router, serves and the Megatron-core 
 a PostgreSQL store.
 
 - the router alone: SIGKILLed, it is started again at the same address, with the reason in the
-  status; a second death past `max_restarts` leaves it failed, with that reason;
+  status; its actor killed on a live node, its process goes too and it is started again; a
+  third death past `max_restarts` leaves it failed, with that reason;
 - a quickstart-sized run reaches several policy versions; then the node that hosts an engine and
   a serve is lost (fault injection: the node's raylet and every process under it are killed, as
   if the machine went away), its roles are placed again on a node that joins, versions keep
-  advancing, `agent-rl launch stop` drains and checkpoints, and `agent-rl db audit` is clean;
+  advancing (the re-placed engine joins the router on the current weights), `agent-rl launch
+  stop` drains and checkpoints, and `agent-rl db audit` is clean;
 - SQLite is refused in one line when the cluster has more than one node.
 """
 
@@ -32,6 +34,7 @@ import tomli_w
 
 from agent_rl.config import Config, load_config
 from agent_rl.engine.launcher import free_port
+from agent_rl.kernel.encoding import policy_version
 from tests._databases import fresh_postgres
 
 ray = pytest.importorskip("ray")
@@ -136,13 +139,16 @@ def test_a_killed_router_is_restarted_until_max_restarts(
     ray_cluster: Cluster, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`agent-rl launch` in the foreground, with only a router: killed, it is started again at
-    the same address; a second death is past max_restarts, so it is left failed with the reason,
-    and the launch, with nothing left running, stops the run and exits 1."""
+    the same address; when its Ray actor dies on a live node, its process is killed too (no
+    orphan) and it is started again; a third death is past max_restarts, so it is left failed
+    with the reason, and the launch, with nothing left running, stops the run and exits 1."""
+    import psutil
+
     config = _write_config(
         tmp_path, run={"name": "router-only"}, store={"url": pg_url},
         router={"port": free_port(), "admin_token": secrets.token_urlsafe(16)},
         cluster={"address": ray_cluster.address, "engines": 0, "serves": 0, "trainer_ranks": 0,
-                 "max_restarts": 1, "restart_delay_s": 0.2},
+                 "max_restarts": 2, "restart_delay_s": 0.2},
     )  # fmt: skip
     monkeypatch.chdir(tmp_path)
     cfg = load_config(config)
@@ -163,7 +169,15 @@ def test_a_killed_router_is_restarted_until_max_restarts(
         assert cluster.logs(cfg, "router").count("start on") == 2  # read on its node
         _until("the launch reported the restart",
                lambda: output.has("router: restart 1 (killed by SIGKILL)"), 30, poll_s=0.2)
-        os.kill(again["pid"], signal.SIGTERM)  # a clean exit of a router is a death too
+        # Fault injection: the Ray worker process of the router's actor (its parent) dies.
+        orphan = psutil.Process(again["pid"])
+        orphan.parent().kill()  # type: ignore[union-attr]
+        third = _until("the router restarted after its actor died", lambda: next(
+            (s for s in cluster.status(cfg) if s["state"] == "running" and s["starts"] == 3),
+            None), 60)  # fmt: skip
+        assert third["reason"].startswith("its Ray actor died"), third
+        assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
+        os.kill(third["pid"], signal.SIGTERM)  # a clean exit of a router is a death too
         launch.wait(timeout=120)
     finally:
         if launch.poll() is None:
@@ -171,7 +185,7 @@ def test_a_killed_router_is_restarted_until_max_restarts(
             launch.wait(timeout=120)
     out = output.text()
     assert launch.returncode == 1, out
-    assert "router: failed (exited cleanly; not restarted: max_restarts=1 reached)" in out
+    assert "router: failed (exited cleanly; not restarted: max_restarts=2 reached)" in out
     with pytest.raises(cluster.ClusterError, match="no launch of run 'router-only'"):
         cluster.status(cfg)
 
@@ -258,12 +272,13 @@ def _lose_node(c: Cluster, node: Any) -> None:
             pass
 
 
-def _router_workers(cfg: Config, router_url: str) -> set[str]:
+def _router_workers(cfg: Config, router_url: str) -> dict[str, str | None]:
+    """The router's healthy workers and their weight versions."""
     import httpx
 
     token = cfg.router.admin_token.get_secret_value()  # type: ignore[union-attr]
     listed = httpx.get(router_url + "/workers", headers={"Authorization": f"Bearer {token}"})
-    return {w["url"] for w in listed.json()["workers"] if w["healthy"]}
+    return {w["url"]: w["weight_version"] for w in listed.json()["workers"] if w["healthy"]}
 
 
 def _running_on(cfg: Config, node_id: str, count: int) -> list[dict[str, Any]] | None:
@@ -308,6 +323,7 @@ def test_a_launched_run_trains_and_survives_losing_nodes(
                 ["engine-0", "serve-0"], ["engine-0", "serve-1"])
             victim = next(n for n in ray_cluster.worker_nodes if n.node_id == victim_id)
             spare = ray_cluster.add_node(**WORKER)
+            lost_at = _version(cfg)
             _lose_node(ray_cluster, victim)
             moved = _until("engine-0 and its serve running on the spare node",
                            lambda: _running_on(cfg, spare.node_id, 2), 400)
@@ -316,7 +332,10 @@ def test_a_launched_run_trains_and_survives_losing_nodes(
             now = _by_name(cluster.status(cfg))
             engines = {now["engine-0"]["url"], now["engine-1"]["url"]}
             _until("the router's workers: the engines that run (the lost one's address left)",
-                   lambda: _router_workers(cfg, now["router"]["url"]) == engines, 30)
+                   lambda: set(_router_workers(cfg, now["router"]["url"])) == engines, 30)
+            # The re-placed engine (started on its launch weights) joined on current ones.
+            joined = _router_workers(cfg, now["router"]["url"])[now["engine-0"]["url"]]
+            assert policy_version(joined) >= lost_at - 1 > 0, (joined, lost_at)
             after = _version(cfg)
             _until("two more versions", lambda: _version(cfg) >= after + 2, 420)
             assert all(now[n]["restarts"] == 0 for n in ("router", "engine-1", "train-0"))
