@@ -131,6 +131,8 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
             ctx, env_id=cfg.rollout.env, env_kwargs=cfg.rollout.env_kwargs,
             max_staleness=cfg.trainer.max_staleness, max_queued_groups=queued_groups_bound(cfg),
             max_ready_groups=ready_groups_bound(cfg),
+            protect_oldest_group=cfg.rollout.protect_oldest_group,
+            groups_per_step=cfg.trainer.groups_per_step,
             staleness=(cfg.trainer.staleness_measure, cfg.trainer.stale_siblings),
             run_config=cfg.model_dump(mode="json"), gateway=gateway,
         )

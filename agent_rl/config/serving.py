@@ -55,6 +55,13 @@ class RolloutConfig(Section):
     trainer.groups_per_step (the next steps' worth; implied by the default queue), or no bound
     where `max_queued_groups` is 0 (collecting without a trainer); 0: no bound."""
 
+    protect_oldest_group: bool = False
+    """Admission also waits while one more group could let the trainer step past the oldest
+    group this serve runs before training it: groups that finish beside a long-running one
+    step the trainer, and each step moves the staleness floor past more of its early tokens
+    (masked: generated, never trained). Costs throughput, not tokens: the slots its finished
+    siblings freed wait for it (agent_rl/rollout/oldest_group.py, docs/serve.md)."""
+
     max_turns: int = Field(default=8, ge=1)
     """Assistant turns before the runner truncates an episode (reward 0, recorded why)."""
 

@@ -3,7 +3,8 @@
 Admission: a group of n episodes (one task) is admitted only while the policy the engine
 serves is within eta versions of the newest version in the store (and fewer than
 `max_queued_groups` groups are queued for the trainer, fewer than `max_ready_groups` of them
-finished and waiting for it), and only once a slot is free. Its
+finished and waiting for it, and, with `protect_oldest_group`, while one more group could not
+step the trainer past the oldest running group's tokens), and only once a slot is free. Its
 episodes then start one by one as slots free up, in order, and the next group is admitted
 only after all of them have started: slots never sit idle while a group's long-tail episode
 finishes (the old rule, all n slots free before a group, left up to n-1 idle), and at most
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,7 @@ from agent_rl.sdk.registry import make
 from agent_rl.sdk.rewards import EpisodeOutcome
 from agent_rl.rollout.agent_runner import AgentRunner
 from agent_rl.rollout.gateway import Gateway
+from agent_rl.rollout.oldest_group import OldestGroup
 from agent_rl.rollout.recorded import recorded_turns
 from agent_rl.rollout.runner import EpisodeRunner, RunnerContext
 from agent_rl.rollout.task_selection import TaskSelection
@@ -55,11 +58,14 @@ class SchedulerStats:
     resumed: int = 0
     skipped_tasks: int = 0
     """Drawn tasks task selection did not admit."""
+    waits_for_oldest: int = 0
+    """Admission checks that waited for the oldest running group (`protect_oldest_group`)."""
 
 
 class Scheduler:
     def __init__(self, ctx: RunnerContext, *, env_id: str, max_staleness: int,
                  max_queued_groups: int = 0, max_ready_groups: int = 0,
+                 protect_oldest_group: bool = False, groups_per_step: int = 1,
                  staleness: tuple[Measure, Siblings] = ("tokens", "baseline"),
                  env_kwargs: dict[str, Any] | None = None,
                  run_config: dict[str, Any] | None = None, version_poll_s: float = 0.5,
@@ -69,6 +75,9 @@ class Scheduler:
         `max_ready_groups`: nor while this many of them are ready and within the bound (0: no
         bound; `staleness`: the trainer's measure and sibling rule, which say what is within
         it); see `RolloutConfig.max_ready_groups`.
+        `protect_oldest_group`: nor while one more group could let the trainer (`groups_per_step`
+        groups a step) step past the oldest group this process runs before training it
+        (agent_rl/rollout/oldest_group.py).
         `gateway`: where an agent env's episodes talk to the policy (`AgentRunner` runs them)."""
         self.ctx = ctx
         self.gateway = gateway
@@ -77,6 +86,7 @@ class Scheduler:
         self.max_staleness = max_staleness
         self.max_queued_groups = max_queued_groups
         self.max_ready_groups = max_ready_groups
+        self.oldest = OldestGroup(max_staleness, groups_per_step) if protect_oldest_group else None
         self.staleness = staleness
         self._told_capacity = False
         self.run_config = run_config or {}
@@ -94,6 +104,10 @@ class Scheduler:
                           if cfg.task_selection == "skip_all_equal" else None)
         self._task_keys: dict[int, str] = {}
         """The task key of each group this process admitted (for task selection)."""
+        self._served: tuple[int, float] | None = None
+        """The version the engines served at the last `/model_info` and when (monotonic)."""
+        self._group_ended = anyio.Event()
+        """Set (and replaced) whenever a group of `_pending` has ended."""
 
     @property
     def stopping(self) -> bool:
@@ -147,6 +161,8 @@ class Scheduler:
         summaries = {e.id: e for e in await store.group_episodes(group_id)}
         task_row = await store.get_task(summaries[waiting[0]].task_id)
         task = Task(id=task_row["key"], data=task_row["payload"])
+        if self.oldest is not None:  # its first tokens' version unknown here: as old as can train
+            self.oldest.admitted(group_id, -1)
         for eid in waiting:
             self._pending[group_id] = self._pending.get(group_id, 0) + 1
             resume = summaries[eid].num_turns > 0
@@ -203,11 +219,14 @@ class Scheduler:
             held = False
             # Only the waits are cancelled by a graceful stop, never a store write in progress.
             with anyio.CancelScope() as self._admission_wait:
+                # Before the slot: an episode of the oldest group waiting for one (resumed) must
+                # get it. Only this loop admits, so the window cannot close meanwhile.
+                await self._wait_for_oldest_group()
                 await self._slots.acquire()
                 held = True
                 # Checked once the first slot is ours, right before admitting: a check made
                 # before waiting for it could be stale by the time the group starts.
-                await self._wait_within_staleness()
+                served = await self._wait_within_staleness()
             self._admission_wait = None
             if self._stopping:
                 if held:
@@ -219,10 +238,11 @@ class Scheduler:
                 await store.add_task(run_id, self.env_id, task.id, task.data)
                 self.stats.skipped_tasks += 1
                 index, task = next(tasks)
-            task_id = await store.add_task(run_id, self.env_id, task.id, task.data)
             seeds = [_seed(cfg.seed, index, i) for i in range(size)]
-            group_id, episodes = await store.admit_group(run_id, task_id, self.env_id, size, seeds)
+            group_id, episodes = await store.admit_task(run_id, self.env_id, task.id, task.data, size, seeds)
             self._pending[group_id] = size
+            if self.oldest is not None:
+                self.oldest.admitted(group_id, served)
             if self.selection is not None:
                 self._task_keys[group_id] = task.id
             self.stats.admitted += size
@@ -245,22 +265,49 @@ class Scheduler:
                     raise
             tg.start_soon(self._run_episode, group_id, eid, task, seed)
 
+    async def _wait_for_oldest_group(self) -> None:
+        """Block while one more group could let the trainer step past the oldest group this
+        process runs before training it (`protect_oldest_group`; agent_rl/rollout/oldest_group.py).
+        Checked before the admission slot is taken, so a resumed episode of that group waiting
+        for a slot gets one; the counts it reads change as groups end here (woken at once) or
+        in other processes and the trainer (polled)."""
+        if self.oldest is None:
+            return
+        store, run_id = self.ctx.store, self.run_id
+        assert run_id is not None
+        measure, siblings = self.staleness
+        while True:
+            ended = self._group_ended
+            latest = await store.latest_version(run_id)
+            queued, ready = await store.queued_groups(
+                run_id, floor=latest - self.max_staleness, measure=measure, siblings=siblings)
+            # Ready within the bound, held by a step, running beside the oldest, and the new one.
+            ahead = ready + await store.claimed_groups(run_id) + (queued - ready - 1) + 1
+            if not self.oldest.would_pass(latest, ahead):
+                return
+            self.stats.waits_for_oldest += 1
+            with anyio.move_on_after(self.version_poll_s):
+                await ended.wait()
+
     def _tasks(self, skip: int) -> Iterator[tuple[int, Task]]:
         source = make(self.env_id, **self.env_kwargs).task_source(self.ctx.cfg.split)
         for index, task in enumerate(source.stream(self.ctx.cfg.seed)):
             if index >= skip:
                 yield index, task
 
-    async def _wait_within_staleness(self) -> None:
+    async def _wait_within_staleness(self) -> int:
         """Block while the served policy is more than eta versions behind the newest one, while
         `max_queued_groups` groups are already queued for the trainer or `max_ready_groups` of
         them have finished and wait for it (what is admitted now would age past the bound
         before its turn), or while no engine answers (a
-        crashed engine being restarted): new episodes wait instead of failing one after another."""
+        crashed engine being restarted): new episodes wait instead of failing one after another.
+        Returns the served version."""
         unavailable = False
         while True:
             latest = await self.ctx.store.latest_version(self.run_id)  # type: ignore[arg-type]
-            served = await self._served_version()
+            served = self._recent_served(latest)
+            if served is None:
+                served = await self._served_version()
             if served is None:
                 if not unavailable:
                     log.warning("no engine answers; admission waits for one")
@@ -270,7 +317,7 @@ class Scheduler:
             else:
                 if unavailable:
                     log.info("an engine answers again; admission resumes")
-                return
+                return served
             await anyio.sleep(self.version_poll_s)
 
     async def _at_capacity(self, latest: int) -> bool:
@@ -292,14 +339,27 @@ class Scheduler:
         self._told_capacity = full
         return full
 
+    def _recent_served(self, latest: int) -> int | None:
+        """The served version read less than `version_poll_s` ago, if admission may go on by
+        it: a version the engines served is a floor of what they serve now (weights only move
+        forward), so when it is within the bound so is theirs; otherwise None, and the engines
+        are asked. One `/model_info` per poll period instead of one per admitted group."""
+        if self._served is None or time.monotonic() - self._served[1] > self.version_poll_s:
+            return None
+        served = self._served[0]
+        return served if served >= latest - self.max_staleness else None
+
     async def _served_version(self) -> int | None:
         """The policy version the engines serve, or None if none answers."""
         try:
             info = await self.ctx.client.model_info()
         except (EngineError, OSError) as e:
             log.debug("model_info failed: %s", e)
+            self._served = None
             return None
-        return policy_version(info.get("weight_version"))
+        served = policy_version(info.get("weight_version"))
+        self._served = (served, time.monotonic())
+        return served
 
     async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None,
                            resume: bool = False) -> None:  # fmt: skip
@@ -325,6 +385,10 @@ class Scheduler:
             # Decided before it leaves `_pending`, so `run` does not return with it undecided.
             await self._complete_group(group_id)
             del self._pending[group_id]
+            if self.oldest is not None:
+                self.oldest.ended(group_id)
+            self._group_ended.set()
+            self._group_ended = anyio.Event()
 
     async def _complete_group(self, group_id: int) -> None:
         store, cfg = self.ctx.store, self.ctx.cfg

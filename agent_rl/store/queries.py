@@ -285,6 +285,12 @@ class Queries(StoreBase):
         return int(queued or 0), int(conn.scalar(ready) or 0)
 
     @read
+    def claimed_groups(self, conn: Connection, run_id: int) -> int:
+        """The run's groups a trainer holds (claimed for its step now)."""
+        return int(conn.scalar(select(func.count()).select_from(GroupRow).where(
+            GroupRow.run_id == run_id, GroupRow.status == "claimed")) or 0)
+
+    @read
     def episodes_by_id(self, conn: Connection, ids: list[int]) -> list[EpisodeSummary]:
         """These episodes' rows, by id (missing ids are left out)."""
         rows = conn.execute(

@@ -137,3 +137,67 @@ async def test_admission_waits_on_finished_groups_under_a_wide_queue(
         assert (await store.audit(run)).problems(finished=False) == []
     assert queued == ready  # nothing left running
     assert ready in ((2, 3) if max_ready_groups is None else (8,))
+
+
+
+class Overtaken(Env):
+    """One-turn episodes of tasks t0, t1, ... in order. t0 is the long one: its turn waits until
+    four later tasks have stepped (or TAIL_S), recording those that stepped while it ran."""
+
+    TAIL_S = 1.5
+    during_tail: set[str] = set()
+    tail_done = False
+
+    def builtin_tasks(self, split: str = "train") -> TaskSource:
+        return ListTasks([Task(id=f"t{i}", data={"q": f"question {i}"}) for i in range(8)],
+                         shuffle=False)
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        return [user(task["q"])]
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        assert self.task is not None
+        if self.task.id == "t0":
+            with anyio.move_on_after(self.TAIL_S):
+                while len(Overtaken.during_tail) < 4:
+                    await anyio.sleep(0.02)
+            Overtaken.tail_done = True
+        elif not Overtaken.tail_done:
+            Overtaken.during_tail.add(self.task.id)
+        return StepResult(reward=float(self.task.id in ("t1", "t3", "t5", "t7")), terminated=True)
+
+    async def score(self, answer: str) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize("protect", [True, False])
+async def test_admission_keeps_the_oldest_running_group_trainable(
+    tmp_path: Path, tiny_dense_model: Path, protect: bool
+) -> None:
+    """`protect_oldest_group` at max_staleness 1, 2 groups a step, version 0: the groups that
+    could be trained before the long-running t0 (the ones beside it and the new one) may make
+    one step (3 groups: t1-t3), not two, so t4 waits for t0 though slots are free, and then
+    all 8 run. Without it the free slots take t4 at once."""
+    register("test-overtaken", Overtaken)
+    Overtaken.during_tail, Overtaken.tail_done = set(), False
+    renderer = ChatRenderer(tiny_dense_model)
+    async with StandInEngine([renderer.encode("413")], renderer.eos_id) as engine:
+        cfg = Config(
+            store=StoreConfig(url=f"sqlite:///{tmp_path / 'store.db'}"),
+            engine=EngineConfig(model=tiny_dense_model),
+            rollout=RolloutConfig(env="test-overtaken", router_url=engine.url, group_size=1,
+                                  max_concurrent_episodes=4, max_queued_groups=0,
+                                  protect_oldest_group=protect, max_turns=2,
+                                  filter_zero_variance=False),
+            trainer={"max_staleness": 1, "groups_per_step": 2},
+        )  # fmt: skip
+        summary = await serve(cfg, max_episodes=8)
+    assert summary.admitted == 8
+    if protect:
+        assert Overtaken.during_tail == {"t1", "t2", "t3"}
+    else:
+        assert len(Overtaken.during_tail) >= 4
+    async with await Store.open(cfg.store) as store:
+        assert (await store.audit(summary.run_id)).problems() == []
+        ledger = await store.ledger(summary.run_id)
+        assert ledger.balances() and ledger.admitted == 8 and ledger.failed == 0
