@@ -14,6 +14,12 @@ draft for the model loads (`mtp_prefix`; their decoder layer as the trunk's laye
 - a family whose draft is its own `mtp.*` weights (`Family.draft = "mtp"`, Qwen3-MoE): module 0
   under `mtp.` (`_MTP_MODULE`), read by SGLang's draft class for it
   (`Family.mtp_draft_architecture`) from the target's own directory;
+- a family with native NextN layers (`Family.native_mtp`: GLM-4.5, DeepSeek-V3): module j is
+  model layer `num_hidden_layers + j` (`_NEXTN_MODULE`, its decoder layer's weights under the
+  same prefix), counted by config.json's `num_nextn_predict_layers`, which an export sets. Some
+  checkpoints also carry copies of the trunk's embedding and head there (`_NEXTN_SHARED`): a
+  load drops them (megatron's MTP module shares the trunk's, as SGLang's draft shares the
+  target's at serve time) and an export writes none;
 - an EAGLE draft (`ModelArch.eagle_draft`, the dense families): module 0 as `fc.{weight,bias}`
   and `layers.0.*` (no norms but the layer's post-attention one; q/k/v biases, zero where the
   model has none), the names `Qwen2ForCausalLMEagle` reads. `write_hf_dir` writes the draft as a
@@ -80,6 +86,18 @@ _MTP_MODULE = (
 )
 
 
+# One native NextN layer (`Family.native_mtp`), HF name -> megatron name, under
+# `model.layers.{num_hidden_layers + j}.` beside its decoder layer's own weights.
+_NEXTN_MODULE = (
+    ("eh_proj.weight", "eh_proj.weight"),
+    ("enorm.weight", "enorm.weight"),
+    ("hnorm.weight", "hnorm.weight"),
+    ("shared_head.norm.weight", "final_layernorm.weight"),
+)
+_NEXTN_SHARED = ("embed_tokens.weight", "shared_head.head.weight")
+"""Copies of the trunk's embedding and head a NextN layer may carry (DeepSeek-V3's do)."""
+
+
 EAGLE_BESIDE_FILE = "draft.safetensors"
 """The file beside `model.safetensors` that carries it: SGLang loads every safetensors file of a
 directory without an index (target and draft alike, each taking its own names), transformers
@@ -87,11 +105,18 @@ only `model.safetensors`, whose prefix-less names it would otherwise load the dr
 `layers.0.*` from into the target's first layer."""
 
 
-def is_draft(name: str) -> bool:
+def is_draft(name: str, arch: ModelArch | None = None) -> bool:
     """Whether HF weight `name` belongs to the MTP draft (`mtp.*`; a dense model's EAGLE
-    module `fc.*`, `layers.0.*`), which a speculative engine loads into its draft model and its
-    target skips."""
-    return name.startswith(("mtp.", "fc.", "layers."))
+    module `fc.*`, `layers.0.*`; given the `arch`, a native NextN layer's
+    `model.layers.{i}.*`, i >= its layers), which a speculative engine loads into its draft
+    model and its target skips."""
+    if name.startswith(("mtp.", "fc.", "layers.")):
+        return True
+    if arch is None or not families.get(arch.model_type).native_mtp:
+        return False
+    parts = name.split(".", 3)
+    layer = parts[2] if parts[:2] == ["model", "layers"] else ""
+    return layer.isdigit() and int(layer) >= arch.num_layers
 
 
 def mtp_prefix(module: int, eagle: bool = False) -> str:
@@ -99,6 +124,16 @@ def mtp_prefix(module: int, eagle: bool = False) -> str:
     or none in the EAGLE layout; `mtp.{j}.` for the later ones, which SGLang's loaders skip (no
     such parameters)."""
     return f"mtp.{module}." if module else ("" if eagle else "mtp.")
+
+
+def _draft_layout(arch: ModelArch, module: int) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """MTP module `module`'s HF prefix, its decoder layer's, and its own weights' HF ->
+    megatron names (none for an EAGLE module, whose `fc` the callers map)."""
+    if families.get(arch.model_type).native_mtp:
+        prefix = f"model.layers.{arch.num_layers + module}."
+        return prefix, prefix, _NEXTN_MODULE
+    prefix = mtp_prefix(module, arch.eagle_draft)
+    return prefix, prefix + "layers.0.", () if arch.eagle_draft else _MTP_MODULE
 
 
 def hf_to_mcore(
@@ -123,7 +158,7 @@ def hf_to_mcore(
     for i in range(arch.num_layers):
         family.layer_to_mcore(hf, out, f"model.layers.{i}.", f"decoder.layers.{i}.", arch,
                               arch.is_moe_layer(i))  # fmt: skip
-    has_mtp = any(is_draft(k) for k in hf)
+    has_mtp = any(is_draft(k, arch) for k in hf)
     eagle = arch.eagle_draft
     if mtp_layers and eagle and has_mtp and "fc.weight" not in hf:
         raise ConfigError(
@@ -132,19 +167,21 @@ def hf_to_mcore(
             "start from weights without the draft, or with trainer.mtp.layers = 0"
         )
     for j in range(mtp_layers if has_mtp else 0):
-        src, dst = mtp_prefix(j, eagle), f"mtp.layers.{j}."
+        (src, src_layer, names), dst = _draft_layout(arch, j), f"mtp.layers.{j}."
         layer = f"{dst}{megatron_cpu.mtp_decoder_layer()}."
         if eagle:
             out[dst + "eh_proj.weight"] = take(hf, src + "fc.weight")
             zero(take(hf, src + "fc.bias"), src + "fc.bias")
-        else:
-            for hf_name, mcore_name in _MTP_MODULE:
-                out[dst + mcore_name] = take(hf, src + hf_name)
-        heads = hf_heads(hf, src + "layers.0.self_attn.", arch.head_dim) if eagle else None
-        family.layer_to_mcore(hf, out, src + "layers.0.", layer, arch, arch.is_moe, eagle=eagle,
+        for hf_name, mcore_name in names:
+            out[dst + mcore_name] = take(hf, src + hf_name)
+        for shared in _NEXTN_SHARED if family.native_mtp else ():
+            if src + shared in hf:
+                del hf[src + shared]  # not read: a vocabulary-sized copy
+        heads = hf_heads(hf, src_layer + "self_attn.", arch.head_dim) if eagle else None
+        family.layer_to_mcore(hf, out, src_layer, layer, arch, arch.is_moe, eagle=eagle,
                               heads=heads)  # fmt: skip
     # Without MTP layers, an export's draft is skipped (as SGLang's target model does).
-    left = [k for k in hf if mtp_layers or not is_draft(k)]
+    left = [k for k in hf if mtp_layers or not is_draft(k, arch)]
     if left:
         raise ConfigError(
             f"unexpected weights {sorted(left)[:5]}: the weights do not match config.json"
@@ -169,17 +206,16 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], arch: ModelArch) -> dict[str, torch
     j = 0
     eagle = arch.eagle_draft
     while f"mtp.layers.{j}.eh_proj.weight" in sd:
-        src, dst = f"mtp.layers.{j}.", mtp_prefix(j, eagle)
+        src, (dst, dst_layer, names) = f"mtp.layers.{j}.", _draft_layout(arch, j)
         layer = f"{src}{megatron_cpu.mtp_decoder_layer()}."
         if eagle:
             fc = sd[src + "eh_proj.weight"]
             out[dst + "fc.weight"] = fc
             out[dst + "fc.bias"] = fc.new_zeros(fc.shape[0])  # SGLang's fc has one, ours none
-        else:
-            for hf_name, mcore_name in _MTP_MODULE:
-                out[dst + hf_name] = sd[src + mcore_name]
+        for hf_name, mcore_name in names:
+            out[dst + hf_name] = sd[src + mcore_name]
         heads = mcore_heads(sd, layer + "self_attention.", arch) if eagle else None
-        family.layer_to_hf(sd, out, layer, dst + "layers.0.", arch, arch.is_moe, eagle=eagle,
+        family.layer_to_hf(sd, out, layer, dst_layer, arch, arch.is_moe, eagle=eagle,
                            heads=heads)  # fmt: skip
         j += 1
     return out
@@ -218,10 +254,14 @@ def write_hf_dir(
             and f.name != "model.safetensors.index.json"
         ):
             (out_dir / f.name).write_bytes(f.read_bytes())
+    config = json.loads((out_dir / "config.json").read_text())
     if dtype is not None:
-        config = json.loads((out_dir / "config.json").read_text())
         config["dtype"] = str(dtype).removeprefix("torch.")
-        (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    if families.get(model_type).native_mtp:
+        # The NextN layers it carries: SGLang's target skips layers past num_hidden_layers
+        # only when this says there are some, and its NextN draft reads them by it.
+        config["num_nextn_predict_layers"] = sum(k.endswith(".eh_proj.weight") for k in hf)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     if eagle:
         _write_eagle_draft(draft, out_dir, dtype)
 

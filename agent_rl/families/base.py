@@ -57,6 +57,11 @@ class Family:
     mtp_draft_architecture: ClassVar[str | None] = None
     """For `draft = "mtp"`: the class SGLang serves the `mtp.*` draft as, from the target's own
     directory."""
+    native_mtp: ClassVar[bool] = False
+    """For `draft = "mtp"`: the draft's modules are the model's native NextN layers
+    (`model.layers.{num_hidden_layers + j}.*`: `eh_proj`, `enorm`, `hnorm`, `shared_head.norm`
+    beside a decoder layer, as many as config.json's `num_nextn_predict_layers`; GLM-4.5's and
+    DeepSeek-V3's layout), not Qwen3-MoE's `mtp.*` (trainer.hf_convert)."""
     eagle_beside_target: ClassVar[bool] = False
     """Whether the export also carries the EAGLE draft beside the target's weights
     (`draft.safetensors`), which only a target that skips unknown names (SGLang's Qwen2) allows;

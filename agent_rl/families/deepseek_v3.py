@@ -24,9 +24,10 @@ renormalises). The first `first_k_dense_replace` layers have a dense MLP.
 Refused besides: `rope_interleave = false` (megatron's MLA de-interleaves), an RMSNorm epsilon
 other than 1e-6 (transformers' latent norms keep that default while megatron's take the
 model's), attention biases, a YaRN `attention_factor` or `mscale_all_dim` without `mscale`.
-Cannot yet: its NextN/MTP layers (`num_nextn_predict_layers`, stored as layer
-`num_hidden_layers`: a checkpoint carrying them is refused as unexpected weights,
-`trainer.mtp.layers` is refused), FP8 checkpoints. Preset: `tiny-deepseek_v3`.
+Its NextN/MTP layers (`num_nextn_predict_layers`, layers `num_hidden_layers` on) are the MTP
+draft (`trainer.mtp.layers`: megatron-core's MTP modules, MLA and experts as the last layer's;
+`Family.native_mtp`), served by SGLang as `DeepseekV3ForCausalLMNextN` from the target's
+directory. Cannot yet: FP8 checkpoints. Preset: `tiny-deepseek_v3`.
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ class DeepseekV3(Family):
     model_type = "deepseek_v3"
     architecture = "DeepseekV3ForCausalLM"
     config_class = "DeepseekV3Config"
-    draft = None
+    draft = "mtp"
+    mtp_draft_architecture = "DeepseekV3ForCausalLMNextN"
+    native_mtp = True
     # DeepSeek-V3's shape, shrunk: low-rank queries, a first dense layer, 16 experts in 4
     # groups (top-4 from the best 2 groups, DeepSeek-V3's 8 from 4 of 8 halved), a shared
     # expert, scaling factor 2.5, YaRN.

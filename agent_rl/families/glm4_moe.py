@@ -12,9 +12,9 @@ checkpoint's bias). The first `first_k_dense_replace` layers have a dense MLP
 first `partial_rotary_factor` of each head (megatron's `rotary_percent`), half-rotated as in
 Llama.
 
-Cannot yet: its native MTP/NextN layers (`num_nextn_predict_layers`, stored as layer
-`num_hidden_layers`) are not mapped (`trainer.mtp.layers` is refused and exports carry none), and
-routing replay (R3) of SGLang's experts is unchecked. Preset: `tiny-glm4-moe`.
+Its native MTP/NextN layers (`num_nextn_predict_layers`, layers `num_hidden_layers` on) are the
+MTP draft (`trainer.mtp.layers`: megatron-core's MTP modules, `Family.native_mtp`), served by
+SGLang as `Glm4MoeForCausalLMNextN` from the target's directory. Preset: `tiny-glm4-moe`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ class Glm4Moe(Family):
     model_type = "glm4_moe"
     architecture = "Glm4MoeForCausalLM"
     config_class = "Glm4MoeConfig"
-    draft = None
+    draft = "mtp"
+    mtp_draft_architecture = "Glm4MoeForCausalLMNextN"
+    native_mtp = True
     presets: ClassVar = {
         "tiny-glm4-moe": {"num_hidden_layers": 3, "options": {
             "first_k_dense_replace": 1, "n_shared_experts": 1, "partial_rotary_factor": 0.5,

@@ -2,9 +2,11 @@
 
 An export of a learner with `trainer.mtp.layers` carries its draft (trainer/hf_convert.py), as
 its family says (`Family.draft`, agent_rl.families):
-- "mtp" (Qwen3-MoE): as `mtp.*` weights. SGLang serves it as the family's
-  `mtp_draft_architecture` (`Qwen3MoeForCausalLMMTP`) when the same directory is passed as
-  `--speculative-draft-model-path` (its model config rewrites the draft's architecture), and
+- "mtp" (Qwen3-MoE as `mtp.*` weights; GLM-4.5 and DeepSeek-V3 as their native NextN
+  layers): SGLang serves it as the family's `mtp_draft_architecture`
+  (`Qwen3MoeForCausalLMMTP`, `Glm4MoeForCausalLMNextN`, `DeepseekV3ForCausalLMNextN`) when
+  the same directory is passed as `--speculative-draft-model-path` (its model config rewrites
+  the draft's architecture), and
   every `update_weights_from_disk` then loads the target and the draft alike.
 - "eagle" (the dense families): as an EAGLE draft in `draft/` (`EAGLE_DRAFT_DIR`: SGLang's
   `Qwen2ForCausalLMEagle`, config and weights), the draft model path. Where the family's target
@@ -54,8 +56,8 @@ def speculative_args(model: Path, device: Literal["cpu", "cuda"], steps: int) ->
         draft = model
         if not _has_draft(model):
             raise EngineError(
-                f"{model} has no mtp.* draft weights: serve an export of a learner with "
-                "trainer.mtp.layers >= 1, or start without --speculative"
+                f"{model} has no mtp.* draft weights (nor NextN layers): serve an export of a "
+                "learner with trainer.mtp.layers >= 1, or start without --speculative"
             )
     elif family is not None and family.draft == "eagle":
         draft = model / EAGLE_DRAFT_DIR
@@ -88,13 +90,18 @@ def _architecture(model: Path) -> str | None:
 
 
 def _has_draft(model: Path) -> bool:
-    """Whether the safetensors of `model` hold `mtp.*` tensors (read from their headers)."""
+    """Whether the safetensors of `model` hold MTP draft tensors, `mtp.*` or native NextN
+    layers' (`model.layers.{i}.eh_proj.weight`; read from their headers)."""
+
+    def draft(name: str) -> bool:
+        return name.startswith("mtp.") or name.endswith(".eh_proj.weight")
+
     index = model / "model.safetensors.index.json"
     if index.is_file():
-        return any(k.startswith("mtp.") for k in json.loads(index.read_text())["weight_map"])
+        return any(draft(k) for k in json.loads(index.read_text())["weight_map"])
     for path in model.glob("*.safetensors"):
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
-            if any(k.startswith("mtp.") for k in json.loads(f.read(size))):
+            if any(draft(k) for k in json.loads(f.read(size))):
                 return True
     return False

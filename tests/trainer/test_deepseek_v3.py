@@ -28,7 +28,7 @@ from tests.trainer._exports import (
     assert_loads_back_exactly,
 )
 from trainer import hf_convert
-from trainer.arch import ModelArch, Parallel, check_parallel
+from trainer.arch import ModelArch, Parallel
 from trainer.learner import learner, load_hf_weights
 from trainer.packing import per_token_rope
 from trainer.model import build_gpt_model
@@ -157,12 +157,6 @@ def test_packed_micro_batches_rotate_each_token_by_its_own_position(ds_dir: Path
             assert emb.shape == (6, 1, 1, arch.latent.qk_rope_head_dim) and factor == same
             assert torch.equal(emb[:, 0], whole[positions[0], 0])
     assert torch.equal(ropes[0](6)[0], whole)  # its own forward again
-
-
-def test_its_mtp_layers_are_refused_in_one_line(ds_dir: Path) -> None:
-    arch = ModelArch.from_hf_dir(ds_dir)
-    with pytest.raises(ConfigError, match="deepseek_v3: trainer.mtp.layers is not supported"):
-        check_parallel(arch, Parallel(), mtp_layers=1)
 
 
 @pytest.mark.parametrize(

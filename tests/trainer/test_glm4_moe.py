@@ -17,7 +17,6 @@ from transformers import AutoModelForCausalLM, Glm4MoeForCausalLM
 
 from agent_rl.config import TrainerConfig
 from agent_rl.engine.launcher import EngineServer
-from agent_rl.kernel.errors import ConfigError
 from agent_rl.models import init_model
 from tests.trainer._batches import rl_batch
 from tests.trainer._exports import (
@@ -26,7 +25,7 @@ from tests.trainer._exports import (
 )
 from tests.trainer.test_parallel import _baseline, _compare, _launch, _metrics
 from trainer import hf_convert
-from trainer.arch import ModelArch, Parallel, check_parallel
+from trainer.arch import ModelArch, Parallel
 from trainer.learner import learner, load_hf_weights
 from trainer.model import build_gpt_model
 
@@ -85,12 +84,6 @@ def test_a_trained_export_loads_back_bit_exact_and_into_transformers(
     assert torch.equal(exported[bias], start[bias])  # the engine routes with the checkpoint's
     assert not torch.equal(exported["model.norm.weight"], start["model.norm.weight"])  # trained
     assert_loads_back_exactly(out, exported, batch, ours, "glm4_moe")
-
-
-def test_its_mtp_layers_are_refused_in_one_line(glm_dir: Path) -> None:
-    arch = ModelArch.from_hf_dir(glm_dir)
-    with pytest.raises(ConfigError, match="glm4_moe: trainer.mtp.layers is not supported"):
-        check_parallel(arch, Parallel(), mtp_layers=1)
 
 
 @pytest.mark.slow
