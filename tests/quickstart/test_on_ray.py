@@ -85,11 +85,12 @@ def test_the_rl_stage_on_ray_trains_to_the_target_and_stops_clean(
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_quickstart_ray_option_runs_its_rl_stage_through_the_launch(
+def test_quickstart_cluster_option_runs_its_rl_stage_through_the_launch(
     engine_venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`agent-rl quickstart --ray`'s wiring: the pipeline's RL stage goes to rl_on_ray (no
-    supervised serve or trainer of its own) and records the version it reached."""
+    """`agent-rl quickstart --cluster`'s wiring: the pipeline's RL stage goes to rl_on_ray, two
+    engines and two serves (no supervised serve or trainer of its own), and records the version
+    it reached."""
     import anyio
     from rich.console import Console
 
@@ -102,7 +103,7 @@ def test_quickstart_ray_option_runs_its_rl_stage_through_the_launch(
         monkeypatch.setenv(k, v)  # as in the test above
     monkeypatch.chdir(tmp_path)
     with fresh_postgres() as url:
-        qs = Quickstart(Options(store_url=url, ray=True, rl_steps=1, rl_minutes=10), tmp_path,
+        qs = Quickstart(Options(store_url=url, cluster=True, rl_steps=1, rl_minutes=10), tmp_path,
                         Console(record=True, width=200))  # fmt: skip
         init_model(BASE_MODEL, "quickstart", seed=0)
         shutil.copytree(BASE_MODEL, SFT_MODEL)
@@ -115,4 +116,5 @@ def test_quickstart_ray_option_runs_its_rl_stage_through_the_launch(
         assert version == 1 and qs.state.data["rl_version"] == 1
         assert supervised == set()  # every role ran under the launch, none under the supervisor
         assert "launched run 'quickstart' on 1 Ray node(s)" in qs.console.export_text()
+        assert tomllib.loads((tmp_path / RAY_CONFIG).read_text())["cluster"]["engines"] == 2
         assert not ray.is_initialized()

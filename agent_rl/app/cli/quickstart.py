@@ -23,10 +23,7 @@ def quickstart(
     eval_tasks: Annotated[int, typer.Option(min=2, help="Fixed evaluation tasks.")] = DEFAULT.eval_tasks,
     eval_samples: Annotated[int, typer.Option(min=1, help="Samples per evaluation task.")] = DEFAULT.eval_samples,
     cluster: Annotated[
-        bool, typer.Option("--cluster", help="Multi-process mode: 2 engines behind a standalone router, 2 serves, 1 trainer.")
-    ] = False,
-    ray: Annotated[
-        bool, typer.Option("--ray", help="Place the RL stage's roles on a local Ray cluster through `agent-rl launch` (needs agent-rl[cluster]); with --cluster: 2 engines and 2 serves.")
+        bool, typer.Option("--cluster", help="Cluster mode (needs agent-rl[cluster] and --store-url postgresql://...): the RL stage's 2 engines, router, 2 serves and trainer placed on a local Ray cluster through `agent-rl launch`.")
     ] = False,
     store_url: Annotated[
         Optional[str], typer.Option(help="Store URL (--cluster needs postgresql://...); default SQLite in the working directory.")
@@ -51,7 +48,7 @@ def quickstart(
     from agent_rl.app.quickstart import run_quickstart
 
     opts = Options(seed=seed, sft_steps=sft_steps, rl_steps=rl_steps, rl_minutes=rl_minutes,
-                   eval_tasks=eval_tasks, eval_samples=eval_samples, cluster=cluster, ray=ray,
+                   eval_tasks=eval_tasks, eval_samples=eval_samples, cluster=cluster,
                    store_url=store_url, agent=agent, dialect=dialect, env=env, family=family)
     try:
         anyio.run(lambda: run_quickstart(opts, workdir, console=console, serve_after=serve_after))

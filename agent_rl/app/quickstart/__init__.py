@@ -7,9 +7,9 @@ model is evaluated before SFT, after SFT and after RL on the same fixed tasks, e
 weight version; the report prints the curve, the RL-vs-SFT test, the ledger and the viewer's URL.
 
 Every process is an ordinary `agent-rl` command under a supervisor (`processes.py`), and
-everything lives in one working directory (`recipe.py`); `--cluster` runs the same with two
-engines, two serves and a PostgreSQL store. Stages are recorded (`pipeline.py`): a second run
-resumes where the first stopped.
+everything lives in one working directory (`recipe.py`); `--cluster` runs the RL stage with two
+engines, two serves and a PostgreSQL store on a local Ray cluster through `agent-rl launch`
+(`on_ray.py`). Stages are recorded (`pipeline.py`): a second run resumes where the first stopped.
 """
 
 from __future__ import annotations

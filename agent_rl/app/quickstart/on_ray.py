@@ -1,9 +1,9 @@
-"""The quickstart's RL stage on a Ray cluster through `agent-rl launch` (issue 48's item 4).
+"""`agent-rl quickstart --cluster`'s RL stage on a Ray cluster through `agent-rl launch`.
 
 Instead of the quickstart's own supervisor (processes.py), a local one-node Ray cluster is
 started in this process (`ray.init`, with a custom resource `accel` standing for each engine's
-accelerator) and the run's engines, router, serves and trainer are placed on it by
-agent_rl/cluster's launch, which restarts what dies. The roles read a config of their own,
+accelerator; a caller already connected to a cluster, as bench/chaos.py is, uses that one) and
+the run's engines, router, serves and trainer are placed on it by agent_rl/cluster's launch, which restarts what dies. The roles read a config of their own,
 `runs/ray/agent-rl.toml` (role logs in `runs/ray/logs`): the quickstart's, with a `[cluster]` section, the engines started on
 the weights training resumes from (so an engine the launch restarts comes back on them until
 the router hands it a newer export), and a router port of its own (the evaluation fleet's
@@ -50,7 +50,7 @@ def ray_config(config_path: Path, *, start_weights: Path, engines: int, serves: 
     }  # fmt: skip
     path = config_path.parent / RAY_CONFIG
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# Written by `agent-rl quickstart --ray` for its RL stage.\n"
+    path.write_text("# Written by `agent-rl quickstart --cluster` for its RL stage.\n"
                     + tomli_w.dumps(data))  # fmt: skip
     path.chmod(0o600)  # the router's admin token
     return path

@@ -5,7 +5,8 @@
 3. eval base, 4. SFT (`agent-rl train --sft`), 5. eval sft,
 6. RL: `agent-rl serve` process(es) and one `agent-rl train` against the router, until the
    policy version reaches `rl_steps` or the stage's time is up (a resumed run continues from
-   the store and the trainer's checkpoint),
+   the store and the trainer's checkpoint); with `--cluster`, these roles (two engines, the
+   router, two serves, the trainer) are placed on a local Ray cluster by `agent-rl launch`,
 7. eval rl (the newest export, pinned by its version), 8. the report.
 """
 
@@ -253,7 +254,7 @@ class Quickstart:
         """Serve and train together; returns the policy version reached."""
         from agent_rl.sglang.client import EngineClient
 
-        if self.opts.ray:
+        if self.opts.cluster:
             return await self.rl_stage_on_ray()
 
         store = await Store.open(self.cfg.store)
@@ -320,12 +321,11 @@ class Quickstart:
             version = await store.latest_version(await store.ensure_run(self.cfg.run.name))
         if version < self.opts.rl_steps:
             await self.stop_fleet()
-            n = 2 if self.opts.cluster else 1
             weights = export_path(self.cfg, version) if version else SFT_MODEL
             with Progress(self.console, "RL") as progress:
                 version = await rl_on_ray(
                     self.workdir / CONFIG_FILE, start_weights=weights, rl_steps=self.opts.rl_steps,
-                    rl_minutes=self.opts.rl_minutes, engines=n, serves=n, say=self.say,
+                    rl_minutes=self.opts.rl_minutes, engines=2, serves=2, say=self.say,
                     progress=progress.update)  # fmt: skip
         self.state.data["rl_version"] = version
         self.state.save()

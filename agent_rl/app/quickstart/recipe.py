@@ -78,10 +78,9 @@ class Options(BaseModel):
     eval_tasks: int = Field(default=64, ge=2)
     eval_samples: int = Field(default=4, ge=1)
     cluster: bool = False
-    """Multi-process mode: two engines behind a standalone router, two serves, one trainer."""
-    ray: bool = False
-    """The RL stage's roles placed on a local Ray cluster by `agent-rl launch` (on_ray.py)
-    instead of the quickstart's own supervisor; the evaluations keep theirs."""
+    """Cluster mode, on PostgreSQL: the RL stage's two engines, router, two serves and trainer
+    placed on a local Ray cluster by `agent-rl launch` (on_ray.py), which restarts what dies;
+    SFT and the evaluations (two engines) stay under the quickstart's own supervisor."""
     store_url: str | None = None
     """Store URL (cluster mode needs PostgreSQL); unset: SQLite in the working directory."""
     agent: bool = False
