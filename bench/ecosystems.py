@@ -6,7 +6,11 @@ In process is not a side: verifiers 0.4.0 pins `openai<3` and agent-rl's venv ha
 verifiers cannot be imported by serve. The SDK env stands in for it: the same two calls per
 episode (`tests/ecosystems/verifiers_modules/vf_tiny_echo.py`: a prompt, `max_tokens` 6, then
 "Again." and a second answer), the same reward, made from serve's process with the `openai`
-client, every call through the same gateway.
+client, every call through the same gateway. Each side's harness makes an `openai` client per
+episode and neither loads the CA bundle per episode: the env server shares one TLS context among
+the clients made in it (runner.py), and the SDK env's clients share one too (as verifiers run in
+serve's process would: the same bridge). `tokens_per_call` (the stored model tokens over calls)
+shows the sides generate alike.
 
 One real SGLang engine (tiny-moe on CPU, routing replay on). Each side runs `serve` with
 `--episodes` episodes, `--concurrency` at a time, after a warm-up (the env server started and
@@ -32,9 +36,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import resource
+import ssl
 import statistics
 import sys
 import tempfile
@@ -68,10 +74,11 @@ class EchoAgent(AgentEnv):
                           for i, (p, b) in enumerate(PROMPTS)])  # fmt: skip
 
     async def run(self, base_url: str, api_key: str, task: Task) -> int:
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
         tokens = 0
-        async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
+        http = DefaultAsyncHttpxClient(verify=tls_context())
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http) as client:
             messages: list[dict[str, Any]] = [{"role": "user", "content": task["prompt"]}]
             for follow_up in ("Again.", None):
                 r = await client.chat.completions.create(
@@ -85,6 +92,12 @@ class EchoAgent(AgentEnv):
 
     async def score(self, task: Task, result: Any, transcript: list[dict[str, Any]]) -> Reward:
         return Reward(value=result / 100 + task["base"])
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for the SDK env's clients, as the env server shares one among its own."""
+    return ssl.create_default_context()
 
 
 def load_average() -> float:
@@ -140,10 +153,12 @@ async def side(db: Path, url: str, model: Path, env_id: str, kwargs: dict[str, A
     failed = [e.error_cause for e in rows if e.status not in ("completed", "filtered")]
     assert not failed, f"{env_id}: episodes failed: {failed[:1]}"
     calls = sum(e.num_turns for e in rows)
+    tokens = sum(e.num_model_tokens for e in rows)
     ends = [(e.started_at or 0.0, e.finished_at or 0.0) for e in rows]
     window = max(end for _, end in ends) - min(start for start, _ in ends)
     return {"calls_per_s": calls / window, "cpu_ms_per_call": cpu / calls * 1e3,
-            "env_cpu_ms_per_call": env_cpu / calls * 1e3, "calls": calls}  # fmt: skip
+            "env_cpu_ms_per_call": env_cpu / calls * 1e3, "tokens_per_call": tokens / calls,
+            "calls": calls}  # fmt: skip
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -190,7 +205,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     result: dict[str, Any] = {
         key: {name: round(median(name, key), 2) for name in runs}
-        for key in ("calls_per_s", "cpu_ms_per_call", "env_cpu_ms_per_call")
+        for key in ("calls_per_s", "cpu_ms_per_call", "env_cpu_ms_per_call", "tokens_per_call")
     }
     result["total_cpu_ms_per_call"] = {
         name: round(median(name, "cpu_ms_per_call") + median(name, "env_cpu_ms_per_call"), 1)

@@ -144,7 +144,9 @@ class Server:
     async def episode(self, request: dict[str, Any]) -> dict[str, Any]:
         """The answer to one episode's request. Cancelled, it closes the connection, which
         cancels the episode in the server."""
-        life = await anyio.to_thread.run_sync(self.ensure)
+        life = self.life  # a running one is used as is, without a worker thread's hop
+        if life is None or (life.process is not None and life.process.poll() is not None):
+            life = await anyio.to_thread.run_sync(self.ensure)
         self.running += 1
         try:
             try:
