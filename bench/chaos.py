@@ -1,12 +1,17 @@
-"""Chaos run: the quickstart's multi-process mode, with each process SIGKILLed in turn.
+"""Chaos run: `agent-rl quickstart --cluster`'s RL stage on Ray, with each role SIGKILLed in
+turn and then a Ray node lost.
 
 The fleet is the one `agent-rl quickstart --cluster` runs: a PostgreSQL store (a fresh database
-made for this run and dropped after), two SGLang engines behind a standalone `agent-rl router`,
-two `agent-rl serve` processes and one `agent-rl train`, each a separate OS process under the
-quickstart's supervisor. After a short SFT warm start, RL runs; once the trainer has published a
-few versions, serve-0, the router, engine-1 and the trainer are SIGKILLed one at a time (their
-whole process groups), the supervisor starts each again, and the next kill waits until training
-has moved on. Then RL is stopped as the quickstart stops it and the store is audited.
+made for this run and dropped after), two SGLang engines behind `agent-rl router`, two `agent-rl
+serve` processes and one `agent-rl train`, each a role that `agent-rl launch` placed on a local
+Ray cluster (`ray.cluster_utils.Cluster`: a head with the router and the launch's supervisor,
+and two nodes with an engine each). After a short SFT warm start, RL runs; once the trainer has
+published a version, serve-0, the router, engine-1 and the trainer are SIGKILLed one at a time
+(each with everything it started), then a spare node joins and the node of engine-0 is lost with
+every process on it (its raylet included, Ray told nothing). The launch restarts each role, or
+places it again on the nodes left, and the next kill waits until training has moved on. Then RL
+is stopped as the quickstart stops it (serves drain, the trainer checkpoints) and the store is
+audited.
 
 Resumption: the episodes serve-0 was running when it was killed are resumed by a live serve
 (re-running their stored turns, then generating on) instead of failing; `resumed` is the share of
@@ -18,9 +23,9 @@ Pass: 0 episodes lost, 0 trained twice, every episode in exactly one terminal st
 cause (failed episodes by cause are reported), after every kill the policy version advanced,
 and at least RESUMED_TARGET of the killed serves' episodes were resumed.
 
-Run: `python bench/chaos.py [--store-url postgresql://...]` (needs `agent-rl engine install` and a
-PostgreSQL server; default URL: $AGENT_RL_TEST_POSTGRES_URL or postgres@127.0.0.1:5432/test; about
-4-5 minutes on 2 cores). Last line: RESULT {"lost", "trained_twice", "not_terminal",
+Run: `python bench/chaos.py [--store-url postgresql://...]` (needs `agent-rl engine install`,
+agent-rl[cluster] and a PostgreSQL server; default URL: $AGENT_RL_TEST_POSTGRES_URL or
+postgres@127.0.0.1:5432/test). Last line: RESULT {"lost", "trained_twice", "not_terminal",
 "failed_without_cause", "kills", "versions", "episodes", "failed_by_cause", "resumed", "passed"}.
 """
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -46,10 +52,16 @@ from sqlalchemy.engine import make_url  # noqa: E402
 
 from agent_rl.app.quickstart import Options  # noqa: E402
 from agent_rl.app.quickstart.pipeline import Quickstart  # noqa: E402
-from agent_rl.app.quickstart.processes import Supervisor  # noqa: E402
+from agent_rl.config import Config, load_config  # noqa: E402
+from agent_rl.kernel.processes import signal_tree  # noqa: E402
 from agent_rl.store import Store  # noqa: E402
+from bench._ray_cluster import local_cluster, lose_node  # noqa: E402
 
-VICTIMS = ["serve-0", "router", "engine-1", "train"]
+NODE = "node of engine-0"
+VICTIMS = ["serve-0", "router", "engine-1", "train", NODE]
+"""Roles SIGKILLed in turn, then a Ray node lost with the roles on it."""
+ENGINE_NODE = {"num_cpus": 1, "resources": {"accel": 1}}
+"""A node of the local Ray cluster that one engine (its `accel`) is placed on."""
 RECOVERY_TIMEOUT_S = 300.0
 RESUMED_TARGET = 0.9
 
@@ -82,15 +94,14 @@ async def resumed_share(store: Store, before: dict[int, Any]) -> dict[str, Any]:
             "tokens_changed": changed}
 
 
-async def resume_after_kill(qs: Quickstart, env_id: str, episodes: int = 48) -> dict[str, Any]:
-    """A serve of `env_id` (its own run, on the fleet's router) SIGKILLed once several episodes
+async def resume_after_kill(qs: Quickstart, env_id: str, router_url: str,
+                            episodes: int = 48) -> dict[str, Any]:  # fmt: skip
+    """A serve of `env_id` (its own run, on the launch's router) SIGKILLed once several episodes
     have persisted turns, then started again: how many of its episodes were resumed."""
-    import signal
     import subprocess
 
     from agent_rl.app.quickstart.processes import agent_rl_command
 
-    assert qs.fleet is not None
     run = f"resume-{env_id}"
     workdir = qs.workdir / run
     workdir.mkdir(exist_ok=True)
@@ -103,7 +114,7 @@ async def resume_after_kill(qs: Quickstart, env_id: str, episodes: int = 48) -> 
                     "stale_after_s": 3.0},
     }))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
-    argv = agent_rl_command("serve", "--router-url", qs.fleet.router_url, "--no-api",
+    argv = agent_rl_command("serve", "--router-url", router_url, "--no-api",
                             "--max-episodes", str(episodes))
     log = open(workdir / "serve.log", "ab")  # noqa: SIM115 (closed below)
     first = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=log)
@@ -173,16 +184,14 @@ async def wait_version(qs: Quickstart, above: int, timeout_s: float) -> int:
         await anyio.sleep(1.0)
 
 
-async def engine_current(qs: Quickstart, index: int, floor: int) -> float:
-    """When engine `index` itself serves a policy version >= floor and the router has it in
+async def engine_current(router_url: str, url: str, floor: int) -> float:
+    """When the engine at `url` itself serves a policy version >= floor and the router has it in
     rotation (monotonic time). The engine is asked directly: until the router's health checks
     quarantine a dead engine, the router still lists the version it last saw there."""
     from agent_rl.sglang.client import EngineClient
 
-    assert qs.fleet is not None
-    url = qs.fleet.engines[index]
     deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-    async with EngineClient(url) as engine, EngineClient(qs.fleet.router_url) as router:
+    async with EngineClient(url) as engine, EngineClient(router_url) as router:
         while time.monotonic() < deadline:
             own = (await engine.served_versions()).get(url)
             in_rotation = url in await router.served_versions()
@@ -192,61 +201,117 @@ async def engine_current(qs: Quickstart, index: int, floor: int) -> float:
     raise TimeoutError(f"{url} did not come back on current weights")
 
 
-async def chaos(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]],
-                resumed: dict[str, Any]) -> None:  # fmt: skip
+async def roles(cfg: Config) -> dict[str, dict[str, Any]]:
+    """The launch's roles by name (`agent-rl launch status`)."""
+    from agent_rl.cluster import launch as cluster
+
+    return {s["name"]: s for s in await anyio.to_thread.run_sync(cluster.status, cfg)}
+
+
+async def launched(qs: Quickstart) -> Config:
+    """The launch's config, once the RL stage wrote it and its router runs."""
+    from agent_rl.app.quickstart.on_ray import RAY_CONFIG
+
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if (qs.workdir / RAY_CONFIG).is_file():
+            cfg = load_config(qs.workdir / RAY_CONFIG)
+            try:
+                if (await roles(cfg))["router"]["state"] == "running":
+                    return cfg
+            except Exception:  # noqa: BLE001 - not launched yet
+                pass
+        await anyio.sleep(1.0)
+    raise TimeoutError("the RL stage's launch did not start")
+
+
+async def chaos(qs: Quickstart, c: Any, kills: list[dict[str, Any]],
+                resumed: dict[str, Any], rl: anyio.CancelScope) -> None:  # fmt: skip
     """Kill each victim once training has moved on since the previous kill, and a python-math
-    serve of its own; then stop RL (also when recovery timed out: the run is still audited,
-    and the failure is in `kills`)."""
-    from signal import SIGINT
-
-    async def python_math() -> None:
-        resumed["python-math"] = await resume_after_kill(qs, "python-math")
-
+    serve of its own; then stop RL as the quickstart does (also when recovery timed out: the
+    run is still audited, and the failure is in `kills`)."""
     try:
-        # Beside the kills (it shares the fleet's engines): the run stays within its minutes.
+        cfg = await launched(qs)
+        router_url = (await roles(cfg))["router"]["url"]
+
+        async def python_math() -> None:
+            resumed["python-math"] = await resume_after_kill(qs, "python-math", router_url)
+
+        # Beside the kills (it shares the launch's engines): the run stays within its minutes.
         async with anyio.create_task_group() as tg:
             tg.start_soon(python_math)
-            await _kill_each(qs, sup, kills, resumed)
+            await _kill_each(qs, cfg, c, kills, resumed)
     except TimeoutError as e:
         kills.append({"error": str(e)})
-    qs.say("chaos: done; stopping RL as the quickstart does (trainer, then serve drains)")
-    await sup.stop("train", grace_s=120, sig=SIGINT)
+    qs.say("chaos: done; stopping RL as the quickstart does (serves drain, the trainer checkpoints)")
+    rl.cancel()
 
 
-async def _kill_each(qs: Quickstart, sup: Supervisor, kills: list[dict[str, Any]],
+async def kill_role(qs: Quickstart, cfg: Config, name: str,
+                    resumed: dict[str, Any]) -> dict[str, int]:  # fmt: skip
+    """SIGKILL role `name`'s process and everything it started; {name: its starts}."""
+    role = (await roles(cfg))[name]
+    signal_tree(role["pid"], signal.SIGKILL)
+    qs.say(f"chaos: SIGKILL {name} (pid {role['pid']})")
+    if name.startswith("serve-"):
+        async with await Store.open(qs.cfg.store) as store:
+            run_id = await store.ensure_run(qs.cfg.run.name)
+            resumed["_calculator_before"] = await running_of(store, run_id, role["pid"])
+    return {name: role["starts"]}
+
+
+async def lose_node_of(qs: Quickstart, cfg: Config, c: Any, name: str) -> dict[str, int]:
+    """A spare node joins, then the node of role `name` is lost with every role on it; their
+    {name: starts}."""
+    now = await roles(cfg)
+    node_id = now[name]["node_id"]
+    victim = next(n for n in c.worker_nodes if n.node_id == node_id)
+    c.add_node(**ENGINE_NODE)  # (Ray starts nodes from the main thread only)
+    on_it = {n: s["starts"] for n, s in now.items() if s["node_id"] == node_id}
+    lose_node(c, victim)
+    qs.say(f"chaos: lost the Ray node of {', '.join(on_it)} ({node_id[:8]})")
+    return on_it
+
+
+async def _kill_each(qs: Quickstart, cfg: Config, c: Any, kills: list[dict[str, Any]],
                      resumed: dict[str, Any]) -> None:  # fmt: skip
     await wait_version(qs, 1, RECOVERY_TIMEOUT_S)
-    for name in VICTIMS:
+    for victim in VICTIMS:
         before = await latest(qs)
-        starts = sup[name].starts
         t0 = time.monotonic()
-        pid = sup.kill(name)
-        qs.say(f"chaos: SIGKILL {name} (pid {pid}) at policy version {before}")
-        if name.startswith("serve-"):
-            async with await Store.open(qs.cfg.store) as store:
-                run_id = await store.ensure_run(qs.cfg.run.name)
-                resumed["_calculator_before"] = await running_of(store, run_id, pid)
-        while sup[name].starts == starts:
-            await anyio.sleep(0.2)
+        if victim == NODE:
+            starts = await lose_node_of(qs, cfg, c, "engine-0")
+        else:
+            starts = await kill_role(qs, cfg, victim, resumed)
+        deadline = t0 + RECOVERY_TIMEOUT_S
+        while not all(r["state"] == "running" and r["starts"] > starts[n]
+                      for n, r in (await roles(cfg)).items() if n in starts):  # fmt: skip
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{', '.join(starts)} not running again after the kill")
+            await anyio.sleep(0.5)
         restarted_s = time.monotonic() - t0
         # Training continued: two new versions, so at least one step ran wholly after the kill.
         after = await wait_version(qs, before + 1, RECOVERY_TIMEOUT_S)
-        kill = {"process": name, "pid": pid, "version_at_kill": before,
+        now = await roles(cfg)
+        kill = {"victim": victim, "roles": sorted(starts), "version_at_kill": before,
+                "reasons": {n: now[n]["reason"] for n in starts},
                 "restarted_after_s": round(restarted_s, 1), "version_after": after,
                 "recovered_after_s": round(time.monotonic() - t0, 1)}
-        if name.startswith("engine-"):
+        for name in (n for n in starts if n.startswith("engine-")):
             # Back in rotation, on current weights (it restarted on its launch weights).
-            kill["engine_serving_current_after_s"] = round(
-                await engine_current(qs, int(name.split("-")[1]), before) - t0, 1)
+            current = await engine_current(now["router"]["url"], now[name]["url"], before)
+            kill["engine_serving_current_after_s"] = round(current - t0, 1)
         kills.append(kill)
-        qs.say(f"chaos: {name} restarted; training reached version {after} "
+        qs.say(f"chaos: {victim} restarted; training reached version {after} "
                f"{kill['recovered_after_s']:.0f}s after the kill"
-               + (f", the engine served current weights after {current:.0f}s"
-                  if (current := kill.get("engine_serving_current_after_s")) else ""))
+               + (f", the engine served current weights after {current_s:.0f}s"
+                  if (current_s := kill.get("engine_serving_current_after_s")) else ""))
     await wait_version(qs, await latest(qs), RECOVERY_TIMEOUT_S)
 
 
 async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
+    import ray
+
     console = Console()
     url, dbname = fresh_database(store_url)
     # Every group trains (no zero-variance filter): the run keeps stepping from any warm start.
@@ -255,20 +320,25 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
     os.environ["AGENT_RL_ROLLOUT__STALE_AFTER_S"] = "6"
     kills: list[dict[str, Any]] = []
     resumed: dict[str, Any] = {}
+    c = None
     try:
         with tempfile.TemporaryDirectory(prefix="agent-rl-chaos-") as tmp:
             opts = Options(cluster=True, store_url=url, sft_steps=sft_steps, rl_steps=10_000,
                            rl_minutes=30, eval_tasks=2, eval_samples=1)
             qs = Quickstart(opts, Path(tmp), console)
             t0 = time.monotonic()
-            async with qs.running() as sup:
-                qs.fleet = await qs.start_fleet(sup)
+            async with qs.running():
                 await qs.sft_stage()
+                # The RL stage's launch goes on this cluster (on_ray.py uses the one connected):
+                # a head (the router, the launch's supervisor) and two nodes of an engine each.
+                # (Ray starts nodes from the main thread only: the event loop waits meanwhile.)
+                c, _ = local_cluster(2, [ENGINE_NODE, ENGINE_NODE], "agent-rl-chaos")
                 async with anyio.create_task_group() as rl:
-                    rl.start_soon(chaos, qs, sup, kills, resumed)
+                    rl.start_soon(chaos, qs, c, kills, resumed, rl.cancel_scope)
                     await qs.rl_stage()
             async with await Store.open(qs.cfg.store) as store:
                 run_id = await store.ensure_run(qs.cfg.run.name)
+                await store.resolve_interrupted(stale_after_s=0.0, run_id=run_id)
                 audit = await store.audit(run_id)
                 episodes = await store.list_episodes(run_id=run_id, limit=1_000_000)
                 versions = await store.latest_version(run_id)
@@ -276,6 +346,9 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
                     store, resumed.pop("_calculator_before", {}))
             os.chdir(Path(__file__).resolve().parents[1])
     finally:
+        if c is not None:
+            ray.shutdown()
+            c.shutdown()
         drop_database(store_url, dbname)
     failed_by_cause = Counter(f"{e.error_type}: {(e.error_cause or '')[:60]}"
                               for e in episodes if e.status == "failed")
@@ -295,6 +368,7 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
         "failed_by_cause": dict(failed_by_cause),
         "resumed": resumed,
         "wall_s": round(time.monotonic() - t0, 1),
+        "load": Path("/proc/loadavg").read_text().split()[:3],
         "passed": not audit.problems() and ok_recovery and ok_resumed,
     }
 

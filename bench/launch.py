@@ -154,21 +154,13 @@ async def without_ray(workdir: Path, model: Path, store_url: str) -> float:
 def with_ray(workdir: Path, model: Path, store_url: str) -> dict[str, Any]:
     """`agent-rl launch` on a local Ray cluster: first step, then the trainer's node lost."""
     import ray
-    from ray.cluster_utils import Cluster
 
     from agent_rl.cluster import launch as cluster
+    from bench._ray_cluster import local_cluster, lose_node
 
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False,
-        "_system_config": {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
-                           "health_check_failure_threshold": 3},
-    })  # fmt: skip
     worker = {"num_cpus": 1, "resources": {"accel": 1, "serve_slot": 1}}
     trainer_node = {"num_cpus": 1, "resources": {"trainer_slot": 1}}
-    for _ in range(2):
-        c.add_node(**worker)
-    doomed_node = c.add_node(**trainer_node)
-    c.connect(namespace="agent-rl-bench")
+    c, (*_, doomed_node) = local_cluster(1, [worker, worker, trainer_node], "agent-rl-bench")
     config = write_config(
         workdir, model, store_url, address=c.address, accelerator="accel", engines=2, serves=2,
         trainer_ranks=1, restart_delay_s=0.5, serve_drain_s=30.0,
@@ -185,18 +177,9 @@ def with_ray(workdir: Path, model: Path, store_url: str) -> dict[str, Any]:
         first = asyncio.run(wait_version(cfg, 1)) - t0
         asyncio.run(wait_version(cfg, 3))
         c.add_node(**trainer_node)  # where the trainer goes next
-        import psutil
-
-        raylet = doomed_node.all_processes["raylet"][0].process.pid
-        doomed = psutil.Process(raylet).children(recursive=True)
         version = asyncio.run(latest_version(cfg))
         lost_at = time.monotonic()
-        c.remove_node(doomed_node, allow_graceful=False)
-        for p in doomed:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        lose_node(c, doomed_node)
         recovery = asyncio.run(wait_version(cfg, version + 1)) - lost_at
         cluster.stop(cfg)
 

@@ -1,0 +1,38 @@
+"""A local multi-node Ray cluster for the benches (`ray.cluster_utils.Cluster`: one raylet per
+node on this machine), and losing one of its nodes as when a machine dies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HEAD = {"include_dashboard": False, "_system_config": {
+    "health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
+    "health_check_failure_threshold": 3}}  # fmt: skip
+"""A head node's arguments: a lost node is declared dead within ~3 s (Ray's default: ~15 s)."""
+
+
+def local_cluster(head_cpus: float, nodes: list[dict[str, Any]],
+                  namespace: str) -> tuple[Any, list[Any]]:
+    """A head with `head_cpus` and one node per entry of `nodes` (Cluster.add_node's keywords),
+    this process connected to it; the cluster and those nodes."""
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, **HEAD})
+    added = [c.add_node(**node) for node in nodes]
+    c.connect(namespace=namespace)
+    return c, added
+
+
+def lose_node(c: Any, node: Any) -> None:
+    """Fault injection: `node` goes away with everything on it (its raylet, Ray's workers and the
+    processes they started), as when a machine dies; Ray is told nothing."""
+    import psutil
+
+    raylet = node.all_processes["raylet"][0].process.pid
+    doomed = psutil.Process(raylet).children(recursive=True)
+    c.remove_node(node, allow_graceful=False)
+    for p in doomed:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
