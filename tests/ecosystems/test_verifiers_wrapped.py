@@ -11,6 +11,9 @@ in-process; verifiers' own `null` harness installs a program with `uv` at run ti
   against OpenEnv's API (`verifiers_modules/openenv_repeat.py`) served locally by OpenEnv's
   own server, reached by `base_url` (no container, no registry): the same checks, and the
   reward is the sum of OpenEnv's step rewards, recomputed here from the stored conversation.
+- Training: one trainer step consumes OpenEnv episodes served through the taskset (the ledger
+  balances, the audit is clean). bench/wrapped_train.py serves and trains both envs together
+  for several policy versions (docs/ecosystems.md).
 - Harbor: refused in one line where its CLI is missing (tests/ecosystems/test_verifiers.py).
 """
 
@@ -25,15 +28,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from agent_rl.app.serve import serve
+from agent_rl.config import TrainerConfig
 from agent_rl.engine.launcher import free_port
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.sdk.registry import make
 from agent_rl.store import Store
 from tests.rollout.conftest import serve_config
 from tests.rollout.gateway_helpers import Tap, check_agent_episode
+from trainer.learner import learner
+from trainer.loop import TrainLoop
 
 MODULES = Path(__file__).with_name("verifiers_modules")
 HANGMAN = {"taskset": {"game": "Hangman-v0"},
@@ -148,3 +155,38 @@ async def test_an_openenv_environment_served_locally_is_played_token_for_token(
             assert len(asked) == len(replies) == e.num_turns and all(asked)
             earned = sum(float(a.group(1) in r.lower()) for a, r in zip(asked, replies))  # type: ignore[union-attr]
             assert e.reward == earned == e.reward_details["reward"]["components"]["openenv_reward"]
+
+
+@pytest.mark.slow
+def test_a_training_step_consumes_openenv_episodes(
+    tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path, verifiers_python: str, openenv_url: str
+) -> None:
+    """The episodes of an env verifiers wraps are training data like any other: served through
+    the OpenEnv taskset (two groups of two), then consumed by one real trainer step."""
+    config = {"taskset": {"base_url": openenv_url, "resets": [{"seed": 0}, {"seed": 1}]},
+              "player": {"harness": {"id": "vf_chat"}, "max_turns": 2}}  # fmt: skip
+    cfg = serve_config(f"sqlite:///{tmp_path / 'train.db'}", sglang_moe_server.url, tiny_moe_model,
+                       env="verifiers:openenv", env_kwargs={"python": verifiers_python, "config": config},
+                       max_new_tokens=8, filter_zero_variance=False)  # fmt: skip
+    summary = anyio.run(lambda: serve(cfg, max_episodes=4))
+    assert summary.admitted == 4 and summary.completed == 4, summary
+    # No weight sync (no router: the session's engine keeps its weights for the other tests).
+    cfg = cfg.model_copy(update={
+        "rollout": cfg.rollout.model_copy(update={"router_url": None}),
+        "trainer": TrainerConfig(groups_per_step=2, micro_batch_size=4, optim={"lr": 3e-5},
+                                 checkpoint_dir=tmp_path / "ckpt", export_dir=tmp_path / "exports",
+                                 tensorboard_dir=tmp_path / "tb", data_poll_s=0.2)})  # fmt: skip
+    with learner(tiny_moe_model, cfg.trainer) as engine:
+        stats = TrainLoop(cfg, engine).run(max_steps=1)
+    assert stats.steps == 1 and stats.version == 1
+
+    async def read() -> tuple[list[Any], list[str]]:
+        async with await Store.open(cfg.store) as store:
+            run_id = await store.run_id(cfg.run.name)
+            return (await store.list_episodes(run_id=run_id),
+                    (await store.audit(run_id)).problems())  # fmt: skip
+
+    episodes, problems = anyio.run(read)
+    assert sorted((e.status, e.trained_step) for e in episodes) == [("trained", 1)] * 4
+    assert all(e.num_turns >= 1 for e in episodes)
+    assert problems == []

@@ -9,9 +9,8 @@ with `{"player": {"harness": {"id": "vf_chat"}}}` (the seat's name is the env's)
 
 from __future__ import annotations
 
-from openai import AsyncOpenAI
-
 import verifiers.v1 as vf
+from vf_client import interception_client
 
 
 class ChatHarnessConfig(vf.HarnessConfig):
@@ -31,7 +30,7 @@ class ChatHarness(vf.Harness[ChatHarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         else:
             messages += [m.model_dump(exclude_none=True) for m in prompt or []]
-        async with AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0) as client:
+        async with interception_client(endpoint, secret) as client:
             await client.chat.completions.create(model=ctx.model, messages=messages)
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 

@@ -1,10 +1,12 @@
 """An OpenEnv environment written against OpenEnv's public API (openenv 0.4.1) and served
 locally, for the tests of verifiers' OpenEnv taskset: no container, no registry.
 
-`python openenv_repeat.py PORT` serves it on 127.0.0.1:PORT (OpenEnv's HTTP and WebSocket
-server, uvicorn). Each episode asks for `ROUNDS` words, one at a time, chosen by the reset's
-seed; a reply that contains the word asked earns 1 (OpenEnv's per-step reward: verifiers sums
-them into `openenv_reward`).
+`python openenv_repeat.py PORT [letters]` serves it on 127.0.0.1:PORT (OpenEnv's HTTP and
+WebSocket server, uvicorn). Each episode asks for `ROUNDS` words, one at a time, chosen by the
+reset's seed; a reply that contains the word asked earns 1 (OpenEnv's per-step reward:
+verifiers sums them into `openenv_reward`). With `letters`, a reply earns the share of the
+word's letters it contains instead (partial credit, so a random policy's rewards vary:
+bench/wrapped_train.py trains on it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from openenv.core.env_server.types import Action, Observation, State
 
 WORDS = ("apple", "river", "stone", "cloud", "green", "house", "light", "sugar")
 ROUNDS = 2
+LETTERS = False
+"""Partial credit: the share of the asked word's distinct letters in the reply."""
 
 
 class RepeatAction(Action):
@@ -47,7 +51,8 @@ class RepeatEnv(Environment[RepeatAction, RepeatObservation, State]):
     def step(self, action: RepeatAction, timeout_s: float | None = None, **_: Any) -> RepeatObservation:
         asked = self.words[self._state.step_count]
         self._state.step_count += 1
-        reward = float(asked in action.message.lower())
+        reply = action.message.lower()
+        reward = len(set(asked) & set(reply)) / len(set(asked)) if LETTERS else float(asked in reply)
         if self._state.step_count >= ROUNDS:
             return RepeatObservation(done=True, reward=reward)
         return RepeatObservation(reward=reward, prompt=f"Say the word {self.words[self._state.step_count]}.")
@@ -58,6 +63,7 @@ class RepeatEnv(Environment[RepeatAction, RepeatObservation, State]):
 
 
 if __name__ == "__main__":
+    LETTERS = sys.argv[2:] == ["letters"]
     app = create_app(RepeatEnv, RepeatAction, RepeatObservation, env_name="repeat",
                      max_concurrent_envs=16)
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
