@@ -25,7 +25,7 @@ install`). Last line: RESULT {"lost", "not_terminal", "length_bias", "stale_filt
 "baseline_length_bias", "baseline_stale_filtered_share", "trainer_idle", ...} (the fair
 design's worst over both loads).
 
-The long tail II (issue 49), `python bench/long_tail.py` (the default; 4-7 minutes at load 9-22): a
+The long tail II (issue 49), `python bench/long_tail.py` (the default; 4-7 minutes at load 9-22, 10 at load 22-30): a
 searcher-shaped `long-tail` (`SEARCH`: each episode's turns drawn around its task's, a few to
 30, so a group's short siblings finish long before its long ones; the env's and the rollout's
 max_turns 30, past which an episode is truncated with reward 0, so a task whose turns lie past
@@ -33,7 +33,10 @@ it fails in every sibling; 6 tasks that come back, of 21, 89, 90, 3, 9 and 14 tu
 sibling can finish, four whose siblings' rewards differ), at `trainer.max_staleness = 1` and an
 admission queue 4x the default (`rollout.max_queued_groups = 4 x groups_per_step`), zero-variance
 groups filtered as serve does by default, the ready groups bounded as serve does by default
-(`rollout.max_ready_groups`: the trainer's next step's worth). Two runs paired: the same seed,
+(`rollout.max_ready_groups`: the trainer's next step's worth), and in both arms admission
+keeping the oldest running group's tokens trainable (`rollout.protect_oldest_group`; `--protect
+0` turns it off): the groups that finish beside a long one do not step the trainer past its
+early tokens. Two runs paired: the same seed,
 task stream and work (each stops once the trainer has published `II_VERSIONS` versions, so a
 busier machine makes a run longer, not shorter in data; `--versions N`), requests sampled with
 seeds (`rollout.seeded_sampling`, so an episode of the same stream position and turn samples the
@@ -204,6 +207,8 @@ II_MAX_S = 240.0  # ... or stops after this long (a very busy machine)
 II_GROUPS = 2
 II_ETA = 1
 II_CONCURRENCY = 12
+II_PROTECT = 1
+"""`rollout.protect_oldest_group` in both arms (`--protect 0` turns it off)."""
 SELECTIONS = ("all", "skip_all_equal")
 
 
@@ -218,6 +223,7 @@ def config_ii(work: Path, router: RouterThread, model: Path, run: str, selection
             max_turns=30, max_new_tokens=64, max_tokens=8192, max_concurrent_episodes=II_CONCURRENCY,
             heartbeat_s=1.0, max_queued_groups=4 * max(II_ETA, 1) * II_GROUPS,
             task_selection=selection, seed=0, seeded_sampling=True,
+            protect_oldest_group=bool(_arg("--protect", II_PROTECT)),
         ),  # fmt: skip
         trainer=TrainerConfig(
             groups_per_step=II_GROUPS, micro_batch_size=8, optim={"lr": 1e-5},
@@ -269,9 +275,7 @@ def measure_ii(cfg: Config) -> dict[str, Any]:
 
 def long_tail_ii(work: Path, router: RouterThread, model: Path, reset: Any) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
-    versions = II_VERSIONS
-    if "--versions" in sys.argv:
-        versions = int(sys.argv[sys.argv.index("--versions") + 1])
+    versions = _arg("--versions", II_VERSIONS)
     for selection in SELECTIONS:
         run = f"search-{selection}"
         cfg = config_ii(work, router, model, run, selection)
@@ -287,6 +291,7 @@ def long_tail_ii(work: Path, router: RouterThread, model: Path, reset: Any) -> d
         m["rewards"] = trained["rewards"]
         m["steps"] = trained["steps"]
         m["trainer_idle"] = round(trained["trainer_idle"], 3)
+        m["protect_oldest_group"] = cfg.rollout.protect_oldest_group
         m["trained_tokens"] = trained["trained_tokens"]  # the steps' loss-mask tokens
         m["stale_token_share"] = round(trained["stale_token_share"], 3)
         m["generated_per_trained"] = m["generated"] / max(m["trained_tokens"], 1)
@@ -316,6 +321,7 @@ def long_tail_ii(work: Path, router: RouterThread, model: Path, reset: Any) -> d
             / (off["generated"] / max(off["trained_model_tokens"], 1)), 3),
         "reward_at_version": {"versions": versions, **reward},
         "by_run": {k: {"steps": r["steps"], "wall_s": r["wall_s"], "load": r["load"],
+                       "protect_oldest_group": r["protect_oldest_group"],
                        "trainer_idle": r["trainer_idle"],
                        "stale_token_share": r["stale_token_share"],
                        "generated": r["generated"], "trained_tokens": r["trained_tokens"],
@@ -326,6 +332,10 @@ def long_tail_ii(work: Path, router: RouterThread, model: Path, reset: Any) -> d
                        "episodes_per_task": r["episodes_per_task"],
                        "turns_max": r["turns_max"]} for k, r in results.items()},
     }
+
+
+def _arg(flag: str, default: int) -> int:
+    return int(sys.argv[sys.argv.index(flag) + 1]) if flag in sys.argv else default
 
 
 def _load() -> float:
