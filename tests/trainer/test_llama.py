@@ -1,7 +1,8 @@
 """The llama family through the trainer (fp32, CPU, real megatron-core): the learner computes
 what transformers' LlamaForCausalLM computes, Llama 3's rope scaling included, with tied and
 untied embeddings; a trained learner's export loads back bit-exact, and into transformers with
-the same logits, and SGLang's CPU engine serves it with the learner's logprobs."""
+the same logits; every weight sync (disk, distributed, tensor) brings SGLang's CPU engine the
+learner's weights, which it then samples with the learner's logprobs."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from agent_rl.sglang.client import EngineClient
 from agent_rl.sglang.generation import Generation
 from tests.trainer._batches import rl_batch
 from tests.trainer._exports import assert_loads_back_exactly
+from tests.trainer._syncs import assert_every_sync_serves_the_learner
 from trainer import hf_convert, shard
 from trainer.batch import Batch
 from trainer.arch import ModelArch, Parallel
@@ -90,16 +92,15 @@ def test_round_trip_of_the_full_state_dict_is_exact(llama_dir: Path, solo: None)
 
 
 @pytest.mark.slow
-def test_sglang_serves_a_trained_export_with_the_learners_logprobs(
-    tiny_llama_model: Path, sglang_server_factory: Callable[..., EngineServer], tmp_path: Path
+def test_every_weight_sync_then_sglang_samples_with_the_learners_logprobs(
+    tiny_llama_model: Path, sglang_server_factory: Callable[..., EngineServer]
 ) -> None:
-    """SGLang's CPU engine serving a trained learner's export samples tokens whose logprobs are
-    the learner's (an engine of its own: ~30 s to start)."""
+    """SGLang's CPU engine (an engine of its own: ~30 s to start), started on the base weights,
+    serves the learner's after each weight sync (disk, distributed, tensor; a step before each),
+    then samples tokens whose logprobs are the learner's."""
     prompts = [[5, 6, 7, 8, 9], [40, 41, 42], [100, 7, 300, 12, 13, 14, 15]]
-    vocab = ModelArch.from_hf_dir(tiny_llama_model).vocab_size
+    server = sglang_server_factory(tiny_llama_model)
     with learner(tiny_llama_model, TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=4)) as e:
-        e.rl_step(rl_batch(vocab, size=4))
-        server = sglang_server_factory(e.export_hf(tmp_path / "export"))
 
         async def sample() -> list[Generation]:
             async with EngineClient(server.url) as client:
@@ -107,6 +108,7 @@ def test_sglang_serves_a_trained_export_with_the_learners_logprobs(
                 return [await client.generate(p, params) for p in prompts]
 
         try:
+            assert_every_sync_serves_the_learner(e, server.url, "tiny-llama")
             generations = asyncio.run(sample())
         finally:
             server.stop()  # its ~2 GB back before the rest of the session
@@ -122,6 +124,6 @@ def test_sglang_serves_a_trained_export_with_the_learners_logprobs(
     mask = batch.loss_mask
     diff = (ours - batch.rollout_logprobs).abs() * mask
     mean = float(diff.sum() / mask.sum())
-    print(f"trainer vs SGLang (tiny-llama export): mean |logprob diff| {mean:.2e}, max "
+    print(f"trainer vs SGLang (tiny-llama, after the syncs): mean |logprob diff| {mean:.2e}, max "
           f"{diff.max().item():.2e} over {int(mask.sum())} tokens")
     assert mask.sum() >= 3 * 8 and mean <= 1e-5

@@ -33,15 +33,13 @@ from agent_rl.sglang.client import EngineClient
 from agent_rl.engine.launcher import EngineServer
 from router import Router
 from tests.trainer._served import served_config, served_db  # noqa: F401 (fixture)
+from tests.trainer._syncs import SEQUENCES, engine_logprobs, max_diff, trainer_logprobs
 from trainer.batch import Batch
 from trainer.learner import Learner, learner
 from trainer.loop import TrainLoop
 from trainer.weight_sync import MODES, make_sync, router_url
 from trainer.weight_sync.distributed import Broadcast
 from trainer.weight_sync.memory import buckets, parts
-
-SEQUENCES = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42, 300, 17, 18]]
-
 
 @pytest.fixture(scope="module")
 def second_engine(
@@ -86,32 +84,6 @@ def _stepped(model: Path, cfg: TrainerConfig) -> Iterator[Learner]:
         )
         e.rl_step(batch)
         yield e
-
-
-def _trainer_logprobs(e: Learner) -> list[list[float]]:
-    batch = Batch.from_sequences(
-        SEQUENCES, loss_masks=[[1.0] * len(s) for s in SEQUENCES],
-        rollout_logprobs=[[0.0] * len(s) for s in SEQUENCES], advantages=[0.0, 0.0],
-    )
-    lp = e.logprobs(batch)["logprobs"]
-    return [lp[i, 1 : len(s)].tolist() for i, s in enumerate(SEQUENCES)]
-
-
-async def _engine_logprobs(url: str) -> tuple[str | None, list[list[float]]]:
-    """The engine's weight version and its logprob of every token after the first."""
-    out = []
-    async with EngineClient(url) as c:
-        await c.flush_cache()
-        for seq in SEQUENCES:
-            g = await c.generate(seq, {"max_new_tokens": 1, "temperature": 0.0},
-                                 extra={"logprob_start_len": 0})
-            out.append([float(t[0]) for t in g.meta_info["input_token_logprobs"][1:]])
-        version = (await c.model_info())["weight_version"]
-    return version, out
-
-
-def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
-    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb, strict=True))
 
 
 def _router_config() -> RouterConfig:
@@ -175,28 +147,28 @@ def test_push_serves_the_trainers_weights_on_both_engines(
     cfg = TrainerConfig(weight_sync={"mode": mode, "bucket_mb": 0.5, "timeout_s": 60},
                         optim={"lr": 1e-2}, micro_batch_size=4, mtp={"layers": 1})
     for e in _stepped(tiny_moe_model, cfg):
-        ours = _trainer_logprobs(e)
+        ours = trainer_logprobs(e)
         weights = e.hf_state_dict()
         drafts = sum(s == "draft" for _, s in parts(weights, 1 << 19))
         assert drafts >= 1
 
         async def go() -> Any:
-            before = await _engine_logprobs(engines[0])
+            before = await engine_logprobs(engines[0])
             async with Router(_router_config(), engines) as router:
                 client = EngineClient(router.url, token="secret")
                 sync = make_sync(client, cfg.weight_sync)
                 report = await sync.push(weights, 7)
                 await sync.close()
                 await client.aclose()
-            return before, report, [await _engine_logprobs(u) for u in engines]
+            return before, report, [await engine_logprobs(u) for u in engines]
 
         before, report, after = asyncio.run(go())
     assert report.ok and sorted(report.updated) == sorted(engines), report
     # Bucketed: 0.5 MB buckets of a ~3 MB model, the draft's after the policy's; all loaded.
     assert report.buckets == len(list(parts(weights, 1 << 19))) > drafts
-    assert _max_diff(before[1], ours) > 1e-3  # the step moved the weights
+    assert max_diff(before[1], ours) > 1e-3  # the step moved the weights
     for url, (version, theirs) in zip(engines, after):
-        diff = _max_diff(theirs, ours)
+        diff = max_diff(theirs, ours)
         print(f"{mode}: {url} serves {version}; max |engine - trainer| logprob {diff:.2e}")
         assert version == "7"
         assert diff <= 1e-5
@@ -282,7 +254,7 @@ def test_train_loop_pushes_every_step_and_names_exports(
     finally:
         thread.stop()
     for url in engines:
-        assert asyncio.run(_engine_logprobs(url))[0] == "2"
+        assert asyncio.run(engine_logprobs(url))[0] == "2"
 
 
 def test_engine_killed_mid_broadcast_is_dropped_and_catches_up_after_restart(
@@ -303,7 +275,7 @@ def test_engine_killed_mid_broadcast_is_dropped_and_catches_up_after_restart(
 
     monkeypatch.setattr(Broadcast, "_broadcast_bucket", killing)
     for e in _stepped(tiny_moe_model, cfg):
-        ours = _trainer_logprobs(e)
+        ours = trainer_logprobs(e)
         weights = e.hf_state_dict()
         export = e.export_hf(tmp_path / "v000009")  # what the loop names as restore point
 
@@ -342,6 +314,6 @@ def test_engine_killed_mid_broadcast_is_dropped_and_catches_up_after_restart(
     assert restored == ("9", False)
     assert third.ok and sorted(third.updated) == sorted(engines)
     for url in engines:
-        version, theirs = asyncio.run(_engine_logprobs(url))
+        version, theirs = asyncio.run(engine_logprobs(url))
         assert version == "10"
-        assert _max_diff(theirs, ours) <= 1e-5
+        assert max_diff(theirs, ours) <= 1e-5
