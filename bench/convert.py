@@ -13,8 +13,11 @@ peak RSS (the process's own `ru_maxrss` after the phase's first run):
 - raw write: the same tensors (read untimed first) written back with `save_file`, shard by
   shard (the bytes the export must write);
 - load: the learner's path in one CPU process with gloo, as the trainer runs it: megatron-core
-  builds the bf16 model (`build_gpt_model`, untimed), then `load_hf_weights` is timed;
-- export: the model built the same way (random values: the export does not care), then what
+  builds the bf16 model (`build_gpt_model` without megatron's initialisation, which the load
+  would overwrite: the learner's build for a load that fills every weight; untimed), then
+  `load_hf_weights` is timed;
+- export: the model built the same way, every weight then written (constant values: the export
+  does not care, but a trained model's pages are all in memory), then what
   `Learner.export_hf` does is timed (`gather_full_state_dict`, `mcore_to_hf`, `write_hf_dir`).
 The optimizer is left out: its fp32 master weights and Adam state (16 bytes a parameter) do not
 fit this machine at this size, and conversion does not touch them.
@@ -24,8 +27,9 @@ phase also pays for the page cache the machine's other users took). GB/s is the 
 over the timed seconds; each ratio is the learner's GB/s over the raw
 one of the same direction. `peak_rss_over_model` is the larger of the load and export phases'
 peak RSS over the model's bytes; the processes' RSS after their imports (torch, megatron-core:
-no model yet; for load and export, after the model is built) is reported beside it as
-`import_rss_gb`, and the most the conversion adds above it as `conversion_rss_over_model`. The shards were just written, so reads
+no model yet; for load and export, after the model is built, its pages untouched for load) is
+reported beside it as `import_rss_gb`, and the most the conversion adds above it and the
+model's own bytes as `conversion_rss_over_model`. The shards were just written, so reads
 come from the page cache in every phase alike.
 
 Run: `python bench/convert.py` (about 2-3 minutes on 2 cores; needs ~8 GB free memory and
@@ -120,7 +124,10 @@ def _read_all(model: Path) -> dict[str, Any]:
     return out
 
 
-def _build(model: Path) -> tuple[Any, Any]:
+def _build(model: Path, resident: bool) -> tuple[Any, Any]:
+    """The bf16 model as the learner builds it for a load that fills every weight (megatron's
+    initialisation skipped); `resident`: with every weight then written once (bf16 values in
+    place), as a trained model's are in memory when it exports."""
     import torch
 
     from trainer import dist_env
@@ -129,7 +136,12 @@ def _build(model: Path) -> tuple[Any, Any]:
 
     arch = ModelArch.from_hf_dir(model)
     dist_env.init(Parallel(1, 1, 1))
-    return build_gpt_model(arch, Parallel(1, 1, 1), torch.bfloat16), arch
+    module = build_gpt_model(arch, Parallel(1, 1, 1), torch.bfloat16, initialize=False)
+    if resident:
+        with torch.no_grad():
+            for param in module.parameters():
+                param.fill_(0.02)
+    return module, arch
 
 
 def phase(name: str, model: Path, scratch: Path) -> dict[str, float]:
@@ -171,7 +183,7 @@ def phase(name: str, model: Path, scratch: Path) -> dict[str, float]:
     elif name == "load":
         from trainer.learner import load_hf_weights
 
-        module, arch = _build(model)
+        module, arch = _build(model, resident=False)
         import trainer.hf_convert  # noqa: F401 (imported before the baseline)
 
         imported = _rss_gb()
@@ -184,7 +196,7 @@ def phase(name: str, model: Path, scratch: Path) -> dict[str, float]:
     elif name == "export":
         from trainer import hf_convert, shard
 
-        module, arch = _build(model)
+        module, arch = _build(model, resident=True)
         imported = _rss_gb()
         seconds = float("inf")
         for _ in range(REPEATS):
@@ -233,10 +245,11 @@ def main() -> None:
         "export_ratio": round(gb_s["export"] / gb_s["raw_write"], 3),
         "peak_rss_over_model": round(
             max(res["load"]["peak_rss_gb"], res["export"]["peak_rss_gb"]) / model_gib, 3),
-        # What the conversion itself adds above the built model and the imports (the build's
-        # own peak, megatron-core's initialisation, scatters by ~0.5 GiB from run to run).
+        # What the conversion itself adds above the imports and the model's own bytes (the load
+        # phase's build leaves the model's pages untouched: its rise includes the model).
         "conversion_rss_over_model": round(max(
-            res[k]["peak_rss_gb"] - res[k]["rss_before_gb"] for k in ("load", "export")
+            res["load"]["peak_rss_gb"] - res["load"]["rss_before_gb"] - model_gib,
+            res["export"]["peak_rss_gb"] - res["export"]["rss_before_gb"],
         ) / model_gib, 3),
         "gb_s": {k: round(v, 3) for k, v in gb_s.items()},
         "seconds": {k: round(v["seconds"], 2) for k, v in res.items()},

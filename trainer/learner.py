@@ -79,6 +79,8 @@ class Learner:
             mtp_detach=cfg.mtp.detach,
             mtp_ffn_hidden_size=cfg.mtp.ffn_hidden_size,
             mtp_attention_heads=draft_heads(self.arch, cfg.mtp.num_attention_heads),
+            # The load fills every weight, except an MTP draft the files may not carry.
+            initialize=bool(cfg.mtp.layers),
         )
         # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
         module.config.calculate_per_token_loss = True

@@ -22,9 +22,11 @@ from trainer.arch import ModelArch, Parallel, check_parallel
 
 
 def transformer_config(
-    arch: ModelArch, par: Parallel, dtype: torch.dtype = torch.float32, mtp_layers: int = 0
+    arch: ModelArch, par: Parallel, dtype: torch.dtype = torch.float32, mtp_layers: int = 0,
+    initialize: bool = True,
 ):
-    """megatron TransformerConfig matching the HF model; fusions off (they need CUDA kernels)."""
+    """megatron TransformerConfig matching the HF model; fusions off (they need CUDA kernels).
+    `initialize` False: megatron leaves the weights as allocated (`perform_initialization`)."""
     family = families.get(arch.model_type)
     check_parallel(arch, par, mtp_layers)
     return family.megatron_config_class()(
@@ -47,6 +49,7 @@ def transformer_config(
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=not torch.cuda.is_available(),
+        perform_initialization=initialize,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         bias_dropout_fusion=False,
@@ -77,8 +80,13 @@ def build_gpt_model(
     mtp_detach: bool = True,
     mtp_ffn_hidden_size: int | None = None,
     mtp_attention_heads: tuple[int, int] | None = None,
+    initialize: bool = True,
 ):
     """A randomly initialised GPTModel for this rank's shard; fill it with `load_hf_weights`.
+    `initialize` False: its weights are left as allocated, for a load that fills every one
+    (megatron's CPU initialisation builds each weight in fp32 first and casts it: with bf16
+    weights, an embedding-sized transient of twice the embedding's bytes, and every page of
+    the model touched before the load replaces them).
     With `mtp_layers` k > 0, a `trainer.mtp_model.MTPGPTModel` with k MTP modules, whose forward
     returns the draft logits of each depth beside the logits (a dense model's EAGLE draft with
     its FFN `mtp_ffn_hidden_size` wide and its attention `mtp_attention_heads` (query,
@@ -87,7 +95,7 @@ def build_gpt_model(
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    config = transformer_config(arch, par, dtype, mtp_layers)
+    config = transformer_config(arch, par, dtype, mtp_layers, initialize)
     if arch.is_moe:
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
