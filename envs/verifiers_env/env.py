@@ -101,13 +101,14 @@ class VerifiersEnv(AgentEnv):
             self.command = [self.python, "-P", str(RUNNER), "episode", self.config_json]
 
     def builtin_tasks(self, split: str = "train") -> TaskSource:
+        config = self.config_json
         if split in self.splits:
             config = json.dumps(_merged(self.env_config, self.splits[split]), sort_keys=True)
+        if self.pool is None:
             rows = _list_tasks(self.python, config, self._environ())
-        elif self.pool is None:
-            rows = _list_tasks(self.python, self.config_json, self._environ())
-        else:
-            rows = self._answer(self.pool.servers[0].request({"op": "tasks"}))["tasks"]
+        else:  # by the first server, which the episodes need anyway (no second verifiers import)
+            request = {"op": "tasks", **({"config": config} if config != self.config_json else {})}
+            rows = self._answer(self.pool.servers[0].request(request))["tasks"]
         return ListTasks([Task(id=r["id"], data=r["data"]) for r in rows])
 
     def _environ(self) -> tuple[tuple[str, str], ...]:

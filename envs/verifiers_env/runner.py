@@ -200,7 +200,8 @@ class EnvServer:
     """Many episodes of one loaded, serving verifiers env, each on a connection of its own.
 
     A connection sends one JSON line and gets one back: `{"op": "health"}` -> `{"running",
-    "episodes", "cancelled", "pid"}`; `{"op": "tasks"}` -> `{"tasks": [...]}`; `{"op":
+    "episodes", "cancelled", "pid"}`; `{"op": "tasks"}` -> `{"tasks": [...]}` (with `"config":
+    CONFIG_JSON`, that config's rows: a split's, verifiers already imported); `{"op":
     "episode", "task", "base_url", "api_key"}` -> `{"result": {...}}`, `{"refused": line}` or
     `{"error": traceback}`. A client that closes its connection before the answer (its episode
     was cancelled, or ran past its deadline) cancels the episode here."""
@@ -221,7 +222,7 @@ class EnvServer:
                 await _reply(writer, {"running": self.running, "episodes": self.episodes,
                                       "cancelled": self.cancelled, "pid": os.getpid()})
             elif op == "tasks":
-                await _reply(writer, {"tasks": task_rows(self.env)})
+                await _reply(writer, self._tasks(request.get("config")))
             elif op == "episode":
                 await self._episode(request, reader, writer)
             else:
@@ -230,6 +231,15 @@ class EnvServer:
             pass
         finally:
             writer.close()
+
+    def _tasks(self, config: str | None) -> dict[str, Any]:
+        """The served env's rows, or another config's (a split's: verifiers already imported)."""
+        try:
+            return {"tasks": task_rows(load(config) if config else self.env)}
+        except Refused as e:
+            return {"refused": str(e)}
+        except Exception:  # noqa: BLE001 - the listing's failure is its answer
+            return {"error": traceback.format_exc()}
 
     async def _episode(self, request: dict[str, Any], reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:  # fmt: skip

@@ -1,6 +1,7 @@
 """`verifiers:vf_calculator`: the calculator's arithmetic, written as a verifiers v1 taskset and
-harness against verifiers' public API only (verifiers==0.4.0; nothing of agent-rl is imported:
-it runs in the verifiers environment's Python, where agent-rl is not installed).
+harness against verifiers' public API only (verifiers==0.4.0, and the OpenAI client of its
+sibling vf_client.py; nothing of agent-rl is imported: it runs in the verifiers environment's
+Python, where agent-rl is not installed).
 
 A task is an integer expression in a question ("What is 3*4+5?"); the harness asks the model
 the question, runs every `calc` call the model makes (the tool runs in the harness itself)
@@ -23,9 +24,8 @@ import random
 import re
 from decimal import Decimal
 
-from openai import AsyncOpenAI
-
 import verifiers.v1 as vf
+from vf_client import interception_client
 
 OPS = ("+", "-", "*")
 TEMPLATES = ("What is {e}?", "Compute {e}.", "Calculate {e}", "Please evaluate {e}.")
@@ -126,7 +126,7 @@ class CalcHarness(vf.Harness[CalcHarnessConfig]):
     NEEDS_CONTAINER = False
 
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **_):
-        async with AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0) as client:
+        async with interception_client(endpoint, secret) as client:
             messages: list[dict] = [{"role": "user", "content": data.prompt}]
             for _ in range(self.config.max_calls):
                 r = await client.chat.completions.create(model=ctx.model, messages=messages)
