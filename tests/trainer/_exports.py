@@ -1,5 +1,5 @@
 """Checks shared by the family tests: a trained learner's HF export, and an MoE family served by
-SGLang's CPU engine against the learner with routing replay."""
+SGLang's CPU engine after every weight sync, against the learner with routing replay."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM
 from agent_rl.config import TrainerConfig
 from agent_rl.sglang.client import EngineClient
 from agent_rl.sglang.generation import Generation
-from trainer.arch import ModelArch
+from tests.trainer._syncs import assert_every_sync_serves_the_learner
 from trainer.batch import Batch
-from trainer.learner import learner
+from trainer.learner import Learner, learner
 
 if TYPE_CHECKING:
     from agent_rl.engine.launcher import EngineServer
@@ -42,24 +42,35 @@ def assert_loads_back_exactly(out: Path, exported: dict[str, torch.Tensor], batc
 def assert_engine_logprobs_and_experts_replay(
     model_dir: Path, sglang_server_factory: Callable[..., EngineServer], label: str
 ) -> None:
-    """SGLang's CPU engine serving the MoE model `model_dir` (an engine of its own, stopped before
-    the check) samples tokens whose logprobs are the learner's (mean within 1e-5), with the
-    engine's routed experts replayed in the learner (R3): SGLang reports a row per decoder layer,
-    the dense first ones included, which replay drops; every fed token has its experts in every
-    MoE layer."""
+    """SGLang's CPU engine (an engine of its own), started on the MoE model `model_dir`, serves
+    the learner's weights after each weight sync (disk, distributed, tensor; a step before each:
+    tests/trainer/_syncs.py), then samples tokens whose logprobs are the learner's (mean within
+    1e-5), with the engine's routed experts replayed in the learner (R3): SGLang reports a row per
+    decoder layer, the dense first ones included, which replay drops; every fed token has its
+    experts in every MoE layer."""
     prompts = [[5, 6, 7, 8, 9], [40, 41, 42], [100, 7, 300, 12, 13, 14, 15]]
     server = sglang_server_factory(model_dir, moe_routing_replay=True)
 
     async def sample() -> list[Generation]:
-        async with EngineClient(server.url) as client:
+        # top-k given: the engine's model path is the disk sync's export, gone by now
+        async with EngineClient(server.url, moe_topk=e.arch.moe_topk) as client:
             params = {"temperature": 1.0, "max_new_tokens": 24, "sampling_seed": 0}
             return [await client.generate(p, params, return_routed_experts=True) for p in prompts]
 
-    try:
-        generations = asyncio.run(sample())
-    finally:
-        server.stop()  # its ~2 GB back before the rest of the session
-    arch = ModelArch.from_hf_dir(model_dir)
+    cfg = TrainerConfig(micro_batch_size=4, routing_replay=True, optim={"lr": 1e-3})
+    with learner(model_dir, cfg) as e:
+        try:
+            assert_every_sync_serves_the_learner(e, server.url, label)
+            generations = asyncio.run(sample())
+        finally:
+            server.stop()  # its ~2 GB back before the rest of the session
+        _assert_replayed(e, prompts, generations, label)
+
+
+def _assert_replayed(e: Learner, prompts: list[list[int]], generations: list[Generation],
+                     label: str) -> None:
+    """The learner's logprobs of the engine's samples, its experts replayed, are the engine's."""
+    arch = e.arch
     for p, g in zip(prompts, generations):
         assert g.routed_experts is not None
         assert g.routed_experts.shape == (len(p) + len(g.output_ids) - 1, arch.num_layers,
@@ -74,9 +85,8 @@ def assert_engine_logprobs_and_experts_replay(
         routed_experts=[torch.from_numpy(g.routed_experts.copy()) for g in generations],
         topk=arch.moe_topk,
     )  # fmt: skip
-    with learner(model_dir, TrainerConfig(micro_batch_size=4, routing_replay=True)) as e:
-        ours = e.logprobs(batch)["logprobs"]
-        metrics = e.rl_step(batch)
+    ours = e.logprobs(batch)["logprobs"]
+    metrics = e.rl_step(batch)
     mask = batch.loss_mask
     diff = (ours - batch.rollout_logprobs).abs() * mask
     mean = float(diff.sum() / mask.sum())
