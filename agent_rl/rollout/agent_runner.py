@@ -34,9 +34,9 @@ from agent_rl.sdk.rewards import as_reward
 from agent_rl.rollout.episode_env import episode_sandbox
 from agent_rl.rollout.gateway import AgentSession, Gateway
 from agent_rl.rollout.gateway_relay import SOCKET_DIR, UnixRelay, sandbox_runner
-from agent_rl.rollout.runner import EpisodeRunner, RunnerContext, _truncated
+from agent_rl.rollout.runner import EpisodeResult, EpisodeRunner, RunnerContext, _truncated
 from agent_rl.sdk.sandbox import Mount, SandboxSpec
-from agent_rl.store import EpisodeEnd
+from agent_rl.store import EpisodeEnd, TurnRecord
 from agent_rl.sdk.tasks import Task
 
 STDERR_KEPT = 8_000
@@ -50,6 +50,8 @@ class AgentRunner(EpisodeRunner):
                  task: Task, seed: int | None, env_kwargs: dict[str, Any] | None = None) -> None:  # fmt: skip
         super().__init__(ctx, episode_id, env_id, task, seed, env_kwargs)
         self.gateway = gateway
+        self._last_turn: TurnRecord | None = None
+        """The last kept call's turn, taken from the closed session: written with the end."""
 
     async def _run(self) -> EpisodeEnd:
         env = make(self.env_id, **self.env_kwargs)
@@ -74,8 +76,21 @@ class AgentRunner(EpisodeRunner):
             try:
                 return await self._episode(env, session)
             finally:
-                await session.close()
+                await self._close(session)
                 self.gateway.forget(session)
+
+    async def _close(self, session: AgentSession) -> None:
+        """No call of the agent is kept from now on; its last kept turn is held for the end."""
+        turn = await session.close()
+        if turn is not None:
+            self._last_turn = turn
+
+    async def _end(self, end: EpisodeEnd) -> EpisodeResult:
+        """The last kept call's turn lands with the episode's terminal state, in one
+        transaction (one commit less per episode than writing it on its own first)."""
+        if self._last_turn is not None and end.turn is None:
+            end.turn, self._last_turn = self._last_turn, None
+        return await super()._end(end)
 
     @staticmethod
     def _spec(env: AgentEnv, relay: UnixRelay | None) -> SandboxSpec | None:
@@ -98,7 +113,7 @@ class AgentRunner(EpisodeRunner):
             if session.truncated is not None:
                 raise self._nothing(session) from e
             raise
-        await session.close()
+        await self._close(session)
         if session.calls == 0:
             raise self._nothing(session)
         if session.truncated is not None:

@@ -37,7 +37,7 @@ path, only the answer's shape differs.
 
 A call's turn is answered first and committed while the episode's next call generates (as the
 runner does for an SDK env's turns), so no call waits for the store; writes land in order, the
-last one when the episode closes, before its end. A write that fails fails the next call.
+last one with the episode's end, in the same transaction. A write that fails fails the next call.
 """
 
 from __future__ import annotations
@@ -170,7 +170,8 @@ class AgentSession:
         self.responses: dict[str, list[dict[str, Any]]] = {}
         """The conversation of each Responses answer kept, by its id (`previous_response_id`)."""
         self._unwritten: TurnRecord | None = None
-        """The last answered call's turn, committed during the next call's generation."""
+        """The last answered call's turn, committed during the next call's generation (the
+        episode's last one with its end: `close`)."""
         # A semaphore, not a lock: a streamed call starts in the request's task and goes on in
         # the response's, and a lock belongs to the task that took it.
         self._calls = anyio.Semaphore(1)
@@ -184,12 +185,15 @@ class AgentSession:
         """The last call's conversation with its answer, in OpenAI's shape."""
         return [dict(m) for m in self._history]
 
-    async def close(self) -> None:
-        """Commit the last answered call's turn; no call is recorded from now on."""
+    async def close(self) -> TurnRecord | None:
+        """No call is kept from now on. Returns the last kept call's turn, not written yet (None
+        once taken): the episode's end writes it with its terminal state, in one transaction. A
+        turn committing meanwhile (during a call in flight) lands first."""
         with anyio.CancelScope(shield=True):
             async with self._write:
                 self.closed = True
-                await self._commit()
+                record, self._unwritten = self._unwritten, None
+        return record
 
     async def _commit(self) -> None:
         """Write the turn held back, if any (the caller holds `_write`)."""
@@ -520,10 +524,10 @@ class AgentSession:
         answer. No await in here: a kept call is kept whole."""
         assert self._conv is not None
         p, gen, turn, record, text = a.prepared, a.gen, a.turn, a.record, a.text
-        if self.closed:  # `close` sets it before its last commit, so this turn would be lost
+        if self.closed:  # `close` took the last turn for the end already: this one would be lost
             raise GatewayError(409, f"episode {self.episode_id} ended during this call",
                                code="episode_ended")
-        self._unwritten = record  # committed during the next call's generation, or by `close`
+        self._unwritten = record  # committed during the next call's generation, or with the end
         self.calls += 1
         self.engine_error = None
         if p.drift:
