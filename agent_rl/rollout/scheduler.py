@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,8 @@ class Scheduler:
                           if cfg.task_selection == "skip_all_equal" else None)
         self._task_keys: dict[int, str] = {}
         """The task key of each group this process admitted (for task selection)."""
+        self._served: tuple[int, float] | None = None
+        """The version the engines served at the last `/model_info` and when (monotonic)."""
         self._group_ended = anyio.Event()
         """Set (and replaced) whenever a group of `_pending` has ended."""
 
@@ -235,9 +238,8 @@ class Scheduler:
                 await store.add_task(run_id, self.env_id, task.id, task.data)
                 self.stats.skipped_tasks += 1
                 index, task = next(tasks)
-            task_id = await store.add_task(run_id, self.env_id, task.id, task.data)
             seeds = [_seed(cfg.seed, index, i) for i in range(size)]
-            group_id, episodes = await store.admit_group(run_id, task_id, self.env_id, size, seeds)
+            group_id, episodes = await store.admit_task(run_id, self.env_id, task.id, task.data, size, seeds)
             self._pending[group_id] = size
             if self.oldest is not None:
                 self.oldest.admitted(group_id, served)
@@ -303,7 +305,9 @@ class Scheduler:
         unavailable = False
         while True:
             latest = await self.ctx.store.latest_version(self.run_id)  # type: ignore[arg-type]
-            served = await self._served_version()
+            served = self._recent_served(latest)
+            if served is None:
+                served = await self._served_version()
             if served is None:
                 if not unavailable:
                     log.warning("no engine answers; admission waits for one")
@@ -335,14 +339,27 @@ class Scheduler:
         self._told_capacity = full
         return full
 
+    def _recent_served(self, latest: int) -> int | None:
+        """The served version read less than `version_poll_s` ago, if admission may go on by
+        it: a version the engines served is a floor of what they serve now (weights only move
+        forward), so when it is within the bound so is theirs; otherwise None, and the engines
+        are asked. One `/model_info` per poll period instead of one per admitted group."""
+        if self._served is None or time.monotonic() - self._served[1] > self.version_poll_s:
+            return None
+        served = self._served[0]
+        return served if served >= latest - self.max_staleness else None
+
     async def _served_version(self) -> int | None:
         """The policy version the engines serve, or None if none answers."""
         try:
             info = await self.ctx.client.model_info()
         except (EngineError, OSError) as e:
             log.debug("model_info failed: %s", e)
+            self._served = None
             return None
-        return policy_version(info.get("weight_version"))
+        served = policy_version(info.get("weight_version"))
+        self._served = (served, time.monotonic())
+        return served
 
     async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None,
                            resume: bool = False) -> None:  # fmt: skip

@@ -68,8 +68,18 @@ class LifecycleWrites(StoreBase):
 
     @write()
     def add_task(self, conn: Connection, run_id: int, env_id: str, key: str, payload: dict[str, Any]) -> int:
-        return conn.scalar(_INSERT_TASK, dict(run_id=run_id, env_id=env_id, key=key, payload=payload,
-                                              created_at=now()))  # fmt: skip
+        return _add_task(conn, run_id, env_id, key, payload)
+
+    @write()
+    def admit_task(
+        self, conn: Connection, run_id: int, env_id: str, key: str, payload: dict[str, Any],
+        size: int, seeds: list[int] | None = None,
+    ) -> tuple[int, list[int]]:
+        """`add_task` then `admit_group` of that task, in one transaction (the scheduler's
+        admission of a drawn task: one commit per group, not two); returns (group id, episode
+        ids)."""
+        task_id = _add_task(conn, run_id, env_id, key, payload)
+        return self._admit_group(conn, run_id, task_id, env_id, size, seeds)
 
     @write(durable=False)
     def admit_group(
@@ -79,6 +89,12 @@ class LifecycleWrites(StoreBase):
         """Create a group of `size` waiting episodes; returns (group id, episode ids).
         `parent_episode_id` links each episode to the one it was forked from (in the same
         transaction, so no fork exists without its link)."""
+        return self._admit_group(conn, run_id, task_id, env_id, size, seeds, parent_episode_id)
+
+    def _admit_group(
+        self, conn: Connection, run_id: int, task_id: int, env_id: str, size: int,
+        seeds: list[int] | None, parent_episode_id: int | None = None,
+    ) -> tuple[int, list[int]]:
         if size < 1:
             raise ValueError("a group needs at least one episode")
         seeds = seeds if seeds is not None else [None] * size  # type: ignore[list-item]
@@ -427,6 +443,11 @@ _SET_REWARD = (
            EpisodeRow.status == "completed")
     .values(reward=bindparam("reward"))
 )
+
+
+def _add_task(conn: Connection, run_id: int, env_id: str, key: str, payload: dict[str, Any]) -> int:
+    return conn.scalar(_INSERT_TASK, dict(run_id=run_id, env_id=env_id, key=key, payload=payload,
+                                          created_at=now()))  # fmt: skip
 
 
 def _insert_messages(
