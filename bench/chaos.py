@@ -55,7 +55,7 @@ from agent_rl.app.quickstart.pipeline import Quickstart  # noqa: E402
 from agent_rl.config import Config, load_config  # noqa: E402
 from agent_rl.kernel.processes import signal_tree  # noqa: E402
 from agent_rl.store import Store  # noqa: E402
-from bench._ray_cluster import local_cluster, lose_node  # noqa: E402
+from agent_rl.testing.ray_cluster import local_cluster, lose_node  # noqa: E402
 
 NODE = "node of engine-0"
 VICTIMS = ["serve-0", "router", "engine-1", "train", NODE]

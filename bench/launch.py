@@ -156,7 +156,7 @@ def with_ray(workdir: Path, model: Path, store_url: str) -> dict[str, Any]:
     import ray
 
     from agent_rl.cluster import launch as cluster
-    from bench._ray_cluster import local_cluster, lose_node
+    from agent_rl.testing.ray_cluster import local_cluster, lose_node
 
     worker = {"num_cpus": 1, "resources": {"accel": 1, "serve_slot": 1}}
     trainer_node = {"num_cpus": 1, "resources": {"trainer_slot": 1}}

@@ -41,6 +41,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from agent_rl.cluster import launch as cluster  # noqa: E402
+from agent_rl.testing.ray_cluster import local_cluster, lose_node  # noqa: E402
 
 # Tests that start a Ray cluster run one at a time (tests/conftest.py): two clusters started side
 # by side took each other's ports (a client reached the other cluster's GCS and was refused).
@@ -55,16 +56,9 @@ TRAINER_NODE = {"num_cpus": 1, "resources": {"trainer_slot": 1}}
 
 @pytest.fixture
 def ray_cluster() -> Iterator[Cluster]:
-    """One test's own cluster (it lives only while its test holds the CPU to itself): a head (the launch's supervisor, the router and the trainer) and two worker nodes; node
-    deaths noticed within ~3 s."""
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {"trainer_slot": 1}, "include_dashboard": False,
-        "_system_config": {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
-                           "health_check_failure_threshold": 3},
-    })  # fmt: skip
-    for _ in range(2):
-        c.add_node(**WORKER)
-    c.connect(namespace="agent-rl-tests")
+    """One test's own cluster (Ray tests run one at a time): a head (the launch's supervisor, the
+    router and the trainer) and two worker nodes; node deaths noticed within ~3 s."""
+    c, _ = local_cluster(1, [WORKER, WORKER], "agent-rl-tests", head_resources={"trainer_slot": 1})
     try:
         yield c
     finally:
@@ -257,21 +251,6 @@ def _version(cfg: Config) -> int:
     return asyncio.run(read())
 
 
-def _lose_node(c: Cluster, node: Any) -> None:
-    """Fault injection: the node goes away with everything on it (its raylet, Ray's workers and
-    the role processes they started), as when a machine dies; Ray is told nothing."""
-    import psutil
-
-    raylet = node.all_processes["raylet"][0].process.pid
-    doomed = psutil.Process(raylet).children(recursive=True)
-    c.remove_node(node, allow_graceful=False)
-    for p in doomed:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-
-
 def _router_workers(cfg: Config, router_url: str) -> dict[str, str | None]:
     """The router's healthy workers and their weight versions."""
     import httpx
@@ -324,7 +303,7 @@ def test_a_launched_run_trains_and_survives_losing_nodes(
             victim = next(n for n in ray_cluster.worker_nodes if n.node_id == victim_id)
             spare = ray_cluster.add_node(**WORKER)
             lost_at = _version(cfg)
-            _lose_node(ray_cluster, victim)
+            lose_node(ray_cluster, victim)
             moved = _until("engine-0 and its serve running on the spare node",
                            lambda: _running_on(cfg, spare.node_id, 2), 400)
             for s in moved:
@@ -342,7 +321,7 @@ def test_a_launched_run_trains_and_survives_losing_nodes(
 
             # 2. The node of a trainer rank is lost: the gang starts again from its checkpoint.
             spare_trainer = ray_cluster.add_node(**TRAINER_NODE)
-            _lose_node(ray_cluster, trainer_node)
+            lose_node(ray_cluster, trainer_node)
             ranks = _until("the trainer's gang running again", lambda: [
                 s for s in cluster.status(cfg) if s["name"].startswith("train-")
                 and s["state"] == "running" and s["restarts"] == 1] or None, 400)  # fmt: skip

@@ -1,5 +1,6 @@
-"""A local multi-node Ray cluster for the benches (`ray.cluster_utils.Cluster`: one raylet per
-node on this machine), and losing one of its nodes as when a machine dies."""
+"""A local multi-node Ray cluster for the tests and benches (`ray.cluster_utils.Cluster`: one
+raylet per node on this machine), and losing one of its nodes as when a machine dies (fault
+injection)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ HEAD = {"include_dashboard": False, "_system_config": {
 """A head node's arguments: a lost node is declared dead within ~3 s (Ray's default: ~15 s)."""
 
 
-def local_cluster(head_cpus: float, nodes: list[dict[str, Any]],
-                  namespace: str) -> tuple[Any, list[Any]]:
-    """A head with `head_cpus` and one node per entry of `nodes` (Cluster.add_node's keywords),
-    this process connected to it; the cluster and those nodes."""
+def local_cluster(head_cpus: float, nodes: list[dict[str, Any]], namespace: str,
+                  head_resources: dict[str, float] | None = None) -> tuple[Any, list[Any]]:
+    """A head with `head_cpus` (and `head_resources`) and one node per entry of `nodes`
+    (Cluster.add_node's keywords), this process connected to it; the cluster and those nodes."""
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, **HEAD})
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": head_cpus, "resources": head_resources or {}, **HEAD})
     added = [c.add_node(**node) for node in nodes]
     c.connect(namespace=namespace)
     return c, added
