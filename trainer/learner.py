@@ -79,8 +79,10 @@ class Learner:
             mtp_detach=cfg.mtp.detach,
             mtp_ffn_hidden_size=cfg.mtp.ffn_hidden_size,
             mtp_attention_heads=draft_heads(self.arch, cfg.mtp.num_attention_heads),
-            # The load fills every weight, except an MTP draft the files may not carry.
-            initialize=bool(cfg.mtp.layers),
+            # The load fills every weight, except an MTP draft the files may not carry. Under
+            # tensor parallelism megatron's CPU initialisation is also what marks a weight as
+            # split (`tensor_model_parallel`, `partition_dim`), which the load's sharding reads.
+            initialize=bool(cfg.mtp.layers) or self.par.tp > 1,
         )
         # Our losses are already divided by global (DP-reduced) denominators: no DP averaging.
         module.config.calculate_per_token_loss = True
