@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,8 +103,6 @@ class Scheduler:
                           if cfg.task_selection == "skip_all_equal" else None)
         self._task_keys: dict[int, str] = {}
         """The task key of each group this process admitted (for task selection)."""
-        self._served: tuple[int, float] | None = None
-        """The version the engines served at the last `/model_info` and when (monotonic)."""
         self._group_ended = anyio.Event()
         """Set (and replaced) whenever a group of `_pending` has ended."""
 
@@ -305,9 +302,7 @@ class Scheduler:
         unavailable = False
         while True:
             latest = await self.ctx.store.latest_version(self.run_id)  # type: ignore[arg-type]
-            served = self._recent_served(latest)
-            if served is None:
-                served = await self._served_version()
+            served = await self._served_version()
             if served is None:
                 if not unavailable:
                     log.warning("no engine answers; admission waits for one")
@@ -339,27 +334,14 @@ class Scheduler:
         self._told_capacity = full
         return full
 
-    def _recent_served(self, latest: int) -> int | None:
-        """The served version read less than `version_poll_s` ago, if admission may go on by
-        it: a version the engines served is a floor of what they serve now (weights only move
-        forward), so when it is within the bound so is theirs; otherwise None, and the engines
-        are asked. One `/model_info` per poll period instead of one per admitted group."""
-        if self._served is None or time.monotonic() - self._served[1] > self.version_poll_s:
-            return None
-        served = self._served[0]
-        return served if served >= latest - self.max_staleness else None
-
     async def _served_version(self) -> int | None:
         """The policy version the engines serve, or None if none answers."""
         try:
             info = await self.ctx.client.model_info()
         except (EngineError, OSError) as e:
             log.debug("model_info failed: %s", e)
-            self._served = None
             return None
-        served = policy_version(info.get("weight_version"))
-        self._served = (served, time.monotonic())
-        return served
+        return policy_version(info.get("weight_version"))
 
     async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None,
                            resume: bool = False) -> None:  # fmt: skip
