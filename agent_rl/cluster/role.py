@@ -5,6 +5,11 @@ Ray) that owns exactly one `agent-rl ...` process: the command a user would type
 with its output appended to the role's log. The process is the role; the actor only starts it,
 reports where it runs, waits for its end, signals it and reads its log. Ray holds the actor's
 resources (accelerators, CPUs) for as long as the actor lives, which is as long as the process.
+
+The process also dies with the actor's: a `ray stop`, a raylet that goes away, or an actor
+killed by Ray take the process down at once (Linux's PR_SET_PDEATHSIG; an engine's SGLang and
+a serve's sandboxes are tied to it the same way), instead of leaving it serving on as an orphan
+that holds its port, its memory and its accelerators.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from agent_rl.kernel.processes import signal_tree
+from agent_rl.kernel.processes import die_with_parent, signal_tree
 
 
 class RoleProcess:
@@ -28,6 +34,10 @@ class RoleProcess:
         self.log_path = Path(cwd) / log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._started = threading.Event()
+        # The one thread that starts the process. PR_SET_PDEATHSIG fires when the thread that
+        # forked ends, not its process: this one lives as long as the actor (an executor's
+        # worker ends only at its shutdown), unlike whichever of Ray's threads calls start().
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-spawn")
 
     def where(self) -> dict[str, str]:
         """This node's Ray id and address."""
@@ -42,6 +52,9 @@ class RoleProcess:
 
     def start(self, args: list[str], env: dict[str, str]) -> int:
         """Start `agent-rl ARGS` (this node's interpreter) in the run's directory; its pid."""
+        return self._spawner.submit(self._spawn, args, env).result()
+
+    def _spawn(self, args: list[str], env: dict[str, str]) -> int:
         argv = [sys.executable, "-m", "agent_rl.app.cli", *args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
@@ -52,7 +65,7 @@ class RoleProcess:
             self.proc = subprocess.Popen(
                 argv, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-                start_new_session=True,
+                start_new_session=True, preexec_fn=die_with_parent(),
             )  # fmt: skip
         self._started.set()
         return self.proc.pid

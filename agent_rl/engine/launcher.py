@@ -22,7 +22,6 @@ test fixtures use. Contract:
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import shutil
@@ -32,7 +31,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NoReturn
 
@@ -43,6 +41,7 @@ from agent_rl.engine.install import engine_env, engine_python
 from agent_rl.sglang.speculative import speculative_args
 from agent_rl.kernel.errors import EngineError
 from agent_rl.kernel.priority import pass_priority_on
+from agent_rl.kernel.processes import die_with_parent
 
 if TYPE_CHECKING:
     from agent_rl.config import EngineConfig
@@ -123,19 +122,6 @@ def _in_main_thread() -> bool:
     # PR_SET_PDEATHSIG fires when the *thread* that forked exits; a worker thread (anyio's
     # to_thread pool) may exit while the engine should live on, so only the main thread uses it.
     return sys.platform == "linux" and threading.current_thread() is threading.main_thread()
-
-
-def _die_with_parent() -> Callable[[], None]:
-    """A preexec_fn: SIGKILL the engine if the launching process dies (killed test runner,
-    crashed `serve`), so no orphan engine keeps its port and 2 GB. SIGKILL, not SIGTERM: an
-    orphaned SGLang server was seen to outlive a SIGTERM by minutes, still serving; its own
-    children die with it (SGLang ties them to their parent)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def preexec() -> None:
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-    return preexec
 
 
 class EngineServer:
@@ -276,7 +262,9 @@ class EngineServer:
                 stderr=subprocess.STDOUT,
                 env=engine_env(self.device, self.cpu_threads),
                 start_new_session=True,  # its own process group: stop() reaches every child
-                preexec_fn=_die_with_parent() if _in_main_thread() else None,
+                # SIGKILLed if this process dies (killed test runner, crashed `serve`): no orphan
+                # engine keeps its port and 2 GB; SGLang ties its own children to it.
+                preexec_fn=die_with_parent() if _in_main_thread() else None,
             )
         # Its session is a scheduling group of its own: niced as this process is (an
         # evaluation's engine takes only the CPU training leaves; agent_rl/kernel/priority.py).

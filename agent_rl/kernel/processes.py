@@ -1,8 +1,15 @@
-"""Signalling a process tree: the one place that knows a group signal is not enough."""
+"""Signalling a process tree (the one place that knows a group signal is not enough), and tying
+a child's life to its parent's."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1
 
 
 def signal_tree(pid: int, sig: int) -> None:
@@ -23,3 +30,23 @@ def signal_tree(pid: int, sig: int) -> None:
             child.send_signal(sig)
         except psutil.Error:
             pass
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` (Linux; None elsewhere): the child is SIGKILLed when the thread that
+    started it ends, so a process whose parent is killed (a `ray stop`, a killed test runner)
+    does not live on as an orphan holding its port, its memory and its accelerators. Only for a
+    thread that lives as long as the child should: the kernel ties the signal to the forking
+    thread, not to its process. SIGKILL, not SIGTERM: an orphaned SGLang server was seen to
+    outlive a SIGTERM by minutes, still serving."""
+    if sys.platform != "linux":
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the signal was set
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec

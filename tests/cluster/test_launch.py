@@ -6,6 +6,7 @@ a PostgreSQL store.
 - the router alone: SIGKILLed, it is started again at the same address, with the reason in the
   status; its actor killed on a live node, its process goes too and it is started again; a
   third death past `max_restarts` leaves it failed, with that reason;
+- a role's process does not outlive its Ray cluster (a `ray stop`): it dies with its actor;
 - a quickstart-sized run reaches several policy versions; then the node that hosts an engine and
   a serve is lost (fault injection: the node's raylet and every process under it are killed, as
   if the machine went away), its roles are placed again on a node that joins, versions keep
@@ -182,6 +183,37 @@ def test_a_killed_router_is_restarted_until_max_restarts(
     assert "router: failed (exited cleanly; not restarted: max_restarts=2 reached)" in out
     with pytest.raises(cluster.ClusterError, match="no launch of run 'router-only'"):
         cluster.status(cfg)
+
+
+@pytest.mark.postgres
+def test_a_role_process_dies_with_its_ray_cluster(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run launched detached, then its Ray cluster goes away under it, supervisor included
+    (what `ray stop` does: Ray's processes end, and nothing of the launch is left to stop the
+    roles): the router's process, started by its role's actor, dies with it instead of serving
+    on as an orphan. Before, it was left running, in a session of its own."""
+    import psutil
+
+    c, _ = local_cluster(1, [], "agent-rl-tests")
+    try:
+        config = _write_config(
+            tmp_path, run={"name": "ray-stopped"}, store={"url": pg_url},
+            router={"port": free_port(), "admin_token": secrets.token_urlsafe(16)},
+            cluster={"address": c.address, "engines": 0, "serves": 0, "trainer_ranks": 0},
+        )  # fmt: skip
+        monkeypatch.chdir(tmp_path)
+        status = cluster.launch(load_config(config), config, wait_s=120, echo=lambda line: None)
+        (router,) = status
+        assert router["state"] == "running", status
+        process = psutil.Process(router["pid"])
+        assert "agent_rl.app.cli" in process.cmdline()
+    finally:
+        ray.shutdown()
+        c.shutdown()
+    _until("the router's process gone with its cluster",
+           lambda: not process.is_running() or process.status() == psutil.STATUS_ZOMBIE, 30,
+           poll_s=0.2)  # fmt: skip
 
 
 def _status_or_none(cfg: Config) -> list[dict[str, Any]]:
