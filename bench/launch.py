@@ -15,8 +15,9 @@ recovery. The Ray run is stopped with `agent-rl launch stop` and audited.
 
 Run: `python bench/launch.py [--store-url postgresql://...]` (needs `agent-rl engine install`;
 default URL: $AGENT_RL_TEST_POSTGRES_URL or postgres@127.0.0.1:5432/test). Last line: RESULT
-{"first_step_s", "first_step_s_without_ray", "ratio", "recovery_s", "lost", "trained_twice"};
-targets: ratio <= 1.3, recovery_s < 60.
+{"first_step_s", "first_step_s_without_ray", "ratio", "recovery_s", "lost", "trained_twice",
+"left_running_after_stop"} (role processes, and what they started, still running 10 s after
+`agent-rl launch stop`); targets: ratio <= 1.3, recovery_s < 60, lost 0.
 """
 
 from __future__ import annotations
@@ -151,6 +152,36 @@ async def without_ray(workdir: Path, model: Path, store_url: str) -> float:
                            grace_s=30)  # fmt: skip
 
 
+def role_processes(status: list[dict[str, Any]]) -> list[Any]:
+    """Every role's process and what it started (an engine's SGLang server and its children)."""
+    import psutil
+
+    procs = []
+    for s in status:
+        try:
+            root = psutil.Process(s["pid"])
+            procs += [root, *root.children(recursive=True)]
+        except (psutil.Error, TypeError):
+            pass
+    return procs
+
+
+def left_running(procs: list[Any], within_s: float = 10.0) -> list[str]:
+    """Of `procs`, those still running `within_s` after the launch was stopped."""
+    import psutil
+
+    def alive(p: Any) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + within_s
+    while any(alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in procs if alive(p)]
+
+
 def with_ray(workdir: Path, model: Path, store_url: str) -> dict[str, Any]:
     """`agent-rl launch` on a local Ray cluster: first step, then the trainer's node lost."""
     import ray
@@ -181,7 +212,9 @@ def with_ray(workdir: Path, model: Path, store_url: str) -> dict[str, Any]:
         lost_at = time.monotonic()
         lose_node(c, doomed_node)
         recovery = asyncio.run(wait_version(cfg, version + 1)) - lost_at
+        started = role_processes(cluster.status(cfg))
         cluster.stop(cfg)
+        left = left_running(started)
 
         async def audit() -> Any:
             async with await Store.open(cfg.store) as store:
@@ -189,7 +222,8 @@ def with_ray(workdir: Path, model: Path, store_url: str) -> dict[str, Any]:
 
         result = asyncio.run(audit())
         return {"first_step_s": round(first, 1), "recovery_s": round(recovery, 1),
-                "lost": result.lost, "trained_twice": result.trained_twice}  # fmt: skip
+                "lost": result.lost, "trained_twice": result.trained_twice,
+                "left_running_after_stop": left}  # fmt: skip
     finally:
         os.chdir(cwd)
         ray.shutdown()
@@ -221,7 +255,10 @@ def main() -> None:
               "ratio": round(ray_run["first_step_s"] / plain, 2),
               "recovery_s": ray_run["recovery_s"], "lost": ray_run["lost"],
               "trained_twice": ray_run["trained_twice"],
+              "left_running_after_stop": len(ray_run["left_running_after_stop"]),
               "load": Path("/proc/loadavg").read_text().split()[:3]}  # fmt: skip
+    for line in ray_run["left_running_after_stop"]:
+        print(f"left running after `agent-rl launch stop`: {line}")
     print("RESULT " + json.dumps(result))
 
 

@@ -6,7 +6,7 @@ learner fills it from the HF safetensors (`trainer.hf_convert`, `trainer.shard`)
 the HF reference: RMSNorm, SwiGLU, rotary embeddings with `rotary_base = rope_theta`, GQA, and
 what the arch turns on (q/k/v bias, per-head q/k RMSNorm, routed experts); the rest is the
 family's (`Family.megatron_config`: a router's settings; `Family.gpt_model_kwargs`: rope
-scaling; agent_rl.families).
+scaling; `Family.finish_model`: what megatron's constructor fixes; agent_rl.families).
 Parallel state (TP/PP/EP) must be initialised before `build_gpt_model`; with PP > 1 each rank
 builds its pipeline stage's layers (megatron numbers them globally, `layer_number`), the
 embedding on the first stage and the final norm and output layer on the last.
@@ -115,9 +115,12 @@ def build_gpt_model(
         post_process=ps.is_pipeline_last_stage(),
     )
     if not mtp_layers:
-        return GPTModel(config, spec, **kwargs)
-    from trainer import mtp_model
+        model = GPTModel(config, spec, **kwargs)
+    else:
+        from trainer import mtp_model
 
-    return mtp_model.build(config, spec, mtp_detach, eagle=arch.eagle_draft,
-                           ffn_hidden_size=mtp_ffn_hidden_size,
-                           attention_heads=mtp_attention_heads, **kwargs)
+        model = mtp_model.build(config, spec, mtp_detach, eagle=arch.eagle_draft,
+                                ffn_hidden_size=mtp_ffn_hidden_size,
+                                attention_heads=mtp_attention_heads, **kwargs)
+    families.get(arch.model_type).finish_model(model, arch)
+    return model

@@ -56,8 +56,11 @@ class ModelArch:
     moe_ffn_hidden_size: int = 0
     norm_topk_prob: bool = True
     rope_scaling_factor: float | None = None
-    """Llama 3's rope scaling factor (its low/high frequency factors and original context are
-    megatron's fixed 1, 4 and 8192); None: unscaled rotary embeddings."""
+    """Llama 3's rope scaling factor (its low/high frequency factors are megatron's fixed 1
+    and 4); None: unscaled rotary embeddings."""
+    rope_original_context: int = 8192
+    """Llama 3's rope scaling: the context the model was pre-trained at (its
+    `original_max_position_embeddings`), whose wavelengths mark the frequency bands."""
     rotary_percent: float = 1.0
     """The share of each head's dims the rotary embedding turns (the first ones)."""
     dense_layers: int = 0

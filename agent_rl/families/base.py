@@ -136,6 +136,10 @@ class Family:
         """GPTModel arguments beyond the standard decoder's (rope scaling)."""
         return {}
 
+    def finish_model(self, model: Any, arch: ModelArch) -> None:
+        """Adjust the built GPTModel `model` where megatron-core's constructor cannot say what
+        the family needs (a rotary setting it fixes); nothing by default."""
+
     def layer_spec(self, arch: ModelArch, config: Any) -> Any:
         """megatron's spec of the decoder layers for TransformerConfig `config`: the local
         (no TransformerEngine) layer spec, with experts and q/k norm as the arch has them."""

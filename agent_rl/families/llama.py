@@ -1,11 +1,13 @@
 """Llama 3.x (`LlamaForCausalLM`): the standard decoder, no biases, Llama 3's rope scaling,
 tied (3.2 1B/3B) or untied embeddings.
 
-Llama 3's rope scaling (`rope_type: llama3`) divides the low frequencies by `factor` and blends
-the middle band; megatron-core builds it with `factor` free and the other settings fixed at
-Llama 3's (`low_freq_factor` 1, `high_freq_factor` 4, `original_max_position_embeddings` 8192),
-so a config with other values is refused. Its MTP draft is SGLang's EAGLE one in the export's
-`draft/` only (as for Qwen3: the target loads every `layers.*` name). Preset: `tiny-llama`.
+Llama 3's rope scaling (`rope_type: llama3`) divides the frequencies whose wavelength exceeds
+the pre-training context (`original_max_position_embeddings`) by `factor` and blends those of
+the band below it. megatron-core builds it with `factor` free and the rest fixed at Llama 3's
+(`low_freq_factor` 1, `high_freq_factor` 4, original context 8192); another original context
+is applied to the built model (`finish_model`, with megatron's own formula), other frequency
+factors are refused. Its MTP draft is SGLang's EAGLE one in the export's `draft/` only (as for
+Qwen3: the target loads every `layers.*` name). Preset: `tiny-llama`.
 """
 
 from __future__ import annotations
@@ -17,21 +19,27 @@ from agent_rl.families.arch import ModelArch
 from agent_rl.families.base import Family, rope_parameters
 from agent_rl.kernel.errors import ConfigError
 
-LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}  # fmt: skip
-"""megatron-core's Llama 3 rope scaling, all but the factor (RotaryEmbedding._apply_scaling)."""
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+"""megatron-core's Llama 3 rope scaling, but for the factor and the original context
+(RotaryEmbedding._apply_scaling)."""
+MEGATRON_ORIGINAL_CONTEXT = 8192
+"""The original context megatron-core's GPTModel builds Llama 3's scaling with."""
 
 
 class Llama(Family):
     model_type = "llama"
     architecture = "LlamaForCausalLM"
     config_class = "LlamaConfig"
-    # Llama 3.2 1B's shape, shrunk: tied embeddings, rope_theta 500000, rope scaling factor 32.
+    # Llama 3.2's recipe at the tiny size: tied embeddings, Llama 3's scaling extending the
+    # pre-training context 8x (Llama 3.2: 8192 to 128K, factor 32). Scaled to sequences of a
+    # few hundred tokens: theta 1e4 and an original context of 512 (below the 4096 positions,
+    # as transformers requires; Llama 3.2's 8192 was above them), so that most rotary dims
+    # turn within a sequence and the scaling still changes 21 of the 32 frequencies.
     presets: ClassVar = {
-        "tiny-llama": {"tie_word_embeddings": True, "rope_theta": 500000.0,
-                       "options": {"rope_scaling_factor": 32.0}},
+        "tiny-llama": {"tie_word_embeddings": True, "rope_theta": 10000.0,
+                       "options": {"rope_scaling_factor": 8.0, "rope_original_context": 512}},
     }  # fmt: skip
-    preset_options = ("rope_scaling_factor",)
+    preset_options = ("rope_scaling_factor", "rope_original_context")
 
     def read_config(self, hf: Any, path: Path) -> ModelArch:
         if getattr(hf, "mlp_bias", False):
@@ -47,23 +55,40 @@ class Llama(Family):
         if kind != "llama3" or fixed != LLAMA3_FIXED or rope.get("rope_theta") is None:
             raise ConfigError(
                 f"{path}: rope {kind!r} with {fixed} is not supported: default rope, or llama3 "
-                f"with {LLAMA3_FIXED} (megatron-core's) and any factor"
+                f"with {LLAMA3_FIXED} (megatron-core's), any factor and original context"
             )
+        original = rope.get("original_max_position_embeddings", MEGATRON_ORIGINAL_CONTEXT)
         return {"rope_theta": float(rope["rope_theta"]),
-                "rope_scaling_factor": float(rope["factor"])}  # fmt: skip
+                "rope_scaling_factor": float(rope["factor"]),
+                "rope_original_context": int(original)}  # fmt: skip
 
     def gpt_model_kwargs(self, arch: ModelArch) -> dict[str, Any]:
         if arch.rope_scaling_factor is None:
             return {}
         return {"rope_scaling": True, "rope_scaling_factor": arch.rope_scaling_factor}
 
+    def finish_model(self, model: Any, arch: ModelArch) -> None:
+        """Llama 3's scaling with the model's original context, where it is not the one
+        megatron-core's constructor scaled by."""
+        if arch.rope_scaling_factor is None or arch.rope_original_context == MEGATRON_ORIGINAL_CONTEXT:
+            return
+        rope = model.rotary_pos_emb
+        import torch
+
+        dims = torch.arange(0, arch.head_dim, 2, dtype=torch.float32, device=rope.inv_freq.device)
+        unscaled = 1.0 / (arch.rope_theta ** (dims / arch.head_dim))
+        rope.inv_freq = rope._apply_scaling(
+            unscaled, factor=arch.rope_scaling_factor, **LLAMA3_FIXED,
+            original_max_position_embeddings=arch.rope_original_context)  # fmt: skip
+
     def tiny_config(self, preset: Any, common: dict[str, Any]) -> Any:
         from transformers import LlamaConfig
 
         factor = preset.options.get("rope_scaling_factor")  # None: unscaled rope
         if factor is not None:
+            original = preset.options.get("rope_original_context", MEGATRON_ORIGINAL_CONTEXT)
             common = {**common, "rope_parameters": {
                 **common["rope_parameters"], **LLAMA3_FIXED, "rope_type": "llama3",
-                "factor": float(factor),
+                "factor": float(factor), "original_max_position_embeddings": int(original),
             }}  # fmt: skip
         return LlamaConfig(**common, attention_bias=False, mlp_bias=False)

@@ -33,11 +33,14 @@ from trainer.model import build_gpt_model
 def llama_dir(
     request: pytest.FixtureRequest, tiny_llama_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """tiny-llama as its preset makes it (tied, like Llama 3.2 1B/3B), and untied (like 8B)."""
+    """tiny-llama as its preset makes it (tied, like Llama 3.2 1B/3B; its rope scaled to its
+    tiny context, which the built model applies), and untied (like 8B) with Llama 3.2's own
+    rope (theta 5e5, factor 32 from 8192: megatron-core's constructor scales it)."""
     if request.param == "tied":
         return tiny_llama_model
     return init_model(tmp_path_factory.mktemp("llama") / "untied", "tiny-llama", seed=1,
-                      tie_word_embeddings=False, num_hidden_layers=2)  # fmt: skip
+                      tie_word_embeddings=False, num_hidden_layers=2, rope_theta=500000.0,
+                      options={"rope_scaling_factor": 32.0, "rope_original_context": 8192})  # fmt: skip
 
 
 def test_logits_match_transformers_llama(llama_dir: Path, solo: None) -> None:
@@ -48,7 +51,10 @@ def test_logits_match_transformers_llama(llama_dir: Path, solo: None) -> None:
     load_hf_weights(model, arch, llama_dir)
     hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
     assert isinstance(hf, LlamaForCausalLM)
-    # Llama 3's scaling is on and is transformers': it rescales most of the low frequencies.
+    # Llama 3's scaling is on and is transformers': it rescales most of the low frequencies,
+    # from the original context the config names.
+    original = 8192 if llama_dir.name == "untied" else 512
+    assert arch.rope_original_context == original
     ours_freq, theirs_freq = model.rotary_pos_emb.inv_freq, hf.model.rotary_emb.inv_freq
     unscaled = 1.0 / arch.rope_theta ** (torch.arange(0, arch.head_dim, 2).float() / arch.head_dim)
     assert torch.equal(ours_freq, theirs_freq)
