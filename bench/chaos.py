@@ -9,9 +9,12 @@ and two nodes with an engine each). After a short SFT warm start, RL runs; once 
 published a version, serve-0, the router, engine-1 and the trainer are SIGKILLed one at a time
 (each with everything it started), then a spare node joins and the node of engine-0 is lost with
 every process on it (its raylet included, Ray told nothing). The launch restarts each role, or
-places it again on the nodes left, and the next kill waits until training has moved on. Then RL
-is stopped as the quickstart stops it (serves drain, the trainer checkpoints) and the store is
-audited.
+places it again on the nodes left, and the next kill waits until training has moved on, except
+the trainer's: it is killed while engine-1 starts again (a cold engine start is most of a kill's
+recovery, and the other engine serves meanwhile), and the node goes once engine-1 serves again.
+Recovery is polled for (roles running again, versions, the engine's weights), never slept for.
+Then RL is stopped as the quickstart stops it (serves drain, the trainer checkpoints) and the
+store is audited.
 
 Resumption: the episodes serve-0 was running when it was killed are resumed by a live serve
 (re-running their stored turns, then generating on) instead of failing; `resumed` is the share of
@@ -60,6 +63,10 @@ from agent_rl.testing.ray_cluster import local_cluster, lose_node  # noqa: E402
 NODE = "node of engine-0"
 VICTIMS = ["serve-0", "router", "engine-1", "train", NODE]
 """Roles SIGKILLed in turn, then a Ray node lost with the roles on it."""
+OVERLAPPED = {"engine-1"}
+"""Victims killed without waiting for their recovery before the next kill: a cold engine start
+is most of a kill's recovery, and training goes on on the other engine meanwhile (the node of
+that engine is lost only once the killed one serves again)."""
 ENGINE_NODE = {"num_cpus": 1, "resources": {"accel": 1}}
 """A node of the local Ray cluster that one engine (its `accel`) is placed on."""
 RECOVERY_TIMEOUT_S = 300.0
@@ -95,7 +102,7 @@ async def resumed_share(store: Store, before: dict[int, Any]) -> dict[str, Any]:
 
 
 async def resume_after_kill(qs: Quickstart, env_id: str, router_url: str,
-                            episodes: int = 48) -> dict[str, Any]:  # fmt: skip
+                            episodes: int = 24) -> dict[str, Any]:  # fmt: skip
     """A serve of `env_id` (its own run, on the launch's router) SIGKILLed once several episodes
     have persisted turns, then started again: how many of its episodes were resumed."""
     import subprocess
@@ -137,7 +144,8 @@ async def resume_after_kill(qs: Quickstart, env_id: str, router_url: str,
     finally:
         if first.poll() is None:
             first.kill()
-    await anyio.sleep(4)  # its heartbeats age past stale_after_s
+    # No wait for its heartbeats to age past stale_after_s: the new serve's heartbeat loop
+    # resumes them once they have, while it runs episodes of its own.
     second = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=log)
     await anyio.to_thread.run_sync(lambda: second.wait(300))
     log.close()
@@ -227,8 +235,8 @@ async def launched(qs: Quickstart) -> Config:
 
 async def chaos(qs: Quickstart, c: Any, kills: list[dict[str, Any]],
                 resumed: dict[str, Any], rl: anyio.CancelScope) -> None:  # fmt: skip
-    """Kill each victim once training has moved on since the previous kill, and a python-math
-    serve of its own; then stop RL as the quickstart does (also when recovery timed out: the
+    """Kill each victim once training has moved on since the previous kill (engine-1's
+    restart overlaps the trainer's kill), and a python-math serve of its own; then stop RL as the quickstart does (also when recovery timed out: the
     run is still audited, and the failure is in `kills`)."""
     try:
         cfg = await launched(qs)
@@ -241,8 +249,8 @@ async def chaos(qs: Quickstart, c: Any, kills: list[dict[str, Any]],
         async with anyio.create_task_group() as tg:
             tg.start_soon(python_math)
             await _kill_each(qs, cfg, c, kills, resumed)
-    except TimeoutError as e:
-        kills.append({"error": str(e)})
+    except* TimeoutError as timeouts:  # (from a task group: in an exception group)
+        kills.append({"error": "; ".join(str(e) for e in timeouts.exceptions)})
     qs.say("chaos: done; stopping RL as the quickstart does (serves drain, the trainer checkpoints)")
     rl.cancel()
 
@@ -276,37 +284,53 @@ async def lose_node_of(qs: Quickstart, cfg: Config, c: Any, name: str) -> dict[s
 async def _kill_each(qs: Quickstart, cfg: Config, c: Any, kills: list[dict[str, Any]],
                      resumed: dict[str, Any]) -> None:  # fmt: skip
     await wait_version(qs, 1, RECOVERY_TIMEOUT_S)
-    for victim in VICTIMS:
-        before = await latest(qs)
-        t0 = time.monotonic()
-        if victim == NODE:
-            starts = await lose_node_of(qs, cfg, c, "engine-0")
-        else:
-            starts = await kill_role(qs, cfg, victim, resumed)
-        deadline = t0 + RECOVERY_TIMEOUT_S
-        while not all(r["state"] == "running" and r["starts"] > starts[n]
-                      for n, r in (await roles(cfg)).items() if n in starts):  # fmt: skip
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{', '.join(starts)} not running again after the kill")
-            await anyio.sleep(0.5)
-        restarted_s = time.monotonic() - t0
-        # Training continued: two new versions, so at least one step ran wholly after the kill.
-        after = await wait_version(qs, before + 1, RECOVERY_TIMEOUT_S)
-        now = await roles(cfg)
-        kill = {"victim": victim, "roles": sorted(starts), "version_at_kill": before,
-                "reasons": {n: now[n]["reason"] for n in starts},
-                "restarted_after_s": round(restarted_s, 1), "version_after": after,
-                "recovered_after_s": round(time.monotonic() - t0, 1)}
-        for name in (n for n in starts if n.startswith("engine-")):
-            # Back in rotation, on current weights (it restarted on its launch weights).
-            current = await engine_current(now["router"]["url"], now[name]["url"], before)
-            kill["engine_serving_current_after_s"] = round(current - t0, 1)
-        kills.append(kill)
-        qs.say(f"chaos: {victim} restarted; training reached version {after} "
-               f"{kill['recovered_after_s']:.0f}s after the kill"
-               + (f", the engine served current weights after {current_s:.0f}s"
-                  if (current_s := kill.get("engine_serving_current_after_s")) else ""))
+    done: dict[str, dict[str, Any]] = {}
+    try:
+        async with anyio.create_task_group() as tg:
+            for victim in VICTIMS[:-1]:
+                before, t0 = await latest(qs), time.monotonic()
+                starts = await kill_role(qs, cfg, victim, resumed)
+                if victim in OVERLAPPED:
+                    tg.start_soon(_record, qs, cfg, victim, starts, before, t0, done)
+                else:
+                    await _record(qs, cfg, victim, starts, before, t0, done)
+        # The node's engine is the other one: it goes once the killed engine serves again.
+        before, t0 = await latest(qs), time.monotonic()
+        starts = await lose_node_of(qs, cfg, c, "engine-0")
+        await _record(qs, cfg, NODE, starts, before, t0, done)
+    finally:
+        kills.extend(done[v] for v in VICTIMS if v in done)
     await wait_version(qs, await latest(qs), RECOVERY_TIMEOUT_S)
+
+
+async def _record(qs: Quickstart, cfg: Config, victim: str, starts: dict[str, int], before: int,
+                  t0: float, done: dict[str, dict[str, Any]]) -> None:  # fmt: skip
+    """Poll until the victim's roles run again (started once more), training has moved on past
+    `before`, and a killed engine serves current weights in the router's rotation; the times
+    since the kill at `t0` in `done[victim]`."""
+    deadline = t0 + RECOVERY_TIMEOUT_S
+    while not all(r["state"] == "running" and r["starts"] > starts[n]
+                  for n, r in (await roles(cfg)).items() if n in starts):  # fmt: skip
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{', '.join(starts)} not running again after the kill")
+        await anyio.sleep(0.5)
+    restarted_s = time.monotonic() - t0
+    # Training continued: two new versions, so at least one step ran wholly after the kill.
+    after = await wait_version(qs, before + 1, RECOVERY_TIMEOUT_S)
+    now = await roles(cfg)
+    kill = {"victim": victim, "roles": sorted(starts), "version_at_kill": before,
+            "reasons": {n: now[n]["reason"] for n in starts},
+            "restarted_after_s": round(restarted_s, 1), "version_after": after,
+            "recovered_after_s": round(time.monotonic() - t0, 1)}
+    for name in (n for n in starts if n.startswith("engine-")):
+        # Back in rotation, on current weights (it restarted on its launch weights).
+        current = await engine_current(now["router"]["url"], now[name]["url"], before)
+        kill["engine_serving_current_after_s"] = round(current - t0, 1)
+    done[victim] = kill
+    qs.say(f"chaos: {victim} restarted; training reached version {after} "
+           f"{kill['recovered_after_s']:.0f}s after the kill"
+           + (f", the engine served current weights after {current_s:.0f}s"
+              if (current_s := kill.get("engine_serving_current_after_s")) else ""))
 
 
 async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
