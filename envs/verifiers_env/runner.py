@@ -209,6 +209,8 @@ class EnvServer:
     def __init__(self, env: Any) -> None:
         self.env = env
         self.running = self.episodes = self.cancelled = 0
+        self.drained: asyncio.Event | None = None
+        """Set when the last running episode ends (a SIGTERM is draining the server)."""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -265,6 +267,8 @@ class EnvServer:
         finally:
             hangup.cancel()
             self.running -= 1
+            if self.running == 0 and self.drained is not None:
+                self.drained.set()
 
 
 async def _reply(writer: asyncio.StreamWriter, answer: dict[str, Any]) -> None:
@@ -339,7 +343,10 @@ def _cache_factory_signatures() -> None:
 async def serve(raw: str, address: str) -> None:
     """Serve the env at `address` (`unix:PATH` or `HOST:PORT`) until SIGTERM, or until stdin
     closes where it is a pipe (the parent that started it is gone). The first line of stdout
-    is `{"listening": ADDRESS}`."""
+    is `{"listening": ADDRESS}`. A SIGTERM drains, as serve's does: the server stops listening
+    and leaves when its running episodes have ended (a supervisor stopping serve signals every
+    process under it, this one too, while serve lets its running episodes finish); a second
+    SIGTERM, or stdin closing, ends it at once."""
     env = load(raw)
     _share_http()
     _cache_factory_signatures()
@@ -358,7 +365,15 @@ async def serve(raw: str, address: str) -> None:
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+        def drain() -> None:
+            server.close()  # no new connections; the running episodes' stay open
+            if server_of.drained is not None or server_of.running == 0:
+                stop.set()
+            else:
+                server_of.drained = stop
+
+        loop.add_signal_handler(signal.SIGTERM, drain)
         if stat.S_ISFIFO(os.fstat(sys.stdin.fileno()).st_mode):  # a parent's pipe: its life
             loop.add_reader(sys.stdin.fileno(),
                             lambda: os.read(sys.stdin.fileno(), 4096) or stop.set())

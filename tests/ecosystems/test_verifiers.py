@@ -204,6 +204,36 @@ async def test_a_killed_env_server_fails_its_episode_and_is_restarted(
 
 @pytest.mark.anyio
 @pytest.mark.slow
+async def test_a_sigterm_drains_the_env_server(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, verifiers_python: str  # type: ignore[no-untyped-def]
+) -> None:
+    """A SIGTERM to the env server while it runs an episode (a supervisor stopping serve
+    signals every process under it) lets the episode finish: it completes with its reward, and
+    the server leaves (exit status 0) once it has ended."""
+    kwargs = env_kwargs(verifiers_python, servers=1)
+    env = make("verifiers:vf_tiny_wait", **kwargs)
+    server = env.pool.servers[0]  # type: ignore[attr-defined]
+    cfg = serve_config(f"sqlite:///{tmp_path / 'drain.db'}", sglang_moe_server.url,
+                       tiny_moe_model, env="verifiers:vf_tiny_wait", group_size=1,
+                       env_kwargs={**kwargs, "tasks": wait_tasks(tmp_path, env, "pause")})  # fmt: skip
+    summaries = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: _append(summaries, serve(cfg, max_episodes=1)))
+        await until_running(server)
+        process = server.life.process
+        process.send_signal(signal.SIGTERM)
+    (summary,) = summaries
+    assert summary.run_ledger.balances() and summary.run_ledger.running == 0
+    assert await anyio.to_thread.run_sync(lambda: process.wait(timeout=30)) == 0
+    async with await Store.open(cfg.store) as store:
+        (e,) = await store.list_episodes(run_id=summary.run_id)
+        assert e.status in ("completed", "filtered"), e.error_cause
+        (turn,) = (await store.get_episode(e.id)).turns
+        assert e.reward == pytest.approx((turn.num_tokens - turn.num_prompt_tokens) / 100)
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
 async def test_the_deadline_cancels_the_episode_in_the_env_server(
     tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, verifiers_python: str  # type: ignore[no-untyped-def]
 ) -> None:
