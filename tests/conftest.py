@@ -23,30 +23,6 @@ if TYPE_CHECKING:
     from agent_rl.engine.launcher import EngineServer
 
 
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`-n N` (xdist's `--dist load`) schedules whole files, heaviest first, with each
-    `one_at_a_time` group's files as one unit (tests/_scheduling.py)."""
-    if config.getvalue("dist") != "load":
-        return None
-    from tests._scheduling import FileUnits
-
-    return FileUnits(config, log)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A `one_at_a_time(GROUP)` test's file must be in that group's work unit, or under xdist
-    a worker would sit idle waiting for the group's lock."""
-    from tests._scheduling import GROUPS
-
-    for item in items:
-        marker = item.get_closest_marker("one_at_a_time")
-        path = item.nodeid.split("::", 1)[0]
-        if marker is not None and GROUPS.get(path) != marker.args[0]:
-            raise pytest.UsageError(f"{item.nodeid} is one_at_a_time({marker.args[0]!r}): add "
-                                    f"{path!r} to that group in tests/_scheduling.py's GROUPS")
-
-
 @pytest.fixture(autouse=True)
 def _cpu_exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under pytest-xdist (the README's `-n 2`), a test marked `cpu_exclusive` runs while every
