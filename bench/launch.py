@@ -41,6 +41,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 
 from agent_rl.config import Config, load_config  # noqa: E402
 from agent_rl.engine.launcher import free_port  # noqa: E402
+from agent_rl.kernel.processes import alive  # noqa: E402
 from agent_rl.store import Store  # noqa: E402
 
 TIMEOUT_S = 900.0
@@ -168,14 +169,6 @@ def role_processes(status: list[dict[str, Any]]) -> list[Any]:
 
 def left_running(procs: list[Any], within_s: float = 10.0) -> list[str]:
     """Of `procs`, those still running `within_s` after the launch was stopped."""
-    import psutil
-
-    def alive(p: Any) -> bool:
-        try:
-            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
     deadline = time.monotonic() + within_s
     while any(alive(p) for p in procs) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -12,6 +12,8 @@ import time
 import psutil
 import pytest
 
+from agent_rl.kernel.processes import alive
+
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 
 PARENT = textwrap.dedent("""
@@ -23,13 +25,6 @@ PARENT = textwrap.dedent("""
     print(child.pid, flush=True)
     time.sleep(600)
 """)
-
-
-def _gone(p: psutil.Process) -> bool:
-    try:
-        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def _orphan_after_parent_killed(mode: str) -> psutil.Process:
@@ -48,7 +43,7 @@ def _orphan_after_parent_killed(mode: str) -> psutil.Process:
 def test_a_child_started_with_die_with_parent_dies_with_its_parent() -> None:
     tied = _orphan_after_parent_killed("tied")
     deadline = time.monotonic() + 10
-    while not _gone(tied):
+    while alive(tied):
         assert time.monotonic() < deadline, "the child outlived its parent by 10 s"
         time.sleep(0.05)
 
@@ -58,6 +53,6 @@ def test_a_child_started_without_it_is_left_running() -> None:
     loose = _orphan_after_parent_killed("loose")
     try:
         time.sleep(1.0)
-        assert not _gone(loose)
+        assert alive(loose)
     finally:
         loose.kill()

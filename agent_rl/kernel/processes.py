@@ -8,8 +8,20 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
+
+
+def alive(process: Any) -> bool:
+    """Whether the `psutil.Process` still runs: False once it has exited, even while its parent
+    has not reaped it yet (a zombie), or when it is gone."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def signal_tree(pid: int, sig: int) -> None:

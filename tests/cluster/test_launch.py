@@ -36,6 +36,7 @@ import tomli_w
 from agent_rl.config import Config, load_config
 from agent_rl.engine.launcher import free_port
 from agent_rl.kernel.encoding import policy_version
+from agent_rl.kernel.processes import alive
 from tests._databases import fresh_postgres
 
 ray = pytest.importorskip("ray")
@@ -171,7 +172,7 @@ def test_a_killed_router_is_restarted_until_max_restarts(
             (s for s in cluster.status(cfg) if s["state"] == "running" and s["starts"] == 3),
             None), 60)  # fmt: skip
         assert third["reason"].startswith("its Ray actor died"), third
-        assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
+        assert not alive(orphan)
         os.kill(third["pid"], signal.SIGTERM)  # a clean exit of a router is a death too
         launch.wait(timeout=120)
     finally:
@@ -212,7 +213,7 @@ def test_a_role_process_dies_with_its_ray_cluster(
         ray.shutdown()
         c.shutdown()
     _until("the router's process gone with its cluster",
-           lambda: not process.is_running() or process.status() == psutil.STATUS_ZOMBIE, 30,
+           lambda: not alive(process), 30,
            poll_s=0.2)  # fmt: skip
 
 
