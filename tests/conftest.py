@@ -23,6 +23,23 @@ if TYPE_CHECKING:
     from agent_rl.engine.launcher import EngineServer
 
 
+# Where the tests of each `one_at_a_time` group are: under `-n 2` the scheduler below sends each
+# group's tests to one worker, so a worker never waits on its group's lock while the other runs
+# a test of the group (a Ray test once waited 124 s so). A test whose mark and this table
+# disagree fails, so the table cannot fall behind the marks.
+ONE_AT_A_TIME = {
+    "ray": ("tests/cluster/test_launch.py", "tests/quickstart/test_on_ray.py",
+            "tests/cluster/test_slurm.py::test_real_ray_cluster_of_two_nodes"),
+}  # fmt: skip
+
+
+def _group_of(nodeid: str) -> str | None:
+    for group, prefixes in ONE_AT_A_TIME.items():
+        if any(nodeid == p or nodeid.startswith(p + "::") for p in prefixes):
+            return group
+    return None
+
+
 @pytest.fixture(autouse=True)
 def _cpu_exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under pytest-xdist (the README's `-n 2`), a test marked `cpu_exclusive` runs while every
@@ -30,20 +47,25 @@ def _cpu_exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
     evaluator under SCHED_IDLE), which a second worker keeping both cores busy would starve. A
     test marked `one_at_a_time(GROUP)` runs while no other test of its group runs, and beside
     any other test: the Ray tests are one group, since two Ray clusters started side by side took
-    each other's ports. (pytest-xdist's own `--dist loadgroup` does not group under pytest 9: the
-    node id it rewrites is no longer the one reported.)
+    each other's ports. (The scheduler below already gives a group to one worker; the lock keeps
+    it so under any other `--dist`. pytest-xdist's own `--dist loadgroup` does not group under
+    pytest 9: the node id it rewrites is no longer the one reported.)
 
     Flocks shared by the workers. A grouped test first takes its group's lock, holding nothing
     else meanwhile. Then every test takes the turnstile, then the gate (shared, or exclusive for
     a `cpu_exclusive` test), then lets the turnstile go. A marked test waiting for the gate holds
     the turnstile, so no other test slips in before it (the kernel's flock alone does not favour
     the exclusive waiter)."""
+    grouped = request.node.get_closest_marker("one_at_a_time")
+    marked = grouped.args[0] if grouped is not None else None
+    if _group_of(request.node.nodeid) != marked:
+        pytest.fail(f"its one_at_a_time mark ({marked}) and tests/conftest.py's ONE_AT_A_TIME "
+                    f"({_group_of(request.node.nodeid)}) disagree: list it there, or mark it")
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         yield
         return
     exclusive = request.node.get_closest_marker("cpu_exclusive") is not None
-    grouped = request.node.get_closest_marker("one_at_a_time")
     base = Path(tempfile.gettempdir()) / f"agent-rl-tests-{run}"
     with contextlib.ExitStack() as held:
         if grouped is not None:
@@ -57,6 +79,48 @@ def _cpu_exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         yield
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's default `load` distribution, except that each `one_at_a_time` group's
+    tests go to one worker only (the first one sent any), so no worker idles on a group's lock."""
+    if config.getoption("dist") != "load":
+        return None  # the user chose another distribution: theirs
+    from xdist.scheduler import LoadScheduling
+
+    class GroupsOnOneWorker(LoadScheduling):
+        def __init__(self, config: pytest.Config, log: Any) -> None:
+            super().__init__(config, log)
+            self.owners: dict[str, Any] = {}  # group -> the worker that runs it
+
+        def _send_tests(self, node: Any, num: int) -> None:
+            owners, chosen = self.owners, []
+            for index in self.pending:
+                if len(chosen) == num:
+                    break
+                group = _group_of(self.collection[index])
+                if group is not None:
+                    if owners.get(group) not in self.node2pending:  # none yet, or it went down
+                        owners[group] = node
+                    if owners[group] is not node:
+                        continue  # the group's worker takes it
+                chosen.append(index)
+            if chosen:
+                sent = set(chosen)
+                self.pending[:] = [i for i in self.pending if i not in sent]
+                self.node2pending[node].extend(chosen)
+                node.send_runtest_some(chosen)
+
+        def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+            super().mark_test_complete(node, item_index, duration)
+            # A worker left idle because only another's group was pending gets work (or its
+            # shutdown) here: xdist only checks a worker when one of its own tests ends.
+            for other, pending in list(self.node2pending.items()):
+                if other is not node and not pending:
+                    self.check_schedule(other)
+
+    return GroupsOnOneWorker(config, log)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
