@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -397,6 +398,9 @@ if __name__ == "__main__":
     # Every /generate call of this process (the direct side's too; cleared before each
     # gateway round) into ENGINE_CALLS.
     on_generate(lambda sent, returned, _: ENGINE_CALLS.append(returned - sent))
-    out = asyncio.run(main(parser.parse_args()))
+    from agent_rl.app.serve import LOOP
+
+    # serve's own event loop (`agent-rl serve`'s), so the bench measures what users run.
+    out = anyio.run(main, parser.parse_args(), backend_options=LOOP)
     print(f"wall {time.time() - started:.0f} s")
     print("RESULT " + json.dumps(out))

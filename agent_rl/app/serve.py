@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+LOOP = {"use_uvloop": True}
+"""The event loop `agent-rl serve` runs on (anyio's asyncio backend options): uvloop. A gateway
+call is two loopback HTTP exchanges (the agent's and the engine's) and the event loop with its
+socket transports was a third of serve's CPU per call on asyncio's own loop (docs/benchmarks.md,
+bench/gateway.py, which runs serve on this loop too)."""
+
 DEFAULT_MODEL_DIR = Path("runs/model")
 
 

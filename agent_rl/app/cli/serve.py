@@ -42,10 +42,12 @@ def serve(
         updates["engine"] = cfg.engine.model_copy(update={"model": model})
     cfg = cfg.model_copy(update=updates)
     check_public_binds(cfg, with_api=api)  # before the imports below take their seconds
+    from agent_rl.app.serve import LOOP
     from agent_rl.app.serve import serve as run_serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = anyio.run(lambda: run_serve(cfg, max_episodes=max_episodes, with_api=api))
+    summary = anyio.run(lambda: run_serve(cfg, max_episodes=max_episodes, with_api=api),
+                        backend_options=LOOP)
     # Every episode is recorded by now: a SIGTERM (e.g. the second of a drain that just ended)
     # only cuts the summary short, instead of killing the process with a signal status.
     signal.signal(signal.SIGTERM, _exit_quietly)
