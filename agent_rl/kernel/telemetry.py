@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 from opentelemetry import trace
@@ -19,7 +20,11 @@ from opentelemetry.trace import Span, SpanKind
 TRACER_NAME = "agent_rl"
 
 
+@cache
 def tracer() -> trace.Tracer:
+    """Made once: a span per generation asked the API for it every time. Before a provider is
+    installed this is the API's proxy tracer, which follows the provider `configure` installs
+    later."""
     return trace.get_tracer(TRACER_NAME)
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_rl.rollout.openai_wire import ChatRequest, GatewayError, reply_message
+from agent_rl.rollout.openai_wire import ChatRequest, GatewayError
 from agent_rl.sdk.messages import AssistantTurn
 from agent_rl.sglang.generation import Generation
 
@@ -182,10 +182,9 @@ def _choice(choice: dict[str, Any] | None, tools: bool) -> Any:
                             'or {"type": "tool", "name": ...}', param="tool_choice")  # fmt: skip
 
 
-def content_blocks(turn: AssistantTurn) -> list[dict[str, Any]]:
-    """The answer's content blocks: its text (with any malformed call as the model wrote it),
-    then a `tool_use` block per call."""
-    reply = reply_message(turn)
+def content_blocks(turn: AssistantTurn, reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """The answer's content blocks: its text (with any malformed call as the model wrote it,
+    as `reply`, its `reply_message`, has it), then a `tool_use` block per call."""
     blocks: list[dict[str, Any]] = []
     if reply["content"]:
         blocks.append({"type": "text", "text": reply["content"]})
@@ -213,7 +212,7 @@ def message_body(a: Answer, model: str) -> dict[str, Any]:
     """A non-streamed call's answer as a Messages response."""
     reason, sequence = stop_reason(a)
     return {"id": _message_id(a.cid), "type": "message", "role": "assistant", "model": model,
-            "content": content_blocks(a.turn), "stop_reason": reason, "stop_sequence": sequence,
+            "content": content_blocks(a.turn, a.reply), "stop_reason": reason, "stop_sequence": sequence,
             "usage": _usage(a)}  # fmt: skip
 
 
@@ -244,7 +243,7 @@ async def stream(session: AgentSession, req: ChatRequest, model: str) -> AsyncIt
                            "delta": {"type": "text_delta", "text": visible[len(sent):]}}  # fmt: skip
                     sent = visible
             else:
-                blocks = content_blocks(piece.turn)
+                blocks = content_blocks(piece.turn, piece.reply)
                 text = blocks[0]["text"] if blocks and blocks[0]["type"] == "text" else ""
                 if text and not text_open:
                     yield {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}

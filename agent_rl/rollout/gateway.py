@@ -117,6 +117,9 @@ class Answer:
     gen: Generation
     turn: AssistantTurn
     """The completion parsed: its text and tool calls."""
+    reply: dict[str, Any]
+    """`turn` as OpenAI's assistant message (`reply_message`), made once: the answer's body,
+    the history the next call is compared with, and a Responses conversation share it."""
     finish: FinishReason
     record: TurnRecord
     text: str
@@ -173,9 +176,11 @@ class AgentSession:
         """The last answered call's turn, committed during the next call's generation (the
         episode's last one with its end: `close`)."""
         # A semaphore, not a lock: a streamed call starts in the request's task and goes on in
-        # the response's, and a lock belongs to the task that took it.
-        self._calls = anyio.Semaphore(1)
-        self._write = anyio.Lock()
+        # the response's, and a lock belongs to the task that took it. fast_acquire: taking
+        # one nobody holds (the usual case: an agent makes one call at a time) does not yield
+        # to the event loop, a round of the loop saved per call.
+        self._calls = anyio.Semaphore(1, fast_acquire=True)
+        self._write = anyio.Lock(fast_acquire=True)
 
     @property
     def episode_id(self) -> int:
@@ -261,7 +266,7 @@ class AgentSession:
         """One chat-completions call, not streamed: its OpenAI completion body."""
         a = await self.answer(req)
         logprobs = self._logprobs(a.gen) if req.logprobs else None
-        return completion_body(a.cid, self._model(req), reply_message(a.turn), a.finish, logprobs, a.usage)
+        return completion_body(a.cid, self._model(req), a.reply, a.finish, logprobs, a.usage)
 
     async def stream(self, req: ChatRequest) -> AsyncIterator[dict[str, Any]]:
         """One chat-completions call, streamed: OpenAI chunks, the content as it is generated
@@ -280,8 +285,7 @@ class AgentSession:
                         yield chunk(cid, model, {"content": visible[len(sent):]}, logprobs=logprobs)
                         sent = visible
                 else:
-                    message = reply_message(piece.turn)
-                    content = message["content"] or ""
+                    content = piece.reply["content"] or ""
                     delta: dict[str, Any] = {}
                     if content.startswith(sent) and len(content) > len(sent):
                         delta["content"] = content[len(sent):]
@@ -349,9 +353,11 @@ class AgentSession:
         names: dict[str, str] = {}
         n = len(self._history)
         # Our side's keys are kept from the call before; a message passed on as it is (the
-        # Responses API's `previous_response_id`) is ours by identity.
+        # Responses API's `previous_response_id`) is ours by identity, and one sent back as we
+        # gave it (the usual case) is equal as a dict, both cheaper than its key.
         extends = (self._conv is not None and tools == self._tools and len(sent) > n
-                   and all(a is b or message_key(a) == k for a, b, k in zip(sent, self._history, self._history_keys))
+                   and all(a is b or a == b or message_key(a) == k
+                           for a, b, k in zip(sent, self._history, self._history_keys))
                    and all(m.get("role") != "assistant" for m in sent[n:]))  # fmt: skip
         if extends:
             assert self._conv is not None
@@ -517,7 +523,8 @@ class AgentSession:
                  "total_tokens": prompt + len(gen.output_ids)}  # fmt: skip
         matched = gen.finish_reason.matched if gen.finish_reason is not None else None
         stop = matched if isinstance(matched, str) and matched in p.params.get("stop", ()) else None
-        return Answer(p, gen, turn, finish, record, text, usage, f"chatcmpl-{self.episode_id}-{self.calls}", stop)
+        return Answer(p, gen, turn, reply_message(turn), finish, record, text, usage,
+                      f"chatcmpl-{self.episode_id}-{self.calls}", stop)  # fmt: skip
 
     def _keep(self, a: Answer) -> None:
         """The call is kept: its turn is held for the next commit, and the episode carries its
@@ -534,7 +541,7 @@ class AgentSession:
             log.warning("episode %d call %d: carried tokens drifted from the chat template",
                         self.episode_id, self.calls - 1)
         answer = turn.to_message()
-        reply = reply_message(turn)
+        reply = a.reply
         ids = gen.output_ids
         self._history = [*p.messages, reply]
         self._history_keys = [message_key(m) for m in self._history]

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_rl.rollout.openai_wire import ChatRequest, GatewayError, reply_message, tool_call
+from agent_rl.rollout.openai_wire import ChatRequest, GatewayError, tool_call
 from agent_rl.sglang.generation import Generation
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ def response_id(cid: str) -> str:
 def output_items(a: Answer) -> list[dict[str, Any]]:
     """The answer's output: its text as a `message` item (if any), then a `function_call` item
     per call, its arguments as the model wrote them."""
-    reply = reply_message(a.turn)
+    reply = a.reply
     rid = response_id(a.cid)
     items: list[dict[str, Any]] = []
     if reply["content"]:
@@ -220,7 +220,7 @@ def remember(session: AgentSession, a: Answer, conversation: list[dict[str, Any]
              rid: str | None = None) -> str:  # fmt: skip
     """Keep a kept response's conversation for `previous_response_id`; its id."""
     rid = rid or response_id(a.cid)
-    session.responses[rid] = [*conversation, reply_message(a.turn)]
+    session.responses[rid] = [*conversation, a.reply]
     return rid
 
 
