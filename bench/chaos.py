@@ -13,6 +13,9 @@ places it again on the nodes left, and the next kill waits until training has mo
 the trainer's: it is killed while engine-1 starts again (a cold engine start is most of a kill's
 recovery, and the other engine serves meanwhile), and the node goes once engine-1 serves again.
 Recovery is polled for (roles running again, versions, the engine's weights), never slept for.
+serve-0 is killed once it runs episodes of its own (polled for in the store), and the router's
+kill waits until a live serve has resumed and ended them (a killed router fails the generations
+in flight, theirs too).
 Then RL is stopped as the quickstart stops it (serves drain, the trainer checkpoints) and the
 store is audited.
 
@@ -20,21 +23,24 @@ Resumption: the episodes serve-0 was running when it was killed are resumed by a
 (re-running their stored turns, then generating on) instead of failing; `resumed` is the share of
 them that were resumed and ended with a reward, their tokens from before the kill unchanged. The
 same is measured for python-math (tools in a bubblewrap sandbox) by a separate serve of that
-env, SIGKILLed while its episodes run and then started again (`resume_after_kill`).
+env, SIGKILLed while its episodes run and then started again (`resume_after_kill`), while RL
+reaches its first versions; the kills start once it is done.
 
 Pass: 0 episodes lost, 0 trained twice, every episode in exactly one terminal state with its
 cause (failed episodes by cause are reported), after every kill the policy version advanced,
 and at least RESUMED_TARGET of the killed serves' episodes were resumed.
 
-Run: `python bench/chaos.py [--store-url postgresql://...]` (needs `agent-rl engine install`,
-agent-rl[cluster] and a PostgreSQL server; default URL: $AGENT_RL_TEST_POSTGRES_URL or
-postgres@127.0.0.1:5432/test). Last line: RESULT {"lost", "trained_twice", "not_terminal",
+Run: `python bench/chaos.py [--store-url postgresql://...] [--workdir DIR]` (needs `agent-rl
+engine install`, agent-rl[cluster] and a PostgreSQL server; default URL:
+$AGENT_RL_TEST_POSTGRES_URL or postgres@127.0.0.1:5432/test; --workdir keeps the run's directory
+and role logs). Last line: RESULT {"lost", "trained_twice", "not_terminal",
 "failed_without_cause", "kills", "versions", "episodes", "failed_by_cause", "resumed", "passed"}.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -70,14 +76,17 @@ that engine is lost only once the killed one serves again)."""
 ENGINE_NODE = {"num_cpus": 1, "resources": {"accel": 1}}
 """A node of the local Ray cluster that one engine (its `accel`) is placed on."""
 RECOVERY_TIMEOUT_S = 300.0
+SERVE_BUSY_TIMEOUT_S = 60.0
+"""How long a serve may run no episode of its own before it is to be killed (then: an error)."""
 RESUMED_TARGET = 0.9
 
 
-async def running_of(store: Store, run_id: int, pid: int) -> dict[int, Any]:
-    """The episodes process `pid` was running (serve owners carry their pid) and their tokens."""
+async def running_of(store: Store, run_id: int, pid: int, tokens: bool = True) -> dict[int, Any]:
+    """The episodes process `pid` was running (serve owners carry their pid) and their tokens
+    (None each without `tokens`)."""
     running = [e for e in await store.list_episodes(run_id=run_id, status="running", limit=100_000)
                if e.owner is not None and f"-{pid}-" in e.owner]
-    return {e.id: await store.episode_tokens(e.id) for e in running}
+    return {e.id: await store.episode_tokens(e.id) if tokens else None for e in running}
 
 
 async def resumed_share(store: Store, before: dict[int, Any]) -> dict[str, Any]:
@@ -235,19 +244,28 @@ async def launched(qs: Quickstart) -> Config:
 
 async def chaos(qs: Quickstart, c: Any, kills: list[dict[str, Any]],
                 resumed: dict[str, Any], rl: anyio.CancelScope) -> None:  # fmt: skip
-    """Kill each victim once training has moved on since the previous kill (engine-1's
-    restart overlaps the trainer's kill), and a python-math serve of its own; then stop RL as the quickstart does (also when recovery timed out: the
-    run is still audited, and the failure is in `kills`)."""
+    """Kill a python-math serve of its own, then each victim once training has moved on since
+    the previous kill (engine-1's restart overlaps the trainer's kill); then stop RL as the
+    quickstart does (also when recovery timed out: the run is still audited, and the failure
+    is in `kills`)."""
     try:
         cfg = await launched(qs)
         router_url = (await roles(cfg))["router"]["url"]
 
-        async def python_math() -> None:
-            resumed["python-math"] = await resume_after_kill(qs, "python-math", router_url)
+        measured = anyio.Event()
 
-        # Beside the kills (it shares the launch's engines): the run stays within its minutes.
+        async def python_math() -> None:
+            try:
+                resumed["python-math"] = await resume_after_kill(qs, "python-math", router_url)
+            finally:
+                measured.set()
+
+        # Beside the wait for RL's first versions (it shares the launch's engines): the run
+        # stays within its minutes. The kills wait for it: a killed router or engine fails the
+        # generations of every serve, which would fail the episodes it resumed.
         async with anyio.create_task_group() as tg:
             tg.start_soon(python_math)
+            await measured.wait()
             await _kill_each(qs, cfg, c, kills, resumed)
     except* TimeoutError as timeouts:  # (from a task group: in an exception group)
         kills.append({"error": "; ".join(str(e) for e in timeouts.exceptions)})
@@ -257,14 +275,26 @@ async def chaos(qs: Quickstart, c: Any, kills: list[dict[str, Any]],
 
 async def kill_role(qs: Quickstart, cfg: Config, name: str,
                     resumed: dict[str, Any]) -> dict[str, int]:  # fmt: skip
-    """SIGKILL role `name`'s process and everything it started; {name: its starts}."""
+    """SIGKILL role `name`'s process and everything it started (a serve: once it runs episodes,
+    so that there is something to resume); {name: its starts}."""
     role = (await roles(cfg))[name]
-    signal_tree(role["pid"], signal.SIGKILL)
-    qs.say(f"chaos: SIGKILL {name} (pid {role['pid']})")
-    if name.startswith("serve-"):
-        async with await Store.open(qs.cfg.store) as store:
-            run_id = await store.ensure_run(qs.cfg.run.name)
-            resumed["_calculator_before"] = await running_of(store, run_id, role["pid"])
+    if not name.startswith("serve-"):
+        signal_tree(role["pid"], signal.SIGKILL)
+        qs.say(f"chaos: SIGKILL {name} (pid {role['pid']})")
+        return {name: role["starts"]}
+    deadline = time.monotonic() + SERVE_BUSY_TIMEOUT_S
+    async with await Store.open(qs.cfg.store) as store:
+        run_id = await store.ensure_run(qs.cfg.run.name)
+        # Admission under the staleness bound can leave one serve idle for a while (the other
+        # took the groups the bound allowed): wait for episodes of its own.
+        while not await running_of(store, run_id, role["pid"], tokens=False):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} (pid {role['pid']}) ran no episode for "
+                                   f"{SERVE_BUSY_TIMEOUT_S:.0f}s: not killed")
+            await anyio.sleep(0.2)
+        signal_tree(role["pid"], signal.SIGKILL)
+        qs.say(f"chaos: SIGKILL {name} (pid {role['pid']})")
+        resumed["_calculator_before"] = await running_of(store, run_id, role["pid"])
     return {name: role["starts"]}
 
 
@@ -294,6 +324,11 @@ async def _kill_each(qs: Quickstart, cfg: Config, c: Any, kills: list[dict[str, 
                     tg.start_soon(_record, qs, cfg, victim, starts, before, t0, done)
                 else:
                     await _record(qs, cfg, victim, starts, before, t0, done)
+                if victim.startswith("serve-"):
+                    # Its episodes are resumed by a live serve; the next kill (the router's)
+                    # would fail their generations: it waits until they have ended.
+                    ended = await episodes_ended(qs, resumed.get("_calculator_before", {}))
+                    done[victim]["episodes_ended_after_s"] = round(ended - t0, 1)
         # The node's engine is the other one: it goes once the killed engine serves again.
         before, t0 = await latest(qs), time.monotonic()
         starts = await lose_node_of(qs, cfg, c, "engine-0")
@@ -301,6 +336,18 @@ async def _kill_each(qs: Quickstart, cfg: Config, c: Any, kills: list[dict[str, 
     finally:
         kills.extend(done[v] for v in VICTIMS if v in done)
     await wait_version(qs, await latest(qs), RECOVERY_TIMEOUT_S)
+
+
+async def episodes_ended(qs: Quickstart, episodes: dict[int, Any]) -> float:
+    """When none of `episodes` is running any more (monotonic time)."""
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    async with await Store.open(qs.cfg.store) as store:
+        while any(e.status == "running" for e in await store.episodes_by_id(list(episodes))):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the killed serve's episodes still ran "
+                                   f"{RECOVERY_TIMEOUT_S:.0f}s on")
+            await anyio.sleep(0.5)
+    return time.monotonic()
 
 
 async def _record(qs: Quickstart, cfg: Config, victim: str, starts: dict[str, int], before: int,
@@ -333,7 +380,7 @@ async def _record(qs: Quickstart, cfg: Config, victim: str, starts: dict[str, in
               if (current_s := kill.get("engine_serving_current_after_s")) else ""))
 
 
-async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
+async def main(store_url: str, sft_steps: int, workdir: Path | None) -> dict[str, Any]:
     import ray
 
     console = Console()
@@ -346,7 +393,8 @@ async def main(store_url: str, sft_steps: int) -> dict[str, Any]:
     resumed: dict[str, Any] = {}
     c = None
     try:
-        with tempfile.TemporaryDirectory(prefix="agent-rl-chaos-") as tmp:
+        with (contextlib.nullcontext(str(workdir)) if workdir is not None
+              else tempfile.TemporaryDirectory(prefix="agent-rl-chaos-")) as tmp:
             opts = Options(cluster=True, store_url=url, sft_steps=sft_steps, rl_steps=10_000,
                            rl_minutes=30, eval_tasks=2, eval_samples=1)
             qs = Quickstart(opts, Path(tmp), console)
@@ -402,6 +450,10 @@ if __name__ == "__main__":
     ap.add_argument("--store-url", default=os.environ.get(
         "AGENT_RL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     ap.add_argument("--sft-steps", type=int, default=60)
+    ap.add_argument("--workdir", type=Path, help="the run's directory, kept afterwards (its "
+                    "role logs in runs/ray/logs); default: a temporary one")
     args = ap.parse_args()
-    result = anyio.run(main, args.store_url, args.sft_steps)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=False)
+    result = anyio.run(main, args.store_url, args.sft_steps, args.workdir)
     print("RESULT " + json.dumps(result))
