@@ -19,7 +19,7 @@ methods included, has one JSON shape (router/errors.py).
 
 Why this stack: measured with a 50 ms stub engine at 256 concurrent requests, aiohttp's server
 beat Starlette/uvicorn, an httpx client collapsed under pool contention, and aiohttp's own
-client was over half the CPU of a proxied request, hence `router/upstream.py` (docs/router.md).
+client was over half the CPU of a proxied request, hence `agent_rl/kernel/http1.py` (docs/router.md).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from router.health import Health
 from router.metrics import RouterMetrics, RouterTracer
 from router.proxy import Proxy
 from router.stored import Stored
-from router.upstream import Upstream
+from agent_rl.kernel.http1 import Upstream
 from router.workers import WorkerPool
 
 log = logging.getLogger("agent_rl.router")

@@ -37,7 +37,7 @@ from router.balance import Balancer
 from router.errors import error_response
 from router.health import Health
 from router.metrics import RouterMetrics, RouterTracer
-from router.upstream import NotSent, Upstream, UpstreamFailed, UpstreamResponse
+from agent_rl.kernel.http1 import NotSent, Upstream, UpstreamFailed, UpstreamResponse
 from router.workers import Worker, WorkerPool
 
 log = logging.getLogger("agent_rl.router")

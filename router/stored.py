@@ -24,7 +24,7 @@ from agent_rl.config import RouterConfig
 from router.errors import error_response
 from router.metrics import RouterMetrics
 from router.proxy import HOP_BY_HOP
-from router.upstream import NotSent, Upstream, UpstreamFailed
+from agent_rl.kernel.http1 import NotSent, Upstream, UpstreamFailed
 from router.workers import Worker, WorkerPool
 
 Answer = tuple[int, str, list[tuple[str, str]], bytes]

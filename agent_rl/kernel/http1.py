@@ -1,11 +1,13 @@
-"""The proxy's HTTP/1.1 client to the workers: pooled keep-alive connections, httptools' parser.
+"""A small HTTP/1.1 client: pooled keep-alive connections, httptools' parser.
 
 Measured with a 50 ms stub engine at 256 concurrent requests, aiohttp's client was more than half
 of a proxy's CPU per request (a minimal aiohttp-server proxy: 0.67 ms with an aiohttp client,
-0.32 ms with a bare keep-alive client; docs/router.md). The router's hot path therefore talks to
-workers through this small client: one asyncio Protocol per connection, the response parsed by
+0.32 ms with a bare keep-alive client; docs/router.md). The router's hot path (to its workers)
+and the engine client's (`agent_rl.sglang.client`: generate, stream, abort, model info) therefore
+talk HTTP through this client: one asyncio Protocol per connection, the response parsed by
 httptools (the C parser uvicorn uses), the request written in one `write`. Health checks and
-control calls keep using aiohttp, where convenience matters more than microseconds.
+control calls keep using aiohttp, where convenience matters more than microseconds. It lives in
+the kernel so that the router (which imports the kernel only) and the engine client share it.
 
 Contract:
 - `Upstream.request` raises `NotSent` when no connection could be opened (nothing reached the
@@ -205,7 +207,7 @@ class Upstream:
     def address(base_url: str) -> tuple[str, int]:
         parts = urlsplit(base_url)
         if parts.scheme != "http":
-            raise ValueError(f"{base_url}: the router's upstream client speaks plain http only")
+            raise ValueError(f"{base_url}: this HTTP/1.1 client speaks plain http only")
         return parts.hostname or "127.0.0.1", parts.port or 80
 
     async def request(

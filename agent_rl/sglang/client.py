@@ -9,24 +9,32 @@ Control calls: abort, pause/continue, weight updates (from disk; begin/end aroun
 distributed updates; behind the router they fan out to every engine and need its admin token),
 the weight version each engine serves, health, loads, model/server info.
 
-Transport is aiohttp: at hundreds of concurrent requests its pool keeps up where httpx's does
-not (shared/notes/perf). Pass one `aiohttp.ClientSession` per process, or let the client own
-one. Failures raise `EngineError` naming the endpoint, the status and SGLang's message.
+Transport: the hot calls (generate, stream, abort, model info) go through the kernel's
+keep-alive HTTP/1.1 client (`agent_rl.kernel.http1`, httptools' parser: the router's client to
+its workers), which costs about half the CPU of aiohttp's per request; a gateway call is one of
+them, so it shows in serve's CPU per call. Control calls use aiohttp (at hundreds of concurrent
+requests its pool keeps up where httpx's does not, shared/notes/perf), as does an `https` base
+URL. Pass one `aiohttp.ClientSession` per process, or let the client own one. Failures raise
+`EngineError` naming the endpoint, the status and SGLang's message; a 503 (no engine took the
+request) is `EngineUnavailableError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import aiohttp
 from typing_extensions import Unpack
 
 from agent_rl.sglang.generation import GenerateOptions, Generation, TokenIds, json_body
 from agent_rl.kernel.errors import EngineError, EngineUnavailableError
+from agent_rl.kernel.http1 import NotSent, Upstream, UpstreamFailed, UpstreamResponse
 
 PauseMode = Literal["in_place", "retract", "abort"]
 Selector = Literal["target", "draft", "all"]
@@ -87,6 +95,14 @@ class EngineClient:
         self._session = session
         self._owns_session = session is None
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
+        parts = urlsplit(self.base_url)
+        self._origin = f"{parts.scheme}://{parts.netloc}"
+        self._prefix = parts.path
+        self._address = Upstream.address(self.base_url) if parts.scheme == "http" else None
+        """Where the keep-alive client connects (None for https: aiohttp then)."""
+        self._h1: Upstream | None = None
+        self._h1_loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -95,6 +111,9 @@ class EngineClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self._h1 is not None:
+            self._h1.close()
+            self._h1 = None
         if self._owns_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -106,6 +125,18 @@ class EngineClient:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
                 limit=0, keepalive_timeout=IDLE_CONNECTION_S))
         return self._session
+
+    @property
+    def _pool(self) -> Upstream:
+        """The keep-alive pool of this event loop (a connection belongs to the loop that
+        opened it)."""
+        loop = asyncio.get_running_loop()
+        if self._h1 is None or self._h1_loop is not loop:
+            if self._h1 is not None and self._h1_loop is not None and not self._h1_loop.is_closed():
+                self._h1.close()
+            self._h1 = Upstream(self._timeout_s, IDLE_CONNECTION_S)
+            self._h1_loop = loop
+        return self._h1
 
     # --- generation ----------------------------------------------------------------------------
     async def _generate_body(
@@ -137,7 +168,7 @@ class EngineClient:
     ) -> Generation:
         """POST /generate for one prompt of token ids; `extra` fields are sent as they are."""
         body = await self._generate_body(input_ids, sampling_params, options, stream=False)
-        raw = await self._post("/generate", body, _routed(self._headers, options))
+        raw = await self._fast("POST", "/generate", body, _routed(self._headers, options))
         return Generation.from_response(
             raw, self.moe_topk, options.get("routed_experts_start_len", 0)
         )
@@ -151,6 +182,10 @@ class EngineClient:
         """Yield cumulative Generations as SGLang streams them; the last has a finish reason."""
         body = await self._generate_body(input_ids, sampling_params, options, stream=True)
         start_len = options.get("routed_experts_start_len", 0)
+        if self._address is not None:
+            async for gen in self._stream_h1(body, _routed(self._headers, options), start_len):
+                yield gen
+            return
         try:
             async with self.session.post(
                 self.base_url + "/generate", data=json_body(body),
@@ -169,13 +204,53 @@ class EngineClient:
         except aiohttp.ClientError as e:
             raise EngineError(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
 
+    async def _stream_h1(self, body: dict[str, Any], headers: dict[str, str],
+                         start_len: int) -> AsyncIterator[Generation]:
+        """`stream` over the keep-alive client. The timeout bounds the whole stream, but each
+        wait for the engine is timed on its own: a timeout scope must not stay open across a
+        yield, where the consumer's code runs."""
+        deadline = asyncio.get_running_loop().time() + self._timeout_s
+        resp: UpstreamResponse | None = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                resp = await self._pool.request(
+                    self._address, "POST", self._prefix + "/generate",  # type: ignore[arg-type]
+                    [*headers.items(), *_JSON.items()], json_body(body))
+                if resp.status != 200:
+                    raise _refusal(self._origin, "/generate", resp.status, await resp.read())
+            chunks, rest, done = resp.chunks(), b"", False
+            while not done:
+                async with asyncio.timeout_at(deadline):
+                    data = await anext(chunks, None)
+                if data is None:
+                    return
+                *lines, rest = (rest + data).split(b"\n")
+                for line in lines:
+                    text = line.decode().strip()
+                    if not text.startswith("data:"):
+                        continue
+                    payload = text[len("data:"):].strip()
+                    if payload == "[DONE]":
+                        done = True
+                        break
+                    yield Generation.from_response(json.loads(payload), self.moe_topk, start_len)
+            async with asyncio.timeout_at(deadline):  # the body's end: the connection is reused
+                async for _ in chunks:
+                    pass
+        except (NotSent, UpstreamFailed, TimeoutError) as e:
+            raise EngineError(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
+        finally:
+            if resp is not None:
+                resp.close()  # a no-op once the body was read and the connection pooled
+
     # --- control -------------------------------------------------------------------------------
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
         """Abort one request (it returns its partial tokens with finish_reason abort) or all."""
         if rid is None and not abort_all:
             raise ValueError("abort needs a rid or abort_all=True")
-        await self._post(
-            "/abort_request", {"rid": rid, "abort_all": abort_all} if rid else {"abort_all": True}
+        await self._fast(
+            "POST", "/abort_request",
+            {"rid": rid, "abort_all": abort_all} if rid else {"abort_all": True}, self._headers,
         )
 
     async def pause_generation(self, mode: PauseMode = "in_place") -> None:
@@ -314,7 +389,7 @@ class EngineClient:
 
     async def model_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         """The served model (and, from the router, every engine's weight version)."""
-        return await self._get("/model_info", timeout_s)
+        return await self._fast("GET", "/model_info", None, self._headers, timeout_s)
 
     async def served_versions(self) -> dict[str, str | None]:
         """Weight version of every engine in rotation ({} if nothing answers): behind the
@@ -351,6 +426,40 @@ class EngineClient:
                 "pass moe_topk to EngineClient"
             ) from e
 
+    async def _fast(
+        self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str],
+        timeout_s: float | None = None,
+    ) -> Any:  # fmt: skip
+        """A hot call through the keep-alive client (aiohttp's `_request` for https), its
+        answer decoded as `_request` does; the same errors."""
+        if self._address is None:
+            return await self._request(method, path, body, timeout_s, headers=headers)
+        resp: UpstreamResponse | None = None
+        try:
+            # asyncio's own timeout, not a cancel scope: it is the cheaper of the two per call.
+            async with asyncio.timeout(self._timeout_s if timeout_s is None else timeout_s):
+                resp = await self._pool.request(
+                    self._address, method, self._prefix + path,
+                    [*headers.items(), *_JSON.items()] if body is not None else list(headers.items()),
+                    b"" if body is None else json_body(body))  # fmt: skip
+                data = await resp.read()
+        except (NotSent, UpstreamFailed, TimeoutError) as e:
+            raise EngineError(
+                f"engine at {self.base_url} unreachable ({path}): {type(e).__name__}: {e}; start "
+                "it (`agent-rl serve`, `agent-rl router`, `agent-rl engine start`) or fix its URL"
+            ) from e
+        finally:
+            if resp is not None:
+                resp.close()  # a no-op once the body was read and the connection pooled
+        if resp.status != 200:
+            raise _refusal(self._origin, path, resp.status, data)
+        if not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return data.decode(errors="replace")
+
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
         return await self._request("POST", path, body, headers=headers)
 
@@ -385,12 +494,19 @@ class EngineClient:
 
 
 async def _raise_for_status(resp: aiohttp.ClientResponse, path: str) -> None:
-    if resp.status == 401:
-        raise EngineError(
-            f"router at {resp.url.origin()} refused {path} (401): set [router] admin_token to the "
+    if resp.status != 200:
+        raise _refusal(str(resp.url.origin()), path, resp.status,
+                       b"" if resp.status == 401 else await resp.read())
+
+
+def _refusal(origin: str, path: str, status: int, body: bytes) -> EngineError:
+    """The error for an answer other than 200: a 401 is the router's admin token missing or
+    wrong, a 503 `EngineUnavailableError` (no engine took the request: safe to send again)."""
+    if status == 401:
+        return EngineError(
+            f"router at {origin} refused {path} (401): set [router] admin_token to the "
             "router's admin token"
         )
-    if resp.status != 200:
-        detail = (await resp.text())[:500]
-        error = EngineUnavailableError if resp.status == 503 else EngineError
-        raise error(f"engine at {resp.url.origin()}: {path} answered {resp.status}: {detail}")
+    detail = body.decode(errors="replace")[:500]
+    error = EngineUnavailableError if status == 503 else EngineError
+    return error(f"engine at {origin}: {path} answered {status}: {detail}")
