@@ -152,11 +152,24 @@ def tiny_moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny-llama model directory (Llama 3.2-shaped: tied embeddings, llama3 rope scaling,
-    4 layers, seed 0)."""
+    """A tiny-llama model directory as its preset makes it (untied embeddings, like Llama 3.1
+    8B; 4 layers, seed 0)."""
     from agent_rl.models import init_model
 
     return init_model(tmp_path_factory.mktemp("models") / "tiny-llama", "tiny-llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-llama with Llama 3.2 1B/3B's tied embeddings and Llama 3's rope scaling (theta 1e4,
+    `llama3` factor 8 from an original context of 512, which megatron-core's constructor does
+    not scale by: the built model applies it), 4 layers, seed 0: the paths the preset does not
+    take (the tied output layer, the rope scaling) kept under test."""
+    from agent_rl.models import init_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny-llama-tied"
+    return init_model(out, "tiny-llama", seed=0, tie_word_embeddings=True, rope_theta=10000.0,
+                      options={"rope_scaling_factor": 8.0, "rope_original_context": 512})  # fmt: skip
 
 
 # --- SGLang engines (agent_rl.engine) ----------------------------------------------------------

@@ -6,8 +6,8 @@ writes `config.json`, `generation_config.json`, `model.safetensors` and the toke
 
 - `tiny-dense`: a Qwen2 decoder (`Qwen2ForCausalLM`), ~3M parameters.
 - `tiny-moe`: a Qwen3-MoE decoder (`Qwen3MoeForCausalLM`), 8 experts, top-2, ~3M parameters.
-- `tiny-llama`: a Llama 3.2-shaped decoder (`LlamaForCausalLM`, tied embeddings, llama3 rope
-  scaling), ~2.6M parameters.
+- `tiny-llama`: a Llama 3-shaped decoder (`LlamaForCausalLM`, untied embeddings like Llama
+  3.1 8B, default rope; tied embeddings and llama3 rope scaling by overrides), ~2.9M parameters.
 - `tiny-glm4-moe`: a GLM-4.5-shaped MoE (`Glm4MoeForCausalLM`: a dense first layer, 8 experts,
   top-2, a shared expert, sigmoid router), ~3.3M parameters.
 Each preset belongs to its family (agent_rl.families), which makes the transformers config.

@@ -128,16 +128,20 @@ def _edited(model: Path, out: Path, **change: object) -> Path:
     ],
 )
 def test_llama_configs_it_cannot_map_are_refused_in_one_line(
-    change: dict[str, object], message: str, tiny_llama_model: Path, tmp_path: Path
+    change: dict[str, object], message: str, tiny_llama_tied_model: Path, tmp_path: Path
 ) -> None:
-    bad = _edited(tiny_llama_model, tmp_path / "bad", **change)
+    """From the variant with Llama 3's rope scaling (the preset has none), so that the edited
+    rope is a `llama3` one."""
+    bad = _edited(tiny_llama_tied_model, tmp_path / "bad", **change)
     with pytest.raises(ConfigError, match=message) as e:
         families.ModelArch.from_hf_dir(bad)
     assert "\n" not in str(e.value)
 
 
-def test_llama_without_rope_scaling_reads_as_unscaled(tiny_llama_model: Path, tmp_path: Path) -> None:
-    plain = _edited(tiny_llama_model, tmp_path / "plain",
+def test_llama_without_rope_scaling_reads_as_unscaled(
+    tiny_llama_tied_model: Path, tmp_path: Path
+) -> None:
+    plain = _edited(tiny_llama_tied_model, tmp_path / "plain",
                     rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     arch = families.ModelArch.from_hf_dir(plain)
     assert arch.rope_scaling_factor is None and arch.rope_theta == 500000.0

@@ -125,12 +125,12 @@ def _compare(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "runs"), [("tiny_dense_model", ("tp2", "pp2")),
-                                             ("tiny_llama_model", ("tp2", "pp2"))])  # fmt: skip
+                                             ("tiny_llama_tied_model", ("tp2", "pp2"))])  # fmt: skip
 def test_tp2_and_pp2_match_one_process_dense(
     model: str, runs: tuple[str, ...], request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """qwen2, and llama (tied embeddings, Llama 3's rope scaling: TP=2 splits its tied
-    vocab-parallel embedding, which the output layer shares)."""
+    """qwen2, and llama's tied variant (tied embeddings, Llama 3's rope scaling: TP=2 splits
+    its tied vocab-parallel embedding, which the output layer shares)."""
     model_dir = request.getfixturevalue(model)
     base, base_dir = _baseline(model_dir, tmp_path / "one")
     _launch(model_dir, tmp_path, *runs)
