@@ -1,6 +1,6 @@
 """A local multi-node Ray cluster for the tests and benches (`ray.cluster_utils.Cluster`: one
-raylet per node on this machine), and losing one of its nodes as when a machine dies (fault
-injection)."""
+raylet per node on this machine), losing one of its nodes as when a machine dies (fault
+injection), and stopping it as `ray stop` does."""
 
 from __future__ import annotations
 
@@ -38,3 +38,26 @@ def lose_node(c: Any, node: Any) -> None:
             p.kill()
         except psutil.Error:
             pass
+
+
+def ray_stop(grace_period: int = 16) -> None:
+    """What `ray stop` does on a machine, done by Ray's own routine (SIGTERM to the raylets, then
+    to Ray's workers and agents, then to the GCS, each followed by a SIGKILL of what is left
+    after a third of `grace_period`), to the Ray processes this process started only (a local
+    cluster's): other Ray clusters on the machine are left alone, and so is the file that
+    `address="auto"` reads."""
+    from unittest import mock
+
+    import psutil
+    import ray._common.utils
+    from ray.scripts import scripts
+
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    every = psutil.process_iter
+
+    def process_iter(*args: Any, **kwargs: Any) -> Any:
+        return (p for p in every(*args, **kwargs) if p.pid in ours)
+
+    with mock.patch.object(scripts.psutil, "process_iter", process_iter), \
+            mock.patch.object(ray._common.utils, "reset_ray_address", lambda: None):
+        scripts.stop.callback(force=False, grace_period=grace_period)

@@ -43,7 +43,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from agent_rl.cluster import launch as cluster  # noqa: E402
-from agent_rl.testing.ray_cluster import local_cluster, lose_node  # noqa: E402
+from agent_rl.testing.ray_cluster import local_cluster, lose_node, ray_stop  # noqa: E402
 
 # Tests that start a Ray cluster run one at a time (tests/conftest.py): two clusters started side
 # by side took each other's ports (a client reached the other cluster's GCS and was refused).
@@ -187,13 +187,16 @@ def test_a_killed_router_is_restarted_until_max_restarts(
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("goes", ["shutdown", "ray stop"])
 def test_a_role_process_dies_with_its_ray_cluster(
-    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, goes: str
 ) -> None:
     """A run launched detached, then its Ray cluster goes away under it, supervisor included
     (what `ray stop` does: Ray's processes end, and nothing of the launch is left to stop the
     roles): the router's process, started by its role's actor, dies with it instead of serving
-    on as an orphan. Before, it was left running, in a session of its own."""
+    on as an orphan. Before, it was left running, in a session of its own. The cluster goes
+    by `Cluster.shutdown` (SIGKILLs), or by `ray stop`'s own routine (raylets first, with
+    SIGTERM, then Ray's workers, then the GCS) on this cluster's processes."""
     import psutil
 
     c, _ = local_cluster(1, [], "agent-rl-tests")
@@ -211,7 +214,11 @@ def test_a_role_process_dies_with_its_ray_cluster(
         assert "agent_rl.app.cli" in process.cmdline()
     finally:
         ray.shutdown()
-        c.shutdown()
+        try:
+            if goes == "ray stop":
+                ray_stop()
+        finally:
+            c.shutdown()
     _until("the router's process gone with its cluster",
            lambda: not alive(process), 30,
            poll_s=0.2)  # fmt: skip
