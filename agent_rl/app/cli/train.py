@@ -137,12 +137,20 @@ def _stop_on_signals(loop) -> None:  # type: ignore[no-untyped-def]
     waiting for data) and checkpoint; a second one interrupts immediately. Our own handler also
     keeps asyncio.Runner from installing its one, which cancels the store call in flight instead
     (a Ctrl-C could then be swallowed while waiting for data)."""
+    import os
     import signal
     import time
 
     first: list[float] = []
+    trainer = os.getpid()
 
     def handle(signum, frame):  # type: ignore[no-untyped-def]
+        if os.getpid() != trainer:
+            # A child forked with this handler: megatron's checkpoint writers are, and a launch's
+            # stop signals the trainer's whole process tree. The stop is the trainer's: the
+            # writer finishes its part of the checkpoint the trainer waits for (printing here,
+            # it could block for good on a lock another thread held at the fork).
+            return
         if first and time.monotonic() - first[0] > REPEAT_S:
             raise KeyboardInterrupt
         if first:  # the same stop, delivered twice (see REPEAT_S)
