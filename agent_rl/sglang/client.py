@@ -194,13 +194,11 @@ class EngineClient:
             ) as resp:
                 await _raise_for_status(resp, "/generate")
                 async for line in resp.content:
-                    text = line.decode().strip()
-                    if not text.startswith("data:"):
-                        continue
-                    data = text[len("data:") :].strip()
+                    data = _sse_data(line)
                     if data == "[DONE]":
                         return
-                    yield Generation.from_response(json.loads(data), self.moe_topk, start_len)
+                    if data is not None:
+                        yield Generation.from_response(json.loads(data), self.moe_topk, start_len)
         except aiohttp.ClientError as e:
             raise EngineError(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
 
@@ -226,14 +224,12 @@ class EngineClient:
                     return
                 *lines, rest = (rest + data).split(b"\n")
                 for line in lines:
-                    text = line.decode().strip()
-                    if not text.startswith("data:"):
-                        continue
-                    payload = text[len("data:"):].strip()
+                    payload = _sse_data(line)
                     if payload == "[DONE]":
                         done = True
                         break
-                    yield Generation.from_response(json.loads(payload), self.moe_topk, start_len)
+                    if payload is not None:
+                        yield Generation.from_response(json.loads(payload), self.moe_topk, start_len)
             async with asyncio.timeout_at(deadline):  # the body's end: the connection is reused
                 async for _ in chunks:
                     pass
@@ -444,21 +440,13 @@ class EngineClient:
                     b"" if body is None else json_body(body))  # fmt: skip
                 data = await resp.read()
         except (NotSent, UpstreamFailed, TimeoutError) as e:
-            raise EngineError(
-                f"engine at {self.base_url} unreachable ({path}): {type(e).__name__}: {e}; start "
-                "it (`agent-rl serve`, `agent-rl router`, `agent-rl engine start`) or fix its URL"
-            ) from e
+            raise self._unreachable(path, e) from e
         finally:
             if resp is not None:
                 resp.close()  # a no-op once the body was read and the connection pooled
         if resp.status != 200:
             raise _refusal(self._origin, path, resp.status, data)
-        if not data:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError:
-            return data.decode(errors="replace")
+        return _decoded(data.decode(errors="replace"))
 
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
         return await self._request("POST", path, body, headers=headers)
@@ -481,16 +469,31 @@ class EngineClient:
                 await _raise_for_status(resp, path)
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise EngineError(
-                f"engine at {self.base_url} unreachable ({path}): {type(e).__name__}: {e}; start "
-                "it (`agent-rl serve`, `agent-rl router`, `agent-rl engine start`) or fix its URL"
-            ) from e
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError:
-            return text
+            raise self._unreachable(path, e) from e
+        return _decoded(text)
+
+    def _unreachable(self, path: str, e: BaseException) -> EngineError:
+        return EngineError(
+            f"engine at {self.base_url} unreachable ({path}): {type(e).__name__}: {e}; start "
+            "it (`agent-rl serve`, `agent-rl router`, `agent-rl engine start`) or fix its URL"
+        )
+
+
+def _decoded(text: str) -> Any:
+    """An answer's body: None when empty, its JSON, or the text itself."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _sse_data(line: bytes) -> str | None:
+    """The payload of a server-sent event's `data:` line (`[DONE]` at the end); None for any
+    other line."""
+    text = line.decode().strip()
+    return text[len("data:"):].strip() if text.startswith("data:") else None
 
 
 async def _raise_for_status(resp: aiohttp.ClientResponse, path: str) -> None:
