@@ -5,10 +5,13 @@ Each case (tests/trainer/_parallel_worker.py) takes the logprobs of a batch, tra
 (lr 1e-3) on the same data, exports HF weights, checkpoints and takes an SFT step, then takes
 it again from the loaded checkpoint. Against the one-process baseline: starting logprobs and
 the RL losses agree to 1e-6, the SFT loss (~6.9, at weights two steps apart) to 1e-6 relative,
-grad norms to 1e-4 relative, exported weights to 1e-4, a tenth of one step's size: Adam divides
-by sqrt(v), so for parameters whose gradients are ~0 the last-bit differences of a different
-reduction order become update differences of up to ~lr. The SFT step from the loaded
-checkpoint equals the one before it bit for bit. (Measured: docs/trainer.md, "Measured".)
+grad norms to 1e-4 relative, exported weights to 1e-4, a tenth of one step's size, but for a
+few elements each (`_assert_exports_agree`): Adam divides by sqrt(v) + eps, so an element whose
+gradient is within rounding of zero (|g| ~ eps = 1e-8) turns the last-bit differences of another
+reduction order into update differences of up to ~lr a step (glm4_moe's dense o_proj: 1.5e-4 on
+one machine, 2.7e-5 on another; one process with other micro-batch sizes moves the same
+elements). The SFT step from the loaded checkpoint equals the one before it bit for bit.
+(Measured: docs/trainer.md, "Measured".)
 
 Pipeline parallelism runs megatron's 1F1B schedule: PP=2 alone (dense, qwen2 and llama; MoE with
 routing replay, each stage replaying its own layers' experts, qwen3_moe and the families whose
@@ -112,15 +115,39 @@ def _compare(
             assert abs(a["routing_mismatch_fraction"] - b["routing_mismatch_fraction"]) < 1e-9
     assert other[-1]["resume_max_diff"] == 0.0
     lp = (torch.load(base_dir / "logprobs.pt") - torch.load(other_dir / "logprobs.pt")).abs().max()
-    w1, w2 = read_safetensors(base_dir / "export"), read_safetensors(other_dir / "export")
-    assert set(w1) == set(w2)
-    diff = {k: (w1[k] - w2[k]).abs().max().item() for k in w1}
-    worst = max(v for k, v in diff.items() if not is_draft(k))
-    draft = max((v for k, v in diff.items() if is_draft(k)), default=0.0)
-    print(f"max logprob diff {float(lp):.2e}, max exported weight diff {worst:.2e}, "
-          f"draft {draft:.2e}")
+    print(f"max logprob diff {float(lp):.2e}")
     assert lp < 1e-6
-    assert worst < 1e-4 and draft < draft_atol
+    _assert_exports_agree(read_safetensors(base_dir / "export"),
+                          read_safetensors(other_dir / "export"), draft_atol)  # fmt: skip
+
+
+LR, STEPS = 1e-3, 2
+"""The runs' learning rate and RL steps before the export (tests/trainer/_parallel_worker.py)."""
+
+
+def _assert_exports_agree(
+    w1: dict[str, torch.Tensor], w2: dict[str, torch.Tensor], draft_atol: float = 1e-4
+) -> None:
+    """Two exports of the same training under other reduction orders agree: every element to
+    1e-4 (an MTP draft's, `mtp.*` and EAGLE's, to `draft_atol`), a tenth of one step, except at
+    most one in a thousand of a tensor's elements (at least one), each within 2 * lr per step.
+    Those are the elements whose gradient is within rounding of zero: Adam's update
+    lr * m / (sqrt(v) + eps) has slope lr / eps there, so a gradient that differs in its last
+    bits (~1e-9 where |g| ~ eps) moves by up to ~lr otherwise (each run's move is at most ~lr
+    a step: Adam's first two steps are bounded by lr). A layout or gather error (a head, a
+    row-parallel half in another order) moves most of a tensor's elements by the weights' own
+    size (~1e-2), which this refuses."""
+    assert set(w1) == set(w2)
+    worst = {"policy": 0.0, "draft": 0.0}
+    for name in w1:
+        diff = (w1[name] - w2[name]).abs().flatten()
+        kind = "draft" if is_draft(name) else "policy"
+        atol = draft_atol if kind == "draft" else 1e-4
+        outliers = int((diff >= atol).sum())
+        assert outliers <= max(1, diff.numel() // 1000), (name, outliers, diff.numel())
+        assert diff.max().item() <= 2 * LR * STEPS, (name, diff.max().item())
+        worst[kind] = max(worst[kind], diff.max().item())
+    print(f"max exported weight diff {worst['policy']:.2e}, draft {worst['draft']:.2e}")
 
 
 @pytest.mark.slow
