@@ -10,6 +10,10 @@ stays NaN.
 - `launch.safetensors` (EAGLE): loaded from `draft/` (what `--speculative-draft-model-path`
   loads at launch); and `target.safetensors`: SGLang's target model (`Qwen2ForCausalLM`,
   `Qwen3ForCausalLM`) loaded from argv[1], which must skip the draft's weights beside its own;
+- a model with native NextN layers (GLM-4.5's `Glm4MoeForCausalLM`, DeepSeek-V3's): its draft is
+  SGLang's NextN class (`Glm4MoeForCausalLMNextN`, `DeepseekV3ForCausalLMNextN`), loaded from
+  argv[1] as a launch loads it from the target's directory (`disk.safetensors`), and
+  `target.safetensors` is SGLang's target on the same files, which must skip the NextN layer;
 - with argv[3], a `torch.save`d {"distributed": [...], "tensor": [...]} of the buckets an
   in-memory weight sync sends the draft: `distributed.safetensors`, each bucket's bytes received
   into SGLang's own receive bucket (`FlattenedTensorBucket.empty` from the names, dtypes and
@@ -52,7 +56,20 @@ def main(model_dir: str, out: str, buckets: str | None) -> None:
     initialize_model_parallel()
     initialize_moe_config()
     eagle = (Path(model_dir) / "draft" / "config.json").is_file()
-    if eagle:
+    architecture = AutoConfig.from_pretrained(model_dir).architectures[0]
+    nextn = architecture in ("Glm4MoeForCausalLM", "DeepseekV3ForCausalLM")
+    if nextn:
+        from sglang.srt.models.deepseek_nextn import DeepseekV3ForCausalLMNextN
+        from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
+        from sglang.srt.models.glm4_moe import Glm4MoeForCausalLM
+        from sglang.srt.models.glm4_moe_nextn import Glm4MoeForCausalLMNextN
+
+        target, Draft = {  # noqa: N806 (a class)
+            "Glm4MoeForCausalLM": (Glm4MoeForCausalLM, Glm4MoeForCausalLMNextN),
+            "DeepseekV3ForCausalLM": (DeepseekV3ForCausalLM, DeepseekV3ForCausalLMNextN),
+        }[architecture]
+        config = target_config = AutoConfig.from_pretrained(model_dir)
+    elif eagle:
         from sglang.srt.models.qwen2 import Qwen2ForCausalLM
         from sglang.srt.models.qwen2_eagle import Qwen2ForCausalLMEagle as Draft
         from sglang.srt.models.qwen3 import Qwen3ForCausalLM
@@ -86,6 +103,8 @@ def main(model_dir: str, out: str, buckets: str | None) -> None:
         return named
 
     load("disk", [disk()])
+    if nextn:
+        load("target", [disk()], target, target_config)
     if eagle:
         load("launch", [disk(str(Path(model_dir) / "draft"))])
         load("target", [disk()], target, target_config)

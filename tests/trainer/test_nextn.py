@@ -6,11 +6,16 @@ the family's decoder layer; config.json's `num_nextn_predict_layers` = 1) and lo
 in that layer are dropped. The draft's logits equal those of transformers' own MTP module
 (`transformers.modeling_layers.MtpModel`, what its assisted generation drafts with:
 `head(norm(layer(eh_proj(cat(enorm(embed(t+1)), hnorm(h_t))))))`, the family's decoder layer,
-h_t the trunk's final normed hidden state) holding the export's NextN layer."""
+h_t the trunk's final normed hidden state) holding the export's NextN layer. SGLang's own NextN
+draft class for the family (`Glm4MoeForCausalLMNextN`, `DeepseekV3ForCausalLMNextN`), loading the
+export as a launch does, fills every parameter but the target's shared embedding and head from
+it and takes every weight of the NextN layer; SGLang's target on the same files skips the
+layer."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -144,3 +149,57 @@ def _reference_draft_logits(export: Path, ids: torch.Tensor) -> torch.Tensor:
     positions = torch.arange(seq).expand(ids.shape[0], -1)
     out = mtp.forward_layer(0, hidden, positions, None, input_ids=ids[:, 1:])
     return mtp._project_to_logits(out)
+
+
+def test_sglang_s_own_nextn_draft_takes_every_weight_of_the_nextn_layer(
+    trained: dict, engine_venv: Path, tmp_path: Path
+) -> None:
+    """SGLang's NextN class for the family (tests/trainer/_sglang_mtp_draft.py, in the engine
+    environment: every parameter NaN, then its own `load_weights` over the export's files)
+    ends with no parameter unfilled but the embedding and head it shares with the target at
+    serve time, and every tensor of the export's NextN layer is in it as it was exported: as a
+    parameter of its own, or a block of rows of the one SGLang fuses it into (q/k/v, gate/up,
+    the experts' w13/w2, MLA's q_a with kv_a). SGLang's target model on the same files fills
+    every parameter from the trunk's weights, the NextN layer skipped."""
+    from safetensors.torch import load_file
+
+    from agent_rl.engine.install import engine_env, engine_python
+
+    export = trained["export"]
+    script = Path(__file__).with_name("_sglang_mtp_draft.py")
+    run = subprocess.run([str(engine_python(engine_venv)), str(script), str(export), str(tmp_path)],
+                         env=engine_env("cpu"), capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    draft, target = (load_file(str(tmp_path / f"{name}.safetensors"))
+                     for name in ("disk", "target"))  # fmt: skip
+    ours = hf_convert.read_safetensors(export)
+    n = ModelArch.from_hf_dir(export).num_layers
+    shared = {"model.embed_tokens.weight", "lm_head.weight"}
+    assert shared <= draft.keys()
+    unfilled = [name for name, t in draft.items() if name not in shared and torch.isnan(t).any()]
+    assert not unfilled and len(draft) > len(shared) + 10, unfilled
+    nextn = {k: v for k, v in ours.items() if k.startswith(f"model.layers.{n}.")}
+    assert len(nextn) > 20
+    params = [t for name, t in draft.items() if name not in shared]
+    missing = [k for k, v in nextn.items() if not any(_holds(p, v) for p in params)]
+    assert not missing, missing
+    assert not [name for name, t in target.items() if torch.isnan(t).any()]
+    for name in ("model.norm.weight", "model.layers.0.self_attn.o_proj.weight",
+                 f"model.layers.{n - 1}.mlp.gate.weight"):  # fmt: skip
+        assert torch.equal(target[name], ours[name]), name
+
+
+def _holds(param: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is `param`, or a block of consecutive rows of it (of its last dimension,
+    for a fused [experts, rows, columns] one: every expert's rows follow the previous one's)."""
+    if tensor.dim() != param.dim() and not (tensor.dim() == 2 and param.dim() == 3):
+        return False
+    width = tensor.shape[-1] if tensor.dim() > 1 else 1
+    if param.shape[-1] != width and tensor.dim() > 1:
+        return False
+    rows, block = param.reshape(-1, width), tensor.reshape(-1, width)
+    if len(block) > len(rows):
+        return False
+    starts = (rows == block[0]).all(dim=1).nonzero().flatten().tolist()
+    return any(torch.equal(rows[i : i + len(block)], block) for i in starts)
