@@ -1,10 +1,14 @@
 """HF -> Megatron load and Megatron -> HF export of a ~1B model, against raw safetensors I/O.
 
-The model is Llama-3.2-1B's own config (the `llama` family: hidden 2048, 16 layers, 32 query
-and 8 key/value heads, MLP 8192, vocabulary 128256, tied embeddings, llama3 rope scaling;
-1.24B parameters) with random bf16 weights, written as transformers writes a big checkpoint:
-`model-0000i-of-0000n.safetensors` shards of about 500 MB and their index. bf16 because the
-machine this runs on is shared and small: one copy of the model is 2.47 GB.
+The model (`--family`, `CONFIGS`) is, by default, Llama-3.2-1B's own config (the `llama`
+family: hidden 2048, 16 layers, 32 query and 8 key/value heads, MLP 8192, vocabulary 128256,
+tied embeddings, llama3 rope scaling; 1.24B parameters); `--family deepseek_v3` a 1B-class
+model of DeepSeek-V3's shape (its config with the sizes scaled down: multi-head latent attention
+with q/kv LoRA ranks and decoupled rope, YaRN, a dense first layer, then 40 routed experts in 8
+groups, top-8 from the best 4, and a shared one; its vocabulary, untied; 1.02B parameters, most
+of them in 440 per-expert MLPs). Random bf16 weights, written as transformers writes a big
+checkpoint: `model-0000i-of-0000n.safetensors` shards of about 500 MB and their index. bf16
+because the machine this runs on is shared and small: one copy of the model is 2.0-2.5 GB.
 
 Each phase runs in a process of its own, so one phase's allocations do not count in the next's
 peak RSS (the process's own `ru_maxrss` after the phase's first run):
@@ -32,8 +36,8 @@ reported beside it as `import_rss_gb`, and the most the conversion adds above it
 model's own bytes as `conversion_rss_over_model`. The shards were just written, so reads
 come from the page cache in every phase alike.
 
-Run: `python bench/convert.py` (about 2-3 minutes on 2 cores; needs ~8 GB free memory and
-~8 GB of temporary disk). Last line: RESULT {"load_ratio", "export_ratio",
+Run: `python bench/convert.py [--family deepseek_v3]` (about 2-3 minutes on 2 cores; needs ~8 GB
+free memory and ~8 GB of temporary disk). Last line: RESULT {"family", "load_ratio", "export_ratio",
 "peak_rss_over_model", "conversion_rss_over_model", "gb_s": {...}, "seconds": {...}, "peak_rss_gb": {...}, "model_gb",
 "params", "load_avg_1m", "wall_s"}.
 """
@@ -53,7 +57,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # Llama-3.2-1B's config.json (meta-llama/Llama-3.2-1B), as published.
-CONFIG: dict[str, Any] = {
+LLAMA_3_2_1B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
     "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64,
     "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
@@ -65,31 +69,61 @@ CONFIG: dict[str, Any] = {
     "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
     "use_cache": True, "vocab_size": 128256,
 }  # fmt: skip
+# DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3) with its sizes scaled to ~1B parameters:
+# hidden 7168 -> 1024, 61 layers (3 dense) -> 12 (1 dense), 128 heads -> 16, q/kv ranks
+# 1536/512 -> 384/256, head dims 128/64/128 -> 64/32/64, 256 experts of 2048 -> 40 of 512 (8
+# groups, top-8 from the best 4 as published), no NextN layer; routing, YaRN and norms as published.
+DEEPSEEK_V3_1B: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 1024,
+    "initializer_range": 0.02, "intermediate_size": 2816, "kv_lora_rank": 256,
+    "max_position_embeddings": 163840, "moe_intermediate_size": 512, "moe_layer_freq": 1,
+    "n_group": 8, "n_routed_experts": 40, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 16, "num_experts_per_tok": 8, "num_hidden_layers": 12,
+    "num_key_value_heads": 16, "num_nextn_predict_layers": 0, "q_lora_rank": 384,
+    "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 64, "vocab_size": 129280,
+}  # fmt: skip
+CONFIGS = {"llama": LLAMA_3_2_1B, "deepseek_v3": DEEPSEEK_V3_1B}
 SHARD_BYTES = 500 * 2**20
 REPEATS = 3  # each phase's timed part, best of: a busy machine's timings scatter 2-5x
 
 
-def shapes() -> dict[str, tuple[int, ...]]:
-    """HF weight names and shapes of CONFIG, from transformers' own model class on the meta
-    device (tied embeddings: no `lm_head.weight`)."""
+def shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """HF weight names and shapes of `config` as a checkpoint stores them, from transformers'
+    own model class on the meta device (tied embeddings: no `lm_head.weight`), its in-memory
+    layout turned back into the checkpoint's (`revert_weight_conversion`: transformers 5 fuses
+    a MoE layer's experts into one tensor, a checkpoint has one per expert and projection)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
 
+    hf_config = AutoConfig.for_model(**config)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG))
-    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+        model = AutoModelForCausalLM.from_config(hf_config)
+    stored = revert_weight_conversion(model, model.state_dict())
+    return {n: tuple(t.shape) for n, t in stored.items()
+            if not (hf_config.tie_word_embeddings and n == "lm_head.weight")}  # fmt: skip
 
 
-def make(model: Path) -> None:
-    """Random bf16 weights in shards of about SHARD_BYTES, one shard in memory at a time."""
+def make(model: Path, family: str) -> None:
+    """Random bf16 weights of `CONFIGS[family]` in shards of about SHARD_BYTES, one shard in
+    memory at a time."""
     import torch
     from safetensors.torch import save_file
 
+    config = CONFIGS[family]
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps(CONFIG, indent=2))
+    (model / "config.json").write_text(json.dumps(config, indent=2))
     groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
-    for name, shape in shapes().items():
+    for name, shape in shapes(config).items():
         nbytes = 2 * torch.Size(shape).numel()
         if groups[-1] and size + nbytes > SHARD_BYTES:
             groups.append([])
@@ -219,11 +253,12 @@ def run_phase(name: str, model: Path, scratch: Path) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(family: str) -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "model"
-        subprocess.run([sys.executable, __file__, "--make", str(model)], check=True, timeout=300)
+        subprocess.run([sys.executable, __file__, "--make", str(model), family], check=True,
+                       timeout=300)  # fmt: skip
         model_bytes = sum(f.stat().st_size for f in model.glob("*.safetensors"))
         params = model_bytes // 2  # bf16 (the headers make this a few kB high)
         gb = model_bytes / 1e9
@@ -241,6 +276,7 @@ def main() -> None:
     gb_s = {k: gb / v["seconds"] for k, v in res.items()}
     model_gib = model_bytes / 2**30
     result = {
+        "family": family,
         "load_ratio": round(gb_s["load"] / gb_s["raw_read"], 3),
         "export_ratio": round(gb_s["export"] / gb_s["raw_write"], 3),
         "peak_rss_over_model": round(
@@ -266,8 +302,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--make"]:
-        make(Path(sys.argv[2]))
+        make(Path(sys.argv[2]), sys.argv[3])
     elif sys.argv[1:2] == ["--phase"]:
         print(json.dumps(phase(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))))
     else:
-        main()
+        args = sys.argv[1:]
+        if args not in ([], ["--family", "llama"], ["--family", "deepseek_v3"]):
+            raise SystemExit(f"usage: python bench/convert.py [--family {{{','.join(CONFIGS)}}}]")
+        main(args[1] if args else "llama")
