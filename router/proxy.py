@@ -10,8 +10,10 @@ Retries: a request is re-sent to another worker only when the connection to the 
 not be opened, so the worker cannot have seen a byte of it. A reset, a timeout or a 5xx after the
 request was sent is returned to the caller as an error, never repeated, because the generation
 may have run. Every failure the router produces is a JSON body of the OpenAI error shape
-(router/errors.py) with a status of 502 (worker failed), 503 (no worker can take the request) or
-504 (worker timed out).
+(router/errors.py), and its status says whether a worker may have the request: 503 when none
+does (no worker registered, none in rotation, or none could be connected to), so the caller may
+send it again; 502 (a worker failed after the request was sent) and 504 (a worker did not answer
+in time) when one may have generated, so the caller must not send it again blindly.
 
 Request ids: SGLang refuses a duplicate `rid` on one server, but through the router two live
 requests may share one on different workers. The router keeps every holder of each live rid, so
@@ -124,8 +126,9 @@ class Proxy:
             return error_response(503, "the router has no workers: add one with POST /workers "
                                   "or list them under [router] workers in the config")
         if tried:
-            return error_response(502, f"could not connect to any worker ({last_error})",
-                                  tried[-1].url)
+            # Not 502: no worker received a byte of it, so sending it again is safe.
+            return error_response(503, f"could not connect to any worker, the request was sent "
+                                  f"to none ({last_error})", tried[-1].url)
         return error_response(503, f"no healthy worker: all {len(self.pool)} are quarantined or "
                               "have an open circuit breaker; see GET /workers")
 

@@ -55,8 +55,10 @@ class EngineError(AgentRLError):
 
 
 class EngineUnavailableError(EngineError):
-    """No engine could take the request (503: all workers down, quarantined or breaker-open);
-    nothing was generated, so the request may be sent again."""
+    """No engine received the request: the router answered 503 (no worker registered, all
+    quarantined or breaker-open, none could be connected to), or no connection to the router
+    or engine could be opened (it is down or restarting). Nothing was generated, so the request
+    may be sent again."""
 
 
 class ClusterError(AgentRLError):

@@ -460,10 +460,11 @@ class AgentSession:
                 log.debug("episode %d: abort of %s: %s", self.episode_id, p.rid, e)
 
     async def _engine(self, call: Callable[[], Awaitable[Generation]]) -> Generation:
-        """The engine's answer; a 503 (no engine took it, nothing generated) is sent again
-        until the episode's deadline; a request the engine refuses (a tool schema its
-        constrained decoding cannot compile) is a 400; any other engine failure is a 502."""
-        try:  # the retry machinery costs more CPU than the request: only after a 503
+        """The engine's answer; a request no engine received (the router's 503, or the router
+        not reachable: `EngineUnavailableError`) is sent again until the episode's deadline; a
+        request the engine refuses (a tool schema its constrained decoding cannot compile) is a
+        400; any other engine failure is a 502."""
+        try:  # the retry machinery costs more CPU than the request: only after a refusal
             return await call()
         except EngineUnavailableError:
             pass

@@ -259,12 +259,16 @@ class EpisodeRunner:
             return self._recorded(turn, pending)
         persisted = len(input_ids) - len(pending)  # routed experts already known for these
         cfg = self.ctx.cfg
-        try:  # the retry machinery costs a turn more CPU than the request: only after a 503
+        try:  # the retry machinery costs a turn more CPU than the request: only after a refusal
             return await self._generate_once(input_ids, params, turn, persisted)
-        except EngineUnavailableError:
-            pass
-        # A 503 means no engine took the request (e.g. one restarting after a crash): nothing
-        # was generated, so waiting and sending it again is safe; the episode deadline bounds it.
+        except EngineUnavailableError as e:
+            log.info("episode %d turn %d: no engine received the generation, sending it again "
+                     "until one does: %s", self.episode_id, turn, e)
+        # No engine received the request (the router's 503: none registered yet, say after the
+        # router restarted, or one restarting after a crash; or the router itself could not be
+        # connected to): nothing was generated, so waiting and sending it again is safe; the
+        # episode deadline bounds it. A 502, a reset or a timeout is not retried: an engine may
+        # have sampled tokens for it.
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(EngineUnavailableError),
             wait=wait_exponential_jitter(initial=0.5, max=5.0),

@@ -15,8 +15,11 @@ its workers), which costs about half the CPU of aiohttp's per request; a gateway
 them, so it shows in serve's CPU per call. Control calls use aiohttp (at hundreds of concurrent
 requests its pool keeps up where httpx's does not, shared/notes/perf), as does an `https` base
 URL. Pass one `aiohttp.ClientSession` per process, or let the client own one. Failures raise
-`EngineError` naming the endpoint, the status and SGLang's message; a 503 (no engine took the
-request) is `EngineUnavailableError`.
+`EngineError` naming the endpoint, the status and SGLang's message. `EngineUnavailableError`
+(a subclass) is a request that no engine received, which may be sent again: a 503 (the router
+had no engine to send it to, or could connect to none) or no connection at all (the router or
+engine down, e.g. restarting). A 502, a reset or a timeout after the request left is a plain
+`EngineError`: an engine may have generated.
 """
 
 from __future__ import annotations
@@ -200,7 +203,8 @@ class EngineClient:
                     if data is not None:
                         yield Generation.from_response(json.loads(data), self.moe_topk, start_len)
         except aiohttp.ClientError as e:
-            raise EngineError(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
+            error = EngineUnavailableError if _not_sent(e) else EngineError
+            raise error(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
 
     async def _stream_h1(self, body: dict[str, Any], headers: dict[str, str],
                          start_len: int) -> AsyncIterator[Generation]:
@@ -234,7 +238,8 @@ class EngineClient:
                 async for _ in chunks:
                     pass
         except (NotSent, UpstreamFailed, TimeoutError) as e:
-            raise EngineError(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
+            error = EngineUnavailableError if _not_sent(e) else EngineError
+            raise error(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
         finally:
             if resp is not None:
                 resp.close()  # a no-op once the body was read and the connection pooled
@@ -473,10 +478,22 @@ class EngineClient:
         return _decoded(text)
 
     def _unreachable(self, path: str, e: BaseException) -> EngineError:
-        return EngineError(
+        """The error for a call that got no answer. No connection could be opened (the router
+        restarting, say): nothing was sent, so it is `EngineUnavailableError`, safe to send
+        again. Anything later (a reset, a timeout) may follow a generation: `EngineError`."""
+        error = EngineUnavailableError if _not_sent(e) else EngineError
+        return error(
             f"engine at {self.base_url} unreachable ({path}): {type(e).__name__}: {e}; start "
             "it (`agent-rl serve`, `agent-rl router`, `agent-rl engine start`) or fix its URL"
         )
+
+
+def _not_sent(e: BaseException) -> bool:
+    """Whether a call failed before a byte of it left: no connection could be opened (refused,
+    or not within the timeout; a TLS handshake that fails is a setup error, not this)."""
+    if isinstance(e, NotSent):
+        return True
+    return isinstance(e, aiohttp.ClientConnectorError) and not isinstance(e, aiohttp.ClientSSLError)
 
 
 def _decoded(text: str) -> Any:

@@ -1,9 +1,11 @@
 """EngineClient's failures on its hot calls (generate, stream, abort, model info), which go through
 the kernel's keep-alive HTTP/1.1 client, against a real uvicorn server on loopback that answers
 as SGLang and the router do when things go wrong: a 503 (no engine took the request: the gateway
-sends it again) is `EngineUnavailableError`, a 401 says to set the router's admin token, any
-other status is an `EngineError` with the server's message, and a server that does not answer
-in time is an `EngineError` after the client's timeout, streamed or not. A stream's pieces
+sends it again) is `EngineUnavailableError`, and so is a server that cannot be connected to
+(nothing was sent); a 401 says to set the router's admin token, any other status is an
+`EngineError` with the server's message, and a server that does not answer in time is an
+`EngineError` after the client's timeout, streamed or not (the request was sent: not
+`EngineUnavailableError`). A stream's pieces
 arrive as SGLang writes them and its connection is reused afterwards.
 """
 
@@ -123,9 +125,10 @@ def test_abort_and_model_info(url: str) -> None:
         async with EngineClient(url, token="admin") as admin:
             await admin.abort("some-rid")
         async with EngineClient("http://127.0.0.1:9") as dead:
-            with pytest.raises(EngineError, match=r"unreachable \(/generate\): NotSent"):
+            # Nothing listens: no byte was sent, so the call may be sent again.
+            with pytest.raises(EngineUnavailableError, match=r"unreachable \(/generate\): NotSent"):
                 await dead.generate([1, 2, 3], rid="fine")
-            with pytest.raises(EngineError, match="/generate stream failed"):
+            with pytest.raises(EngineUnavailableError, match="/generate stream failed: NotSent"):
                 await _stream(dead, "fine")
 
     asyncio.run(go())
@@ -135,15 +138,17 @@ def test_timeouts_end_calls_that_do_not_answer(url: str) -> None:
     async def go() -> None:
         async with EngineClient(url, timeout_s=0.5) as client:
             t = time.monotonic()
-            with pytest.raises(EngineError, match=r"unreachable \(/generate\): TimeoutError"):
+            with pytest.raises(EngineError, match=r"unreachable \(/generate\): TimeoutError") as e:
                 await client.generate([1, 2, 3], rid="slow")
             assert time.monotonic() - t < 2.5
+            assert not isinstance(e.value, EngineUnavailableError)  # it was sent: may have run
             # A stream that stops after its first piece: that piece arrives, then the error.
             seen: list[list[int]] = []
             t = time.monotonic()
-            with pytest.raises(EngineError, match="/generate stream failed: TimeoutError"):
+            with pytest.raises(EngineError, match="/generate stream failed: TimeoutError") as e:
                 async for gen in client.stream([1, 2, 3], rid="stall"):
                     seen.append(gen.output_ids)
+            assert not isinstance(e.value, EngineUnavailableError)
             assert seen == [[5]] and time.monotonic() - t < 2.5
 
     asyncio.run(go())

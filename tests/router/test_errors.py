@@ -85,7 +85,8 @@ async def test_worker_failures_are_router_errors_naming_the_worker(
     dead = _dead_url()
     unreachable = await make_router([dead], retries=0)
     async with http.post(unreachable.url + "/v1/completions", data=b"{}") as r:
-        assert (await _assert_router_error(r, 502))["worker"] == dead
+        # Not forwarded (no connection): a 503, which a caller may send again.
+        assert (await _assert_router_error(r, 503))["worker"] == dead
     async with http.get(unreachable.url + "/v1/responses/resp_1") as r:
         await _assert_router_error(r, 502)
     hung = await make_worker(name="hung", mode="hang")

@@ -192,10 +192,14 @@ async def test_no_worker_available_is_a_clear_503(
     async with http.post(router.url + "/generate", data=BODY) as r:
         assert r.status == 503
         assert "quarantined" in (await r.json())["error"]["message"]
+    # Workers that cannot be connected to received nothing: a 503 too, which the caller may
+    # send again (a 502 says a worker may have generated).
     router = await make_router([_dead_url(), _dead_url()], retries=5)
     async with http.post(router.url + "/generate", data=BODY) as r:
-        assert r.status == 502
-        assert "could not connect" in (await r.json())["error"]["message"]
+        assert r.status == 503
+        error = (await r.json())["error"]
+        assert "could not connect to any worker" in error["message"]
+        assert error["type"] == "router_error" and error["code"] == 503
 
 
 async def _until(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
