@@ -27,8 +27,9 @@ env, SIGKILLed while its episodes run and then started again (`resume_after_kill
 reaches its first versions; the kills start once it is done.
 
 Pass: 0 episodes lost, 0 trained twice, every episode in exactly one terminal state with its
-cause (failed episodes by cause are reported), after every kill the policy version advanced,
-and at least RESUMED_TARGET of the killed serves' episodes were resumed.
+cause (failed episodes are reported by the kill they followed and their cause), after every
+kill the policy version advanced, and at least RESUMED_TARGET of the killed serves' episodes
+were resumed.
 
 Run: `python bench/chaos.py [--store-url postgresql://...] [--workdir DIR]` (needs `agent-rl
 engine install`, agent-rl[cluster] and a PostgreSQL server; default URL:
@@ -43,6 +44,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -365,7 +367,8 @@ async def _record(qs: Quickstart, cfg: Config, victim: str, starts: dict[str, in
     # Training continued: two new versions, so at least one step ran wholly after the kill.
     after = await wait_version(qs, before + 1, RECOVERY_TIMEOUT_S)
     now = await roles(cfg)
-    kill = {"victim": victim, "roles": sorted(starts), "version_at_kill": before,
+    kill = {"victim": victim, "at": time.time() - (time.monotonic() - t0),
+            "roles": sorted(starts), "version_at_kill": before,
             "reasons": {n: now[n]["reason"] for n in starts},
             "restarted_after_s": round(restarted_s, 1), "version_after": after,
             "recovered_after_s": round(time.monotonic() - t0, 1)}
@@ -422,8 +425,7 @@ async def main(store_url: str, sft_steps: int, workdir: Path | None) -> dict[str
             ray.shutdown()
             c.shutdown()
         drop_database(store_url, dbname)
-    failed_by_cause = Counter(f"{e.error_type}: {(e.error_cause or '')[:60]}"
-                              for e in episodes if e.status == "failed")
+    failed_by_cause = Counter(_failure_key(e, kills) for e in episodes if e.status == "failed")
     ok_recovery = len(kills) == len(VICTIMS) and all(
         "error" not in k and k["version_after"] > k["version_at_kill"] for k in kills)
     ok_resumed = all((r.get("share") or 0.0) >= RESUMED_TARGET and not r["tokens_changed"]
@@ -443,6 +445,18 @@ async def main(store_url: str, sft_steps: int, workdir: Path | None) -> dict[str
         "load": Path("/proc/loadavg").read_text().split()[:3],
         "passed": not audit.problems() and ok_recovery and ok_resumed,
     }
+
+
+def _failure_key(episode: Any, kills: list[dict[str, Any]]) -> str:
+    """`after VICTIMS: TYPE: CAUSE`: the last kill before the episode failed (with any other
+    made within a second of it: the trainer's goes with engine-1's), and enough of its cause
+    (the addresses it names left out) to tell the router's 502 (a worker failed after the
+    request was sent) from its other answers and from an unreachable router."""
+    before = sorted((k for k in kills if "at" in k and k["at"] <= (episode.finished_at or 0.0)),
+                    key=lambda k: k["at"])
+    victims = " + ".join(k["victim"] for k in before if before[-1]["at"] - k["at"] < 1.0)
+    cause = re.sub(r"https?://[^\s:/]+:\d+", "URL", episode.error_cause or "")
+    return f"after {victims or 'no kill'}: {episode.error_type}: {cause[:150]}"
 
 
 if __name__ == "__main__":
