@@ -9,6 +9,7 @@ latent attention layer."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,35 @@ def test_the_published_configs_read_and_build_megatron_s_config(
     (tmp_path / "config.json").write_text(json.dumps(fp8))
     with pytest.raises(ConfigError, match="quantized checkpoint \\(fp8"):
         ModelArch.from_hf_dir(tmp_path)
+
+
+def test_bench_convert_s_deepseek_v3_config_loads_and_exports_every_weight(tmp_path: Path) -> None:
+    """bench/convert.py's 1B-class DeepSeek-V3-shaped model (its checkpoint names from
+    transformers' class, per-expert as stored), at a quarter of its width and three of its
+    layers: the bench's own load and export phases (each in a process of its own) take every
+    tensor of its shards and write each back under its name and shape."""
+    import importlib.util
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "convert.py"
+    spec = importlib.util.spec_from_file_location("bench_convert", bench)
+    convert = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(convert)  # type: ignore[union-attr]
+    full = convert.CONFIGS["deepseek_v3"]
+    convert.CONFIGS["deepseek_v3"] = {**full, "hidden_size": 256, "vocab_size": 8000,
+                                      "intermediate_size": 704, "moe_intermediate_size": 128,
+                                      "num_hidden_layers": 3}  # fmt: skip
+    model = tmp_path / "model"
+    convert.make(model, "deepseek_v3")
+    assert ModelArch.from_hf_dir(model).num_experts == full["n_routed_experts"]
+    for phase in ("load", "export"):
+        done = subprocess.run([sys.executable, str(bench), "--phase", phase, str(model),
+                               str(tmp_path / phase)], capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    stored, exported = (hf_convert.read_safetensors(d) for d in (model, tmp_path / "export"))
+    assert len(stored) > 3 * full["n_routed_experts"]
+    assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in stored.items()}
 
 
 @pytest.mark.slow
