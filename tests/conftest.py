@@ -27,9 +27,13 @@ if TYPE_CHECKING:
 # group's tests to one worker, so a worker never waits on its group's lock while the other runs
 # a test of the group (a Ray test once waited 124 s so). A test whose mark and this table
 # disagree fails, so the table cannot fall behind the marks.
+# "fleet": the tests that start a fleet of processes, a Ray cluster (two clusters side by side
+# took each other's ports) or a whole run's engines, serves and trainer (the quickstarts: two
+# side by side each took about twice as long, their RL stages starving each other's CPU).
 ONE_AT_A_TIME = {
-    "ray": ("tests/cluster/test_launch.py", "tests/quickstart/test_on_ray.py",
-            "tests/cluster/test_slurm.py::test_real_ray_cluster_of_two_nodes"),
+    "fleet": ("tests/cluster/test_launch.py", "tests/quickstart/test_on_ray.py",
+              "tests/cluster/test_slurm.py::test_real_ray_cluster_of_two_nodes",
+              "tests/quickstart/test_quickstart.py", "tests/quickstart/test_quickstart_agent.py"),
 }  # fmt: skip
 
 
@@ -46,8 +50,8 @@ def _cpu_exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
     other worker waits between tests: its subject is a process that only gets idle CPU (an
     evaluator under SCHED_IDLE), which a second worker keeping both cores busy would starve. A
     test marked `one_at_a_time(GROUP)` runs while no other test of its group runs, and beside
-    any other test: the Ray tests are one group, since two Ray clusters started side by side took
-    each other's ports. (The scheduler below already gives a group to one worker; the lock keeps
+    any other test: the tests that start a fleet of processes are one group (a Ray cluster: two
+    started side by side took each other's ports; a whole run: two starve each other's CPU). (The scheduler below already gives a group to one worker; the lock keeps
     it so under any other `--dist`. pytest-xdist's own `--dist loadgroup` does not group under
     pytest 9: the node id it rewrites is no longer the one reported.)
 

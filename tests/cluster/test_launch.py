@@ -47,7 +47,7 @@ from agent_rl.testing.ray_cluster import local_cluster, lose_node, ray_stop  # n
 
 # Tests that start a Ray cluster run one at a time (tests/conftest.py): two clusters started side
 # by side took each other's ports (a client reached the other cluster's GCS and was refused).
-pytestmark = pytest.mark.one_at_a_time("ray")
+pytestmark = pytest.mark.one_at_a_time("fleet")
 
 ACCEL = "accel"
 WORKER = {"num_cpus": 1, "resources": {ACCEL: 1, "serve_slot": 1}}

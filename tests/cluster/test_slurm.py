@@ -360,7 +360,7 @@ def _stop_our_ray(port: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.one_at_a_time("ray")  # one Ray cluster at a time (tests/conftest.py)
+@pytest.mark.one_at_a_time("fleet")  # one Ray cluster at a time (tests/conftest.py)
 def test_real_ray_cluster_of_two_nodes(tmp_path: Path) -> None:
     """The script starts a real Ray head and worker (two raylets on this machine), waits for
     both to join, and the launch connects at the address it is given and sees both nodes'

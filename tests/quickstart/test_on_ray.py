@@ -30,7 +30,7 @@ from agent_rl.app.quickstart.on_ray import RAY_CONFIG  # noqa: E402
 
 # Tests that start a Ray cluster run one at a time (tests/conftest.py): two clusters started side
 # by side took each other's ports (a client reached the other cluster's GCS and was refused).
-pytestmark = pytest.mark.one_at_a_time("ray")
+pytestmark = pytest.mark.one_at_a_time("fleet")
 
 
 @pytest.mark.slow

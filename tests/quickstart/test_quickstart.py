@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# A whole run: one fleet of processes at a time (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.one_at_a_time("fleet")]
 
 # Shortened from the defaults (CI time): half the SFT steps (the loss is flat after ~200) and 40
 # RL versions. Measured at load 7-15: SFT 0.285, RL 0.660, gain +0.375, p = 5e-10 (against

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# A whole run: one fleet of processes at a time (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.one_at_a_time("fleet")]
 
 # Shorter than the default recipe (CI time; the SDK quickstart's test runs the longer one): half
 # the SFT steps (the loss is flat after ~200) and 40 RL versions at most 3 minutes. Measured on
