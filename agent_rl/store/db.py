@@ -19,6 +19,7 @@ from sqlalchemy.engine import URL, make_url
 from agent_rl.config import StoreConfig
 from agent_rl.config.secrets import redact_url
 from agent_rl.kernel.errors import ConfigError
+from agent_rl.store.driver import run_sql
 
 BEGIN_OPTION = "agent_rl_sqlite_begin"
 SYNC_OPTION = "agent_rl_sqlite_synchronous"
@@ -83,8 +84,10 @@ def _install_sqlite_hooks(db: Engine, busy_timeout_s: float) -> None:
         # synchronous can only change between transactions, so each one sets its own; the
         # connection keeps it, so the pragma is sent only when the level changes (`info` is
         # the DBAPI connection's: a new connection starts without one and gets it set).
+        # Both on the driver's cursor (`run_sql`): `exec_driver_sql`'s execution machinery
+        # cost several times the statement, on every transaction.
         level = options.get(SYNC_OPTION, "FULL")
         if conn.info.get(SYNC_OPTION) != level:
-            conn.exec_driver_sql(f"PRAGMA synchronous={level}")
+            run_sql(conn, f"PRAGMA synchronous={level}")
             conn.info[SYNC_OPTION] = level
-        conn.exec_driver_sql(f"BEGIN {options.get(BEGIN_OPTION, 'DEFERRED')}")
+        run_sql(conn, f"BEGIN {options.get(BEGIN_OPTION, 'DEFERRED')}")

@@ -71,6 +71,13 @@ class DriverStatement:
         return _run(conn, c.sql, params,
                     lambda cur: cur.execute(c.sql, c.parameters(params)).fetchone())
 
+    def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """Run it with `params`; every row it returns, as the driver gives them (for columns
+        whose values need no SQLAlchemy result processing: numbers, strings)."""
+        c = self._for(conn.dialect)
+        return _run(conn, c.sql, params,
+                    lambda cur: cur.execute(c.sql, c.parameters(params)).fetchall())
+
     def rowcount(self, conn: Connection, params: Mapping[str, Any]) -> int:
         """Run it with `params`; the number of rows it matched."""
         c = self._for(conn.dialect)
@@ -114,6 +121,12 @@ class DriverStatement:
                 processors.append((name, process))
         positions = tuple(c.positiontup) if c.positiontup is not None else None
         return _Compiled(c.string, base, tuple(processors), positions)
+
+
+def run_sql(conn: Connection, sql: str) -> None:
+    """Run `sql` (no parameters, no rows) on the driver's cursor, its errors raised as
+    `execute` raises them (the SQLite store's BEGIN and pragmas, sent on every transaction)."""
+    _run(conn, sql, None, lambda cur: cur.execute(sql))
 
 
 def _run(conn: Connection, sql: str, params: Any, fn: Callable[[Any], Any]) -> Any:

@@ -9,6 +9,7 @@ group is terminal, the scheduler decides the group: `ready` for the trainer, or 
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -99,8 +100,10 @@ class LifecycleWrites(StoreBase):
             raise ValueError("a group needs at least one episode")
         seeds = seeds if seeds is not None else [None] * size  # type: ignore[list-item]
         t = now()
-        group_id = conn.scalar(_INSERT_GROUP, dict(run_id=run_id, task_id=task_id, env_id=env_id,
-                                                    size=size, created_at=t))  # fmt: skip
+        row = _INSERT_GROUP.one_or_none(conn, dict(run_id=run_id, task_id=task_id, env_id=env_id,
+                                                   size=size, status="open", created_at=t))  # fmt: skip
+        assert row is not None  # an INSERT ... RETURNING returns its row
+        group_id = row[0]
         rows = conn.execute(
             _INSERT_EPISODES,
             [
@@ -300,21 +303,22 @@ class LifecycleWrites(StoreBase):
         too, with the reason), `ready` if any episode completed, else `failed`. `rewards`
         replaces completed episodes' rewards (a group reward hook's result) in the same
         transaction. Returns the group's status; a group already decided is left as it is."""
-        status = conn.scalar(_GROUP_STATUS, {"gid": group_id})
-        if status is None:
+        found = _GROUP_STATUS.one_or_none(conn, {"gid": group_id})
+        if found is None:
             raise NotFoundError(f"group {group_id} does not exist")
+        status = found[0]
         if status != "open":
             return status
         if rewards:
-            conn.execute(_SET_REWARD, [dict(eid=e, gid=group_id, reward=float(r))
-                                       for e, r in rewards.items()])
-        rows = conn.execute(_GROUP_VERSIONS, {"gid": group_id}).all()
+            _SET_REWARD.many(conn, [dict(eid=e, gid=group_id, reward=float(r))
+                                    for e, r in rewards.items()])
+        rows = [_Versions(*r) for r in _GROUP_VERSIONS.all(conn, {"gid": group_id})]
         pending = [r for r in rows if r.status not in TERMINAL_EPISODE_STATUSES]
         if pending:
             raise StoreError(f"group {group_id} still has {len(pending)} episodes in flight")
         completed = [r for r in rows if r.status == "completed"]
         if filter_reason is not None:
-            conn.execute(_FILTER_GROUP_EPISODES, {"gid": group_id, "reason": filter_reason})
+            _FILTER_GROUP_EPISODES.rowcount(conn, {"gid": group_id, "reason": filter_reason})
             new, values = "filtered", {"reason": filter_reason}
         elif completed:
             oldest = [r.min_version for r in completed if r.min_version is not None]
@@ -324,7 +328,7 @@ class LifecycleWrites(StoreBase):
                       "hi": min(newest) if newest else None}
         else:
             new, values = "failed", {}
-        conn.execute(_DECIDE_GROUP[new], {"gid": group_id, **values})
+        _DECIDE_GROUP[new].rowcount(conn, {"gid": group_id, **values})
         return new
 
     @read
@@ -369,8 +373,10 @@ _START = DriverStatement(
     .values(status="running", owner=bindparam("owner"),
             started_at=func.coalesce(EpisodeRow.started_at, bindparam("t")), heartbeat_at=bindparam("t"))
 )
-_INSERT_TASK = insert(TaskRow).returning(TaskRow.id)
-_INSERT_GROUP = insert(GroupRow).returning(GroupRow.id)
+_INSERT_TASK = DriverStatement(insert(TaskRow).returning(TaskRow.id),
+                               ["run_id", "env_id", "key", "payload", "created_at"])
+_INSERT_GROUP = DriverStatement(insert(GroupRow).returning(GroupRow.id),
+                                ["run_id", "task_id", "env_id", "size", "status", "created_at"])
 _INSERT_EPISODES = insert(EpisodeRow).returning(EpisodeRow.id, sort_by_parameter_order=True)
 _INSERT_TURN = DriverStatement(insert(TurnRow), [
     "episode_id", "index", "span_start", "num_tokens", "num_prompt_tokens", "finish_reason", "drift",
@@ -421,23 +427,26 @@ _FAIL = DriverStatement(
             error_cause=bindparam("cause"))
     .returning(EpisodeRow.num_turns)
 )
-_GROUP_STATUS = select(GroupRow.status).where(GroupRow.id == bindparam("gid"))
-_GROUP_VERSIONS = (select(EpisodeRow.status, EpisodeRow.min_version, EpisodeRow.max_version)
-                   .where(EpisodeRow.group_id == bindparam("gid")))
-_FILTER_GROUP_EPISODES = (
+# A group's decision, once per group (per episode with groups of one).
+_GROUP_STATUS = DriverStatement(select(GroupRow.status).where(GroupRow.id == bindparam("gid")))
+_GROUP_VERSIONS = DriverStatement(select(EpisodeRow.status, EpisodeRow.min_version, EpisodeRow.max_version)
+                                  .where(EpisodeRow.group_id == bindparam("gid")))
+_Versions = namedtuple("_Versions", ["status", "min_version", "max_version"])
+_FILTER_GROUP_EPISODES = DriverStatement(
     update(EpisodeRow)
     .where(EpisodeRow.group_id == bindparam("gid"), EpisodeRow.status == "completed")
     .values(status="filtered", filter_reason=bindparam("reason"))
 )
 _GROUP_ID = GroupRow.id == bindparam("gid")
 _DECIDE_GROUP = {
-    "filtered": update(GroupRow).where(_GROUP_ID).values(status="filtered", filter_reason=bindparam("reason")),
-    "ready": update(GroupRow).where(_GROUP_ID).values(
+    "filtered": DriverStatement(update(GroupRow).where(_GROUP_ID).values(
+        status="filtered", filter_reason=bindparam("reason"))),
+    "ready": DriverStatement(update(GroupRow).where(_GROUP_ID).values(
         status="ready", ready_at=bindparam("t"), min_version=bindparam("lo", type_=Integer),
-        newest_version=bindparam("hi", type_=Integer)),
-    "failed": update(GroupRow).where(_GROUP_ID).values(status="failed"),
+        newest_version=bindparam("hi", type_=Integer))),
+    "failed": DriverStatement(update(GroupRow).where(_GROUP_ID).values(status="failed")),
 }
-_SET_REWARD = (
+_SET_REWARD = DriverStatement(
     update(EpisodeRow)
     .where(EpisodeRow.id == bindparam("eid"), EpisodeRow.group_id == bindparam("gid"),
            EpisodeRow.status == "completed")
@@ -446,8 +455,10 @@ _SET_REWARD = (
 
 
 def _add_task(conn: Connection, run_id: int, env_id: str, key: str, payload: dict[str, Any]) -> int:
-    return conn.scalar(_INSERT_TASK, dict(run_id=run_id, env_id=env_id, key=key, payload=payload,
-                                          created_at=now()))  # fmt: skip
+    row = _INSERT_TASK.one_or_none(conn, dict(run_id=run_id, env_id=env_id, key=key, payload=payload,
+                                              created_at=now()))  # fmt: skip
+    assert row is not None  # an INSERT ... RETURNING returns its row
+    return int(row[0])
 
 
 def _insert_messages(

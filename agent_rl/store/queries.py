@@ -21,6 +21,7 @@ from agent_rl.kernel.errors import NotFoundError
 from agent_rl.store import arrays as codec
 from agent_rl.store.arrays import TokenArrays
 from agent_rl.store.base import StoreBase, read
+from agent_rl.store.driver import DriverStatement
 from agent_rl.store.models import (
     TERMINAL_EPISODE_STATUSES,
     EpisodeRow,
@@ -42,7 +43,8 @@ if TYPE_CHECKING:
 _SUMMARY_COLUMNS = [getattr(EpisodeRow, f.name) for f in fields(EpisodeSummary)]
 # The reads every episode makes, built once: a statement built per call cost ~10x its execution
 # (SQLAlchemy derives a new statement's cache key on each run; ~1.3 ms for a summary's columns).
-_LATEST_VERSION = select(func.max(PolicyVersionRow.version)).where(PolicyVersionRow.run_id == bindparam("run"))
+_LATEST_VERSION = DriverStatement(
+    select(func.max(PolicyVersionRow.version)).where(PolicyVersionRow.run_id == bindparam("run")))
 _GROUP_EPISODES = (select(*_SUMMARY_COLUMNS).where(EpisodeRow.group_id == bindparam("gid"))
                    .order_by(EpisodeRow.index))
 # Sort keys of `list_episodes` (None: the id itself). Missing values sort as the lowest, through
@@ -82,8 +84,8 @@ class Queries(StoreBase):
     @read
     def latest_version(self, conn: Connection, run_id: int) -> int:
         """The newest published policy version of the run (0 before any training)."""
-        v = conn.scalar(_LATEST_VERSION, {"run": run_id})
-        return int(v) if v is not None else 0
+        row = _LATEST_VERSION.one_or_none(conn, {"run": run_id})
+        return int(row[0]) if row is not None and row[0] is not None else 0
 
     @read
     def policy_versions(self, conn: Connection, run_id: int) -> list[dict[str, Any]]:
