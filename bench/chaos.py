@@ -23,8 +23,9 @@ Resumption: the episodes serve-0 was running when it was killed are resumed by a
 (re-running their stored turns, then generating on) instead of failing; `resumed` is the share of
 them that were resumed and ended with a reward, their tokens from before the kill unchanged. The
 same is measured for python-math (tools in a bubblewrap sandbox) by a separate serve of that
-env, SIGKILLed while its episodes run and then started again (`resume_after_kill`), while RL
-reaches its first versions; the kills start once it is done.
+env, SIGKILLed as soon as one of its running episodes has a persisted turn (it admits episodes
+until then, so it cannot run out of them first) and then started again (`resume_after_kill`),
+while RL reaches its first versions; the kills start once it is done.
 
 Pass: 0 episodes lost, 0 trained twice, every episode in exactly one terminal state with its
 cause (failed episodes are reported by the kill they followed and their cause), after every
@@ -50,6 +51,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,15 +82,66 @@ ENGINE_NODE = {"num_cpus": 1, "resources": {"accel": 1}}
 RECOVERY_TIMEOUT_S = 300.0
 SERVE_BUSY_TIMEOUT_S = 60.0
 """How long a serve may run no episode of its own before it is to be killed (then: an error)."""
+RESUME_WINDOW_S = 180.0
+"""How long python-math's serve may run no episode with a persisted turn (one past a tool call:
+a turn is persisted while the next one generates) before it is to be killed (then: an error)."""
 RESUMED_TARGET = 0.9
 
 
 async def running_of(store: Store, run_id: int, pid: int, tokens: bool = True) -> dict[int, Any]:
     """The episodes process `pid` was running (serve owners carry their pid) and their tokens
     (None each without `tokens`)."""
-    running = [e for e in await store.list_episodes(run_id=run_id, status="running", limit=100_000)
-               if e.owner is not None and f"-{pid}-" in e.owner]
+    running = await _running(store, run_id, pid)
     return {e.id: await store.episode_tokens(e.id) if tokens else None for e in running}
+
+
+async def _running(store: Store, run_id: int, pid: int) -> list[Any]:
+    return [e for e in await store.list_episodes(run_id=run_id, status="running", limit=100_000)
+            if e.owner is not None and f"-{pid}-" in e.owner]
+
+
+async def kill_when_running(store: Store, run_id: int, pid: int, what: str, *,
+                            with_turns: int = 0, timeout_s: float = SERVE_BUSY_TIMEOUT_S,
+                            alive: Callable[[], bool] | None = None) -> dict[int, Any]:  # fmt: skip
+    """SIGKILL serve process `pid` (with everything it started) as soon as it runs episodes of
+    run `run_id`, `with_turns` of them with a persisted turn (0: any), so that there is
+    something to resume; returns the episodes it was running, with their tokens at the kill.
+    Polls the store (the one given, for the whole wait). TimeoutError, the process not
+    killed, after `timeout_s` without, or once `alive()` is false (it ended by itself)."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    most = 0
+    while True:
+        running = await _running(store, run_id, pid)
+        with_turn = sum(e.num_turns >= 1 for e in running)
+        most = max(most, with_turn)
+        if running and with_turn >= with_turns:
+            break
+        ended = alive is not None and not alive()
+        if ended or time.monotonic() > deadline:
+            wanted = ("an episode" if not with_turns else
+                      "a running episode with a persisted turn" if with_turns == 1 else
+                      f"{with_turns} running episodes with a persisted turn at once (at most "
+                      f"{most})")  # fmt: skip
+            why = "ended by itself" if ended else "was not killed"
+            raise TimeoutError(f"{what} (pid {pid}) {why}: in {time.monotonic() - started:.0f}s "
+                               f"it never ran {wanted}")
+        await anyio.sleep(0.05)
+    signal_tree(pid, signal.SIGKILL)
+    await _gone(pid)  # nothing more of it lands after the tokens read below
+    return await running_of(store, run_id, pid)
+
+
+async def _gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until process `pid` has ended (exited, or a zombie its parent has yet to reap)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(psutil.NoSuchProcess):
+        while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pid {pid} still ran {timeout_s:.0f}s after its SIGKILL")
+            await anyio.sleep(0.01)
 
 
 async def resumed_share(store: Store, before: dict[int, Any]) -> dict[str, Any]:
@@ -108,14 +161,19 @@ async def resumed_share(store: Store, before: dict[int, Any]) -> dict[str, Any]:
         if not same:
             changed.append(eid)
         ok += e.resumes >= 1 and e.status in ("completed", "trained", "filtered") and same
-    return {"episodes": len(before), "resumed": ok, "share": ok / len(before) if before else None,
+    return {"episodes": len(before), "with_turns": sum(len(t) > 0 for t in before.values()),
+            "resumed": ok, "share": ok / len(before) if before else None,
             "tokens_changed": changed}
 
 
 async def resume_after_kill(qs: Quickstart, env_id: str, router_url: str,
                             episodes: int = 24) -> dict[str, Any]:  # fmt: skip
-    """A serve of `env_id` (its own run, on the launch's router) SIGKILLed once several episodes
-    have persisted turns, then started again: how many of its episodes were resumed."""
+    """A serve of `env_id` (its own run, on the launch's router) SIGKILLed as soon as one of its
+    running episodes has a persisted turn, then a serve of `episodes` started again: how many of
+    the killed serve's episodes were resumed. The first serve admits episodes until it is
+    killed, so the window cannot close before the kill (a bounded one could end all of its
+    episodes first, e.g. under load); a run in which none had a persisted turn within
+    RESUME_WINDOW_S says so in `error` (and fails the bench), never passing unmeasured."""
     import subprocess
 
     from agent_rl.app.quickstart.processes import agent_rl_command
@@ -127,43 +185,60 @@ async def resume_after_kill(qs: Quickstart, env_id: str, router_url: str,
     (workdir / "agent-rl.toml").write_text(tomli_w.dumps({
         "run": {"name": run}, "store": {"url": qs.cfg.store.url},
         "engine": {"model": str(qs.workdir / engine if engine else "")},
+        # No trainer takes this run's groups: no admission bound waits for one.
         "rollout": {"env": env_id, "group_size": 8, "max_concurrent_episodes": 16,
                     "max_new_tokens": 96, "max_tokens": 1024, "heartbeat_s": 0.5,
-                    "stale_after_s": 3.0},
+                    "stale_after_s": 3.0, "max_queued_groups": 0},
     }))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
-    argv = agent_rl_command("serve", "--router-url", router_url, "--no-api",
-                            "--max-episodes", str(episodes))
+    serve = agent_rl_command("serve", "--router-url", router_url, "--no-api")
     log = open(workdir / "serve.log", "ab")  # noqa: SIM115 (closed below)
-    first = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=log)
+    # A session of its own: the kill takes its sandboxes with it, as a role's does.
+    first = subprocess.Popen(serve, cwd=workdir, env=env, stdout=log, stderr=log,
+                             start_new_session=True)
     before: dict[int, Any] = {}
+    error = None
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and first.poll() is None:
-            await anyio.sleep(0.05)
-            async with await Store.open(qs.cfg.store) as store:
-                try:
+        deadline = time.monotonic() + RESUME_WINDOW_S
+        async with await Store.open(qs.cfg.store) as store:
+            run_id = None
+            while run_id is None and first.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(Exception):  # not made by the serve yet
                     run_id = await store.run_id(run)
-                except Exception:
-                    continue
-                running = await store.list_episodes(run_id=run_id, status="running")
-                if sum(e.num_turns >= 1 for e in running) >= 2:
-                    first.send_signal(signal.SIGKILL)
-                    first.wait()
-                    before = await running_of(store, run_id, first.pid)
-                    break
+                await anyio.sleep(0.05)
+            if run_id is None:
+                raise TimeoutError(f"{env_id}'s serve (pid {first.pid}) made no run "
+                                   f"in {RESUME_WINDOW_S:.0f}s")
+            try:
+                before = await kill_when_running(
+                    store, run_id, first.pid, f"{env_id}'s serve", with_turns=1,
+                    timeout_s=max(deadline - time.monotonic(), 0.0),
+                    alive=lambda: first.poll() is None)
+            except TimeoutError as e:
+                ended = [x for x in await store.list_episodes(run_id=run_id, limit=100_000)
+                         if x.status != "running"]
+                raise TimeoutError(f"{e} ({len(ended)} of its episodes ended meanwhile, "
+                                   f"{sum(x.num_turns > 1 for x in ended)} of them after more "
+                                   "than one turn)") from None
+        qs.say(f"chaos: SIGKILL {env_id}'s serve (pid {first.pid}) with {len(before)} "
+               "episodes running")
+    except TimeoutError as e:
+        error = str(e)
     finally:
         if first.poll() is None:
-            first.kill()
-    # No wait for its heartbeats to age past stale_after_s: the new serve's heartbeat loop
-    # resumes them once they have, while it runs episodes of its own.
-    second = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=log)
-    await anyio.to_thread.run_sync(lambda: second.wait(300))
-    log.close()
-    if not before:
+            signal_tree(first.pid, signal.SIGKILL)
+        first.wait()
+    if error is not None:
+        log.close()
         tail = (workdir / "serve.log").read_text(errors="replace")[-1500:]
         return {"episodes": 0, "resumed": 0, "share": None, "tokens_changed": [],
-                "error": f"no episode was running when it was killed; its log ends: {tail}"}
+                "error": f"{error}; its log ends: {tail}"}
+    # No wait for its heartbeats to age past stale_after_s: the new serve's heartbeat loop
+    # resumes them once they have, while it runs episodes of its own.
+    second = subprocess.Popen(serve + ["--max-episodes", str(episodes)], cwd=workdir, env=env,
+                              stdout=log, stderr=log)
+    await anyio.to_thread.run_sync(lambda: second.wait(300))
+    log.close()
     async with await Store.open(qs.cfg.store) as store:
         run_id = await store.run_id(run)
         share = await resumed_share(store, before)
@@ -284,19 +359,13 @@ async def kill_role(qs: Quickstart, cfg: Config, name: str,
         signal_tree(role["pid"], signal.SIGKILL)
         qs.say(f"chaos: SIGKILL {name} (pid {role['pid']})")
         return {name: role["starts"]}
-    deadline = time.monotonic() + SERVE_BUSY_TIMEOUT_S
     async with await Store.open(qs.cfg.store) as store:
         run_id = await store.ensure_run(qs.cfg.run.name)
         # Admission under the staleness bound can leave one serve idle for a while (the other
         # took the groups the bound allowed): wait for episodes of its own.
-        while not await running_of(store, run_id, role["pid"], tokens=False):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} (pid {role['pid']}) ran no episode for "
-                                   f"{SERVE_BUSY_TIMEOUT_S:.0f}s: not killed")
-            await anyio.sleep(0.2)
-        signal_tree(role["pid"], signal.SIGKILL)
+        resumed["_calculator_before"] = await kill_when_running(
+            store, run_id, role["pid"], name, timeout_s=SERVE_BUSY_TIMEOUT_S)
         qs.say(f"chaos: SIGKILL {name} (pid {role['pid']})")
-        resumed["_calculator_before"] = await running_of(store, run_id, role["pid"])
     return {name: role["starts"]}
 
 
