@@ -88,7 +88,14 @@ def _cpu_exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """pytest-xdist's default `load` distribution, except that each `one_at_a_time` group's
-    tests go to one worker only (the first one sent any), so no worker idles on a group's lock."""
+    tests go to one worker only (the first one sent any), so no worker idles on a group's lock.
+
+    An xdist worker starts a test only once it holds the next one or was told to shut down (the
+    next test decides which fixtures to tear down), and the scheduler acts only when a test ends.
+    So after every decision each worker is settled: given a second test if it may take one, or
+    told to shut down once nothing pending is for it (pending only shrinks, so nothing will be).
+    Without that, a worker holding one test while the rest pending were another worker's group
+    never started it (a run of two grouped tests hung so)."""
     if config.getoption("dist") != "load":
         return None  # the user chose another distribution: theirs
     from xdist.scheduler import LoadScheduling
@@ -98,31 +105,50 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super().__init__(config, log)
             self.owners: dict[str, Any] = {}  # group -> the worker that runs it
 
+        def _may_take(self, node: Any, index: int) -> bool:
+            """Whether `node` may run pending test `index`: ungrouped, its group's, or a
+            group no live worker has claimed."""
+            group = _group_of(self.collection[index])
+            owner = self.owners.get(group) if group is not None else node
+            return owner is node or owner not in self.node2pending
+
         def _send_tests(self, node: Any, num: int) -> None:
-            owners, chosen = self.owners, []
+            chosen: list[int] = []
             for index in self.pending:
                 if len(chosen) == num:
                     break
+                if self._may_take(node, index):
+                    chosen.append(index)
+            for index in chosen:  # the worker sent a group's first test claims the group
                 group = _group_of(self.collection[index])
                 if group is not None:
-                    if owners.get(group) not in self.node2pending:  # none yet, or it went down
-                        owners[group] = node
-                    if owners[group] is not node:
-                        continue  # the group's worker takes it
-                chosen.append(index)
+                    self.owners[group] = node
             if chosen:
                 sent = set(chosen)
                 self.pending[:] = [i for i in self.pending if i not in sent]
                 self.node2pending[node].extend(chosen)
                 node.send_runtest_some(chosen)
 
+        def _settle(self) -> None:
+            for node, queued in list(self.node2pending.items()):
+                if not node.shutting_down and len(queued) < 2:
+                    self._send_tests(node, 2 - len(queued))
+            for node in list(self.node2pending):
+                if not node.shutting_down and not any(self._may_take(node, i) for i in self.pending):
+                    node.shutdown()
+
+        def schedule(self) -> None:
+            super().schedule()
+            self._settle()
+
         def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
             super().mark_test_complete(node, item_index, duration)
-            # A worker left idle because only another's group was pending gets work (or its
-            # shutdown) here: xdist only checks a worker when one of its own tests ends.
-            for other, pending in list(self.node2pending.items()):
-                if other is not node and not pending:
-                    self.check_schedule(other)
+            self._settle()
+
+        def remove_node(self, node: Any) -> Any:
+            crashed = super().remove_node(node)
+            self._settle()
+            return crashed
 
     return GroupsOnOneWorker(config, log)
 
