@@ -34,7 +34,7 @@ draft for the model loads (`mtp_prefix`; their decoder layer as the trunk's laye
 from __future__ import annotations
 
 import json
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 
 import torch
@@ -117,6 +117,41 @@ def is_draft(name: str, arch: ModelArch | None = None) -> bool:
     parts = name.split(".", 3)
     layer = parts[2] if parts[:2] == ["model", "layers"] else ""
     return layer.isdigit() and int(layer) >= arch.num_layers
+
+
+def draft_names(names: Iterable[str]) -> set[str]:
+    """The MTP draft's weights among the HF weight `names` of one state dict, told from the
+    names alone (an in-memory sync has no config.json): `is_draft`'s, and every weight of a
+    native NextN layer, the model layer that carries the NextN module's own `eh_proj`
+    (`_NEXTN_MODULE`; no decoder layer has one), under the names SGLang's NextN draft loads
+    as an export carries them."""
+    names = list(names)
+    nextn = tuple(n.removesuffix("eh_proj.weight") for n in names
+                  if n.startswith("model.layers.") and n.endswith(".eh_proj.weight"))  # fmt: skip
+    return {n for n in names if is_draft(n) or n.startswith(nextn)}
+
+
+def load_groups(names: Iterable[str]) -> list[list[str]]:
+    """The HF weight `names` of one state dict in order, in groups that SGLang must load in one
+    `load_weights` call (any family's `Family.sglang_fused`: a group's later members moved up
+    beside its first), every other name a group of its own."""
+    names = list(names)
+    present, placed = set(names), set()
+    fused = [group for family in families.all_families() for group in family.sglang_fused]
+    out = []
+    for name in names:
+        if name in placed:
+            continue
+        group = [name]
+        for suffixes in fused:
+            end = next((s for s in suffixes if name.endswith("." + s)), None)
+            if end is not None:
+                prefix = name.removesuffix(end)
+                group = [prefix + s for s in suffixes if prefix + s in present]
+                break
+        out.append([n for n in group if n not in placed])
+        placed.update(group)
+    return out
 
 
 def mtp_prefix(module: int, eagle: bool = False) -> str:

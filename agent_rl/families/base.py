@@ -62,6 +62,10 @@ class Family:
     (`model.layers.{num_hidden_layers + j}.*`: `eh_proj`, `enorm`, `hnorm`, `shared_head.norm`
     beside a decoder layer, as many as config.json's `num_nextn_predict_layers`; GLM-4.5's and
     DeepSeek-V3's layout), not Qwen3-MoE's `mtp.*` (trainer.hf_convert)."""
+    sglang_fused: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    """Weights of one layer (HF name suffixes after the layer's prefix) that SGLang's model
+    fuses into one parameter only when a single `load_weights` call holds them all: an
+    in-memory sync sends each such group in one bucket (trainer.hf_convert.load_groups)."""
     eagle_beside_target: ClassVar[bool] = False
     """Whether the export also carries the EAGLE draft beside the target's weights
     (`draft.safetensors`), which only a target that skips unknown names (SGLang's Qwen2) allows;

@@ -105,6 +105,9 @@ class DeepseekV3(Family):
     draft = "mtp"
     mtp_draft_architecture = "DeepseekV3ForCausalLMNextN"
     native_mtp = True
+    # SGLang's loader keeps `q_a_proj` (or `kv_a_proj_with_mqa`) until the other comes, within
+    # one `load_weights` call, then loads both into `fused_qkv_a_proj_with_mqa`.
+    sglang_fused = (("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),)
     # DeepSeek-V3's shape, shrunk: low-rank queries, a first dense layer, 16 experts in 4
     # groups (top-4 from the best 2 groups, DeepSeek-V3's 8 from 4 of 8 halved), a shared
     # expert, scaling factor 2.5, YaRN.

@@ -1,5 +1,6 @@
 """Weight-sync checks shared by the weight-sync and family tests: what an engine serves after a
-sync, measured as its logprobs of fixed tokens against the learner's (fp32, within 1e-5)."""
+sync, measured as its logprobs of fixed tokens against the learner's (fp32, within 1e-5); the
+buckets a sync sends an MTP draft, for SGLang's draft class to load (`save_draft_buckets`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,32 @@ import asyncio
 import tempfile
 from pathlib import Path
 
+import torch
+
 from agent_rl.config.trainer import WeightSyncConfig
 from agent_rl.sglang.client import EngineClient
 from tests.trainer._batches import rl_batch
 from trainer.batch import Batch
 from trainer.learner import Learner
 from trainer.weight_sync import MODES, make_sync
+from trainer.weight_sync.distributed import broadcast_meta
+from trainer.weight_sync.memory import Buffer, parts
+
+def save_draft_buckets(weights: dict[str, torch.Tensor], path: Path) -> list[list[str]]:
+    """The buckets both in-memory syncs send the draft (`parts`' `selector: "draft"` ones, cut
+    small: several, each packed as it goes), saved at `path` as tests/trainer/_sglang_mtp_draft.py
+    receives them: a `distributed` bucket's bytes with its broadcast metadata, a `tensor`
+    bucket's shared bytes with each tensor's span. The names of each bucket."""
+    drafts = [b for b, selector in parts(weights, 64 << 10) if selector == "draft"]
+    sent: dict[str, list[dict]] = {"distributed": [], "tensor": []}
+    for bucket in drafts:
+        flat, _ = Buffer(torch.device("cpu"), shared=False).fill(bucket, align=False)
+        sent["distributed"].append({**broadcast_meta(bucket), "flat": flat.clone()})
+        flat, spans = Buffer(torch.device("cpu"), shared=False).fill(bucket, align=True)
+        sent["tensor"].append({"flat": flat.clone(), "metadata": [vars(s) for s in spans]})
+    torch.save(sent, path)
+    return [[name for name, _ in bucket] for bucket in drafts]
+
 
 SEQUENCES = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42, 300, 17, 18]]
 

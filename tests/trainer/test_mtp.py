@@ -433,25 +433,15 @@ def _sglang_draft_loads(
     from safetensors.torch import load_file
 
     from agent_rl.engine.install import engine_env, engine_python
-    from trainer.weight_sync.distributed import broadcast_meta
-    from trainer.weight_sync.memory import Buffer, parts
+    from tests.trainer._syncs import save_draft_buckets
 
     batch = rl_batch(ModelArch.from_hf_dir(model).vocab_size, size=4)
     config = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=2, mtp={"layers": 2, **cfg})
     with learner(model, config) as e:
         e.rl_step(batch)
         export = e.export_hf(tmp_path / "export")
-        weights = e.hf_state_dict()
-        # What each sync sends the draft, in small buckets: several, each packed as it goes.
-        drafts = [b for b, selector in parts(weights, 64 << 10) if selector == "draft"]
-        sent: dict[str, list[dict]] = {"distributed": [], "tensor": []}
-        for bucket in drafts:
-            flat, _ = Buffer(torch.device("cpu"), shared=False).fill(bucket, align=False)
-            sent["distributed"].append({**broadcast_meta(bucket), "flat": flat.clone()})
-            flat, spans = Buffer(torch.device("cpu"), shared=False).fill(bucket, align=True)
-            sent["tensor"].append({"flat": flat.clone(), "metadata": [vars(s) for s in spans]})
-    assert len(drafts) > 1 and all(hf_convert.is_draft(n) for b in drafts for n, _ in b)
-    torch.save(sent, tmp_path / "buckets.pt")
+        drafts = save_draft_buckets(e.hf_state_dict(), tmp_path / "buckets.pt")
+    assert len(drafts) > 1 and all(hf_convert.is_draft(n) for b in drafts for n in b)
     script = Path(__file__).with_name("_sglang_mtp_draft.py")
     command = [str(engine_python(engine_venv)), str(script), str(export), str(tmp_path),
                str(tmp_path / "buckets.pt")]  # fmt: skip

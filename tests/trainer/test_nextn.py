@@ -8,9 +8,9 @@ in that layer are dropped. The draft's logits equal those of transformers' own M
 `head(norm(layer(eh_proj(cat(enorm(embed(t+1)), hnorm(h_t))))))`, the family's decoder layer,
 h_t the trunk's final normed hidden state) holding the export's NextN layer. SGLang's own NextN
 draft class for the family (`Glm4MoeForCausalLMNextN`, `DeepseekV3ForCausalLMNextN`), loading the
-export as a launch does, fills every parameter but the target's shared embedding and head from
-it and takes every weight of the NextN layer; SGLang's target on the same files skips the
-layer."""
+export as a launch does or the draft buckets of an in-memory sync (`distributed`, `tensor`), fills
+every parameter but the target's shared embedding and head from it and takes every weight of the
+NextN layer; SGLang's target on the same files skips the layer."""
 
 from __future__ import annotations
 
@@ -151,40 +151,52 @@ def _reference_draft_logits(export: Path, ids: torch.Tensor) -> torch.Tensor:
     return mtp._project_to_logits(out)
 
 
-def test_sglang_s_own_nextn_draft_takes_every_weight_of_the_nextn_layer(
+def test_sglang_s_own_nextn_draft_takes_every_weight_of_the_nextn_layer_from_every_source(
     trained: dict, engine_venv: Path, tmp_path: Path
 ) -> None:
     """SGLang's NextN class for the family (tests/trainer/_sglang_mtp_draft.py, in the engine
-    environment: every parameter NaN, then its own `load_weights` over the export's files)
-    ends with no parameter unfilled but the embedding and head it shares with the target at
-    serve time, and every tensor of the export's NextN layer is in it as it was exported: as a
-    parameter of its own, or a block of rows of the one SGLang fuses it into (q/k/v, gate/up,
-    the experts' w13/w2, MLA's q_a with kv_a). SGLang's target model on the same files fills
-    every parameter from the trunk's weights, the NextN layer skipped."""
+    environment: every parameter NaN, then its own `load_weights`), loading the export's files
+    as a launch does and the draft buckets of both in-memory syncs (`selector: "draft"`, as
+    SGLang's flattened bucket receives them), ends each time with no parameter unfilled but the
+    embedding and head it shares with the target at serve time, and every tensor of the
+    export's NextN layer is in it as it was exported: as a parameter of its own, or a block of
+    rows of the one SGLang fuses it into (q/k/v, gate/up, the experts' w13/w2, MLA's q_a with
+    kv_a). The syncs send the draft the NextN layer, all of it and nothing else, under the
+    export's names, and the target none of it. SGLang's target model on the export's files
+    fills every parameter from the trunk's weights, the NextN layer skipped."""
     from safetensors.torch import load_file
 
     from agent_rl.engine.install import engine_env, engine_python
+    from tests.trainer._syncs import save_draft_buckets
+    from trainer.weight_sync.memory import parts
 
-    export = trained["export"]
+    export, weights = trained["export"], trained["weights"]
+    n = ModelArch.from_hf_dir(export).num_layers
+    nextn = {k for k in weights if k.startswith(f"model.layers.{n}.")}
+    drafts = save_draft_buckets(weights, tmp_path / "buckets.pt")
+    assert len(drafts) > 1 and sorted(k for b in drafts for k in b) == sorted(nextn)
+    targets = [k for b, selector in parts(weights, 64 << 10) if selector == "target" for k, _ in b]
+    assert sorted(targets) == sorted(weights.keys() - nextn)
     script = Path(__file__).with_name("_sglang_mtp_draft.py")
-    run = subprocess.run([str(engine_python(engine_venv)), str(script), str(export), str(tmp_path)],
-                         env=engine_env("cpu"), capture_output=True, text=True,
+    command = [str(engine_python(engine_venv)), str(script), str(export), str(tmp_path),
+               str(tmp_path / "buckets.pt")]  # fmt: skip
+    run = subprocess.run(command, env=engine_env("cpu"), capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    draft, target = (load_file(str(tmp_path / f"{name}.safetensors"))
-                     for name in ("disk", "target"))  # fmt: skip
+    loaded = {f.stem: load_file(str(f)) for f in tmp_path.glob("*.safetensors")}
+    assert sorted(loaded) == ["disk", "distributed", "target", "tensor"]
+    target = loaded.pop("target")
     ours = hf_convert.read_safetensors(export)
-    n = ModelArch.from_hf_dir(export).num_layers
+    assert len(nextn) > 20 and all(torch.equal(ours[k], weights[k]) for k in nextn)
     shared = {"model.embed_tokens.weight", "lm_head.weight"}
-    assert shared <= draft.keys()
-    unfilled = [name for name, t in draft.items() if name not in shared and torch.isnan(t).any()]
-    assert not unfilled and len(draft) > len(shared) + 10, unfilled
-    nextn = {k: v for k, v in ours.items() if k.startswith(f"model.layers.{n}.")}
-    assert len(nextn) > 20
-    params = [t for name, t in draft.items() if name not in shared]
-    missing = [k for k, v in nextn.items() if not any(_holds(p, v) for p in params)]
-    assert not missing, missing
-    assert not [name for name, t in target.items() if torch.isnan(t).any()]
+    for source, draft in loaded.items():
+        assert shared <= draft.keys(), source
+        unfilled = [k for k, t in draft.items() if k not in shared and torch.isnan(t).any()]
+        assert not unfilled and len(draft) > len(shared) + 10, (source, unfilled)
+        params = [t for k, t in draft.items() if k not in shared]
+        missing = [k for k in nextn if not any(_holds(p, ours[k]) for p in params)]
+        assert not missing, (source, missing)
+    assert not [k for k, t in target.items() if torch.isnan(t).any()]
     for name in ("model.norm.weight", "model.layers.0.self_attn.o_proj.weight",
                  f"model.layers.{n - 1}.mlp.gate.weight"):  # fmt: skip
         assert torch.equal(target[name], ours[name]), name

@@ -108,6 +108,36 @@ def test_the_drafts_weights_go_to_the_draft_in_buckets_of_their_own() -> None:
     assert [s for _, s in parts({"a": torch.zeros(1)}, 80)] == ["target"]
 
 
+def test_tensors_sglang_fuses_within_one_load_travel_in_one_bucket() -> None:
+    """SGLang's DeepSeek-V3 loader fuses `q_a_proj` with `kv_a_proj_with_mqa` only when one
+    `load_weights` call holds both: a bucket boundary between them left the fused parameter
+    as it was. The pair travels together (moved up beside the first), in the family's order."""
+    names = ["0.self_attn.q_a_proj.weight", "0.self_attn.q_b_proj.weight",
+             "0.self_attn.kv_a_proj_with_mqa.weight", "0.mlp.gate.weight",
+             "1.self_attn.q_b_proj.weight", "1.self_attn.kv_a_proj_with_mqa.weight",
+             "1.self_attn.q_a_proj.weight"]  # fmt: skip
+    weights = {f"model.layers.{name}": torch.zeros(10) for name in names}  # 40 bytes each
+    cut = [[name.removeprefix("model.layers.") for name, _ in b] for b in buckets(weights, 40)]
+    assert cut == [[names[0], names[2]], [names[1]], [names[3]], [names[4]],
+                   [names[6], names[5]]]  # fmt: skip
+    assert [len(b) for b in buckets(weights, 1 << 20)] == [7]
+
+
+def test_a_native_nextn_layer_goes_to_the_draft_under_its_export_names() -> None:
+    """GLM-4.5's and DeepSeek-V3's draft is model layer `num_hidden_layers` (the one carrying
+    `eh_proj`), which SGLang's NextN class loads by those names: the whole layer, and no trunk
+    layer, travels in the draft's buckets."""
+    nextn = ["model.layers.2.eh_proj.weight", "model.layers.2.enorm.weight",
+             "model.layers.2.self_attn.o_proj.weight", "model.layers.2.mlp.gate.weight",
+             "model.layers.2.shared_head.norm.weight"]  # fmt: skip
+    trunk = ["model.embed_tokens.weight", "model.layers.1.self_attn.o_proj.weight",
+             "model.layers.1.mlp.gate.weight", "model.layers.12.input_layernorm.weight",
+             "model.norm.weight"]  # fmt: skip
+    weights = {name: torch.zeros(10) for name in trunk[:2] + nextn + trunk[2:]}
+    cut = [([name for name, _ in b], selector) for b, selector in parts(weights, 1 << 20)]
+    assert cut == [(trunk, "target"), (nextn, "draft")]
+
+
 def test_every_configurable_mode_has_its_sync() -> None:
     """`trainer.weight_sync.mode`'s values are exactly `MODES`' keys: a mode added to the config
     without its class (or the reverse) fails here."""

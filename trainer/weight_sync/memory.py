@@ -41,15 +41,17 @@ Bucket = list[tuple[str, torch.Tensor]]
 
 def buckets(weights: dict[str, torch.Tensor], limit_bytes: int) -> Iterator[Bucket]:
     """The named tensors in order, cut into buckets of at most `limit_bytes` (a larger tensor
-    travels alone)."""
+    travels alone), never between tensors SGLang fuses only within one load
+    (`hf_convert.load_groups`: DeepSeek-V3's `q_a_proj` and `kv_a_proj_with_mqa`, which travel
+    together, a larger pair alone); each bucket is one `load_weights` call on the engine."""
     bucket: Bucket = []
     size = 0
-    for name, tensor in weights.items():
-        nbytes = tensor.numel() * tensor.element_size()
+    for group in hf_convert.load_groups(weights):
+        nbytes = sum(weights[n].numel() * weights[n].element_size() for n in group)
         if bucket and size + nbytes > limit_bytes:
             yield bucket
             bucket, size = [], 0
-        bucket.append((name, tensor))
+        bucket.extend((name, weights[name]) for name in group)
         size += nbytes
     if bucket:
         yield bucket
@@ -57,12 +59,15 @@ def buckets(weights: dict[str, torch.Tensor], limit_bytes: int) -> Iterator[Buck
 
 def parts(weights: dict[str, torch.Tensor], limit_bytes: int) -> Iterator[tuple[Bucket, Selector]]:
     """The buckets of a push, each with the engine models that load it: the policy's tensors
-    for the target, the MTP draft's (`mtp.*`, `trainer.mtp.layers`) after them, in buckets of
-    their own, for the draft. A speculative engine loads each part into its one model (the
-    target skips `mtp.*` anyway, and a Qwen2 target warns of every name it does not know); an
-    engine serving no draft has nothing to load for the draft's parts."""
-    policy = {n: t for n, t in weights.items() if not hf_convert.is_draft(n)}
-    draft = {n: t for n, t in weights.items() if hf_convert.is_draft(n)}
+    for the target, the MTP draft's (`trainer.mtp.layers`: `mtp.*`, an EAGLE module's, a
+    native NextN layer's `model.layers.{num_hidden_layers}.*`; `hf_convert.draft_names`) after
+    them, in buckets of their own, for the draft, under the names an export gives them. A
+    speculative engine loads each part into its one model (the target skips `mtp.*` and the
+    NextN layer anyway, and a Qwen2 target warns of every name it does not know); an engine
+    serving no draft has nothing to load for the draft's parts."""
+    names = hf_convert.draft_names(weights)
+    policy = {n: t for n, t in weights.items() if n not in names}
+    draft = {n: t for n, t in weights.items() if n in names}
     for bucket in buckets(policy, limit_bytes):
         yield bucket, "target"
     for bucket in buckets(draft, limit_bytes):
