@@ -1,10 +1,12 @@
 """Weight-sync checks shared by the weight-sync and family tests: what an engine serves after a
 sync, measured as its logprobs of fixed tokens against the learner's (fp32, within 1e-5); the
-buckets a sync sends an MTP draft, for SGLang's draft class to load (`save_draft_buckets`)."""
+buckets a sync sends an MTP draft, for SGLang's draft class to load (`save_draft_buckets`), and
+what SGLang's own draft class loads from them and from an export (`sglang_draft_loads`)."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -33,6 +35,26 @@ def save_draft_buckets(weights: dict[str, torch.Tensor], path: Path) -> list[lis
         sent["tensor"].append({"flat": flat.clone(), "metadata": [vars(s) for s in spans]})
     torch.save(sent, path)
     return [[name for name, _ in bucket] for bucket in drafts]
+
+
+def sglang_draft_loads(
+    export: Path, engine_venv: Path, out: Path
+) -> dict[str, dict[str, torch.Tensor]]:
+    """What SGLang's own draft class for `export` holds after loading each source of weights
+    (tests/trainer/_sglang_mtp_draft.py, run in the engine environment on the CPU): the export's
+    files and, when `out / "buckets.pt"` holds them (`save_draft_buckets`), each in-memory
+    sync's draft buckets; by source (`disk`, `target`, `distributed`, `tensor`, ...)."""
+    from safetensors.torch import load_file
+
+    from agent_rl.engine.install import engine_env, engine_python
+
+    script = Path(__file__).with_name("_sglang_mtp_draft.py")
+    command = [str(engine_python(engine_venv)), str(script), str(export), str(out),
+               str(out / "buckets.pt")]  # fmt: skip
+    run = subprocess.run(command, env=engine_env("cpu"), capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return {f.stem: load_file(str(f)) for f in out.glob("*.safetensors")}
 
 
 SEQUENCES = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42, 300, 17, 18]]

@@ -7,7 +7,6 @@ Qwen3-MoE MTP draft (built in the engine environment) loads every one of its wei
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -430,10 +429,7 @@ def _sglang_draft_loads(
     the export), and the buckets an in-memory sync sends with `selector: "draft"`
     (trainer.weight_sync.memory.parts), received and reconstructed by SGLang's own flattened
     bucket as a `distributed` and a `tensor` update hand them to the draft."""
-    from safetensors.torch import load_file
-
-    from agent_rl.engine.install import engine_env, engine_python
-    from tests.trainer._syncs import save_draft_buckets
+    from tests.trainer._syncs import save_draft_buckets, sglang_draft_loads
 
     batch = rl_batch(ModelArch.from_hf_dir(model).vocab_size, size=4)
     config = TrainerConfig(optim={"lr": 1e-3}, micro_batch_size=2, mtp={"layers": 2, **cfg})
@@ -442,14 +438,7 @@ def _sglang_draft_loads(
         export = e.export_hf(tmp_path / "export")
         drafts = save_draft_buckets(e.hf_state_dict(), tmp_path / "buckets.pt")
     assert len(drafts) > 1 and all(hf_convert.is_draft(n) for b in drafts for n in b)
-    script = Path(__file__).with_name("_sglang_mtp_draft.py")
-    command = [str(engine_python(engine_venv)), str(script), str(export), str(tmp_path),
-               str(tmp_path / "buckets.pt")]  # fmt: skip
-    run = subprocess.run(command, env=engine_env("cpu"), capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    loaded = {f.stem: load_file(str(f)) for f in tmp_path.glob("*.safetensors")}
-    return hf_convert.read_safetensors(export), loaded
+    return hf_convert.read_safetensors(export), sglang_draft_loads(export, engine_venv, tmp_path)
 
 
 def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export_and_of_a_sync(

@@ -15,7 +15,6 @@ NextN layer; SGLang's target on the same files skips the layer."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -164,10 +163,7 @@ def test_sglang_s_own_nextn_draft_takes_every_weight_of_the_nextn_layer_from_eve
     kv_a). The syncs send the draft the NextN layer, all of it and nothing else, under the
     export's names, and the target none of it. SGLang's target model on the export's files
     fills every parameter from the trunk's weights, the NextN layer skipped."""
-    from safetensors.torch import load_file
-
-    from agent_rl.engine.install import engine_env, engine_python
-    from tests.trainer._syncs import save_draft_buckets
+    from tests.trainer._syncs import save_draft_buckets, sglang_draft_loads
     from trainer.weight_sync.memory import parts
 
     export, weights = trained["export"], trained["weights"]
@@ -177,13 +173,7 @@ def test_sglang_s_own_nextn_draft_takes_every_weight_of_the_nextn_layer_from_eve
     assert len(drafts) > 1 and sorted(k for b in drafts for k in b) == sorted(nextn)
     targets = [k for b, selector in parts(weights, 64 << 10) if selector == "target" for k, _ in b]
     assert sorted(targets) == sorted(weights.keys() - nextn)
-    script = Path(__file__).with_name("_sglang_mtp_draft.py")
-    command = [str(engine_python(engine_venv)), str(script), str(export), str(tmp_path),
-               str(tmp_path / "buckets.pt")]  # fmt: skip
-    run = subprocess.run(command, env=engine_env("cpu"), capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    loaded = {f.stem: load_file(str(f)) for f in tmp_path.glob("*.safetensors")}
+    loaded = sglang_draft_loads(export, engine_venv, tmp_path)
     assert sorted(loaded) == ["disk", "distributed", "target", "tensor"]
     target = loaded.pop("target")
     ours = hf_convert.read_safetensors(export)
