@@ -71,6 +71,12 @@ class DriverStatement:
         return _run(conn, c.sql, params,
                     lambda cur: cur.execute(c.sql, c.parameters(params)).fetchone())
 
+    def scalar(self, conn: Connection, params: Mapping[str, Any]) -> Any:
+        """Run it with `params`; the first column of the first row it returns, or None (as
+        `Connection.scalar` does)."""
+        row = self.one_or_none(conn, params)
+        return row[0] if row is not None else None
+
     def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Run it with `params`; every row it returns, as the driver gives them (for columns
         whose values need no SQLAlchemy result processing: numbers, strings)."""

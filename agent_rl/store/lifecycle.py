@@ -100,10 +100,8 @@ class LifecycleWrites(StoreBase):
             raise ValueError("a group needs at least one episode")
         seeds = seeds if seeds is not None else [None] * size  # type: ignore[list-item]
         t = now()
-        row = _INSERT_GROUP.one_or_none(conn, dict(run_id=run_id, task_id=task_id, env_id=env_id,
+        group_id = _INSERT_GROUP.scalar(conn, dict(run_id=run_id, task_id=task_id, env_id=env_id,
                                                    size=size, status="open", created_at=t))  # fmt: skip
-        assert row is not None  # an INSERT ... RETURNING returns its row
-        group_id = row[0]
         rows = conn.execute(
             _INSERT_EPISODES,
             [
@@ -303,10 +301,9 @@ class LifecycleWrites(StoreBase):
         too, with the reason), `ready` if any episode completed, else `failed`. `rewards`
         replaces completed episodes' rewards (a group reward hook's result) in the same
         transaction. Returns the group's status; a group already decided is left as it is."""
-        found = _GROUP_STATUS.one_or_none(conn, {"gid": group_id})
-        if found is None:
+        status = _GROUP_STATUS.scalar(conn, {"gid": group_id})
+        if status is None:
             raise NotFoundError(f"group {group_id} does not exist")
-        status = found[0]
         if status != "open":
             return status
         if rewards:
@@ -455,10 +452,8 @@ _SET_REWARD = DriverStatement(
 
 
 def _add_task(conn: Connection, run_id: int, env_id: str, key: str, payload: dict[str, Any]) -> int:
-    row = _INSERT_TASK.one_or_none(conn, dict(run_id=run_id, env_id=env_id, key=key, payload=payload,
-                                              created_at=now()))  # fmt: skip
-    assert row is not None  # an INSERT ... RETURNING returns its row
-    return int(row[0])
+    return int(_INSERT_TASK.scalar(conn, dict(run_id=run_id, env_id=env_id, key=key, payload=payload,
+                                              created_at=now())))  # fmt: skip
 
 
 def _insert_messages(

@@ -84,8 +84,8 @@ class Queries(StoreBase):
     @read
     def latest_version(self, conn: Connection, run_id: int) -> int:
         """The newest published policy version of the run (0 before any training)."""
-        row = _LATEST_VERSION.one_or_none(conn, {"run": run_id})
-        return int(row[0]) if row is not None and row[0] is not None else 0
+        v = _LATEST_VERSION.scalar(conn, {"run": run_id})
+        return int(v) if v is not None else 0
 
     @read
     def policy_versions(self, conn: Connection, run_id: int) -> list[dict[str, Any]]:
