@@ -66,7 +66,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 from agent_rl.app.quickstart import Options  # noqa: E402
 from agent_rl.app.quickstart.pipeline import Quickstart  # noqa: E402
 from agent_rl.config import Config, load_config  # noqa: E402
-from agent_rl.kernel.processes import signal_tree  # noqa: E402
+from agent_rl.kernel.processes import alive, signal_tree  # noqa: E402
 from agent_rl.store import Store  # noqa: E402
 from agent_rl.testing.ray_cluster import local_cluster, lose_node  # noqa: E402
 
@@ -102,12 +102,13 @@ async def _running(store: Store, run_id: int, pid: int) -> list[Any]:
 
 async def kill_when_running(store: Store, run_id: int, pid: int, what: str, *,
                             with_turns: int = 0, timeout_s: float = SERVE_BUSY_TIMEOUT_S,
-                            alive: Callable[[], bool] | None = None) -> dict[int, Any]:  # fmt: skip
+                            still_running: Callable[[], bool] | None = None,
+                            ) -> dict[int, Any]:  # fmt: skip
     """SIGKILL serve process `pid` (with everything it started) as soon as it runs episodes of
     run `run_id`, `with_turns` of them with a persisted turn (0: any), so that there is
     something to resume; returns the episodes it was running, with their tokens at the kill.
     Polls the store (the one given, for the whole wait). TimeoutError, the process not
-    killed, after `timeout_s` without, or once `alive()` is false (it ended by itself)."""
+    killed, after `timeout_s` without, or once `still_running()` is false (it ended by itself)."""
     started = time.monotonic()
     deadline = started + timeout_s
     most = 0
@@ -117,7 +118,7 @@ async def kill_when_running(store: Store, run_id: int, pid: int, what: str, *,
         most = max(most, with_turn)
         if running and with_turn >= with_turns:
             break
-        ended = alive is not None and not alive()
+        ended = still_running is not None and not still_running()
         if ended or time.monotonic() > deadline:
             wanted = ("an episode" if not with_turns else
                       "a running episode with a persisted turn" if with_turns == 1 else
@@ -136,12 +137,15 @@ async def _gone(pid: int, timeout_s: float = 10.0) -> None:
     """Wait until process `pid` has ended (exited, or a zombie its parent has yet to reap)."""
     import psutil
 
+    try:
+        process = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
     deadline = time.monotonic() + timeout_s
-    with contextlib.suppress(psutil.NoSuchProcess):
-        while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"pid {pid} still ran {timeout_s:.0f}s after its SIGKILL")
-            await anyio.sleep(0.01)
+    while alive(process):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pid {pid} still ran {timeout_s:.0f}s after its SIGKILL")
+        await anyio.sleep(0.01)
 
 
 async def resumed_share(store: Store, before: dict[int, Any]) -> dict[str, Any]:
@@ -213,7 +217,7 @@ async def resume_after_kill(qs: Quickstart, env_id: str, router_url: str,
                 before = await kill_when_running(
                     store, run_id, first.pid, f"{env_id}'s serve", with_turns=1,
                     timeout_s=max(deadline - time.monotonic(), 0.0),
-                    alive=lambda: first.poll() is None)
+                    still_running=lambda: first.poll() is None)
             except TimeoutError as e:
                 ended = [x for x in await store.list_episodes(run_id=run_id, limit=100_000)
                          if x.status != "running"]

@@ -203,8 +203,7 @@ class EngineClient:
                     if data is not None:
                         yield Generation.from_response(json.loads(data), self.moe_topk, start_len)
         except aiohttp.ClientError as e:
-            error = EngineUnavailableError if _not_sent(e) else EngineError
-            raise error(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
+            raise self._stream_failed(e) from e
 
     async def _stream_h1(self, body: dict[str, Any], headers: dict[str, str],
                          start_len: int) -> AsyncIterator[Generation]:
@@ -238,8 +237,7 @@ class EngineClient:
                 async for _ in chunks:
                     pass
         except (NotSent, UpstreamFailed, TimeoutError) as e:
-            error = EngineUnavailableError if _not_sent(e) else EngineError
-            raise error(f"engine at {self.base_url}: /generate stream failed: {e!r}") from e
+            raise self._stream_failed(e) from e
         finally:
             if resp is not None:
                 resp.close()  # a no-op once the body was read and the connection pooled
@@ -476,6 +474,12 @@ class EngineClient:
         except (aiohttp.ClientError, TimeoutError) as e:
             raise self._unreachable(path, e) from e
         return _decoded(text)
+
+    def _stream_failed(self, e: BaseException) -> EngineError:
+        """The error for a `/generate` stream cut short: `EngineUnavailableError` when no
+        connection could be opened (nothing sent), else `EngineError`."""
+        error = EngineUnavailableError if _not_sent(e) else EngineError
+        return error(f"engine at {self.base_url}: /generate stream failed: {e!r}")
 
     def _unreachable(self, path: str, e: BaseException) -> EngineError:
         """The error for a call that got no answer. No connection could be opened (the router
