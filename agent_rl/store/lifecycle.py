@@ -144,6 +144,18 @@ class LifecycleWrites(StoreBase):
         return self._end(conn, episode_id, end)
 
     @write()
+    def end_episode_and_group(self, conn: Connection, episode_id: int, end: EpisodeEnd,
+                              group_id: int) -> tuple[int, str | None]:  # fmt: skip
+        """`end_episode`, then, in the same transaction, `complete_group(group_id)` (the
+        episode's group, with no filter and the episodes' own rewards) if none of the group's
+        episodes is waiting or running any more: one commit for the last episode of a group,
+        and no read of the group's episodes, when nothing needs them before the decision (no
+        group reward hook, task selection or zero-variance filter). Returns the episode's number
+        of turns and the group's status, or None when it is still open (episodes in flight)."""
+        turns = self._end(conn, episode_id, end)
+        return turns, self._complete_group(conn, group_id, None, None, unless_in_flight=True)
+
+    @write()
     def finish_episode(
         self, conn: Connection, episode_id: int, reward: float,
         reward_details: dict[str, Any] | None = None,
@@ -301,6 +313,15 @@ class LifecycleWrites(StoreBase):
         too, with the reason), `ready` if any episode completed, else `failed`. `rewards`
         replaces completed episodes' rewards (a group reward hook's result) in the same
         transaction. Returns the group's status; a group already decided is left as it is."""
+        status = self._complete_group(conn, group_id, filter_reason, rewards)
+        assert status is not None
+        return status
+
+    def _complete_group(self, conn: Connection, group_id: int, filter_reason: str | None,
+                        rewards: dict[int, float] | None, *,
+                        unless_in_flight: bool = False) -> str | None:  # fmt: skip
+        """`complete_group`; with `unless_in_flight`, a group with episodes still in flight is
+        left open (None) rather than refused."""
         status = _GROUP_STATUS.scalar(conn, {"gid": group_id})
         if status is None:
             raise NotFoundError(f"group {group_id} does not exist")
@@ -311,6 +332,8 @@ class LifecycleWrites(StoreBase):
                                     for e, r in rewards.items()])
         rows = [_Versions(*r) for r in _GROUP_VERSIONS.all(conn, {"gid": group_id})]
         pending = [r for r in rows if r.status not in TERMINAL_EPISODE_STATUSES]
+        if pending and unless_in_flight:
+            return None
         if pending:
             raise StoreError(f"group {group_id} still has {len(pending)} episodes in flight")
         completed = [r for r in rows if r.status == "completed"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.kernel.errors import NotFoundError, StoreError
-from agent_rl.store import MessageRecord
+from agent_rl.store import EpisodeEnd, MessageRecord
 from tests.store.helpers import completed_group, make_turn, migrated_store
 
 pytestmark = pytest.mark.anyio
@@ -73,6 +73,43 @@ async def test_final_turn_completes_the_episode_in_one_commit(db_url: str) -> No
         assert (e.min_version, e.max_version, e.num_model_tokens) == (2, 3, 14)
         assert e.finished_at is not None
         assert await store.complete_group(group) == "ready"
+
+
+async def test_the_last_episodes_end_decides_its_group_in_the_same_transaction(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        task = await store.add_task(run, "calculator", "1", {})
+        group, eps = await store.admit_group(run, task, "calculator", 3)
+        for e in eps[:2]:
+            await store.start_episode(e, "s")
+        # Episodes still in flight (one running, one waiting): the group stays open.
+        end = EpisodeEnd("completed", reward=0.5, turn=make_turn(1, version=2))
+        assert await store.end_episode_and_group(eps[0], end, group) == (1, None)
+        assert await store.groups_to_complete(run) == []
+        await store.fail_episode(eps[2], "EnvError", "boom")
+        assert await store.end_episode_and_group(
+            eps[1], EpisodeEnd("completed", reward=1.0, turn=make_turn(2, version=5)), group) == (1, "ready")
+        assert await store.complete_group(group) == "ready"  # decided once: as it is
+        assert await store.groups_to_complete(run) == []
+        e = (await store.get_episode(eps[0])).episode
+        assert (e.status, e.reward, e.num_turns) == ("completed", 0.5, 1)
+        ledger = await store.ledger(run)
+        assert (ledger.completed, ledger.failed) == (2, 1) and ledger.balances()
+        # The same as `complete_group` with the episodes' own rewards: the oldest of the
+        # completed episodes' versions and the oldest of their newest ones.
+        ready = await store.get_group(group)
+        assert (ready["min_version"], ready["newest_version"]) == (2, 2)
+
+        # A group whose episodes all failed is decided `failed`; an end the store refuses
+        # (not running) decides nothing.
+        group2, (only,) = await store.admit_group(run, task, "calculator", 1)
+        assert await store.end_episode_and_group(only, EpisodeEnd("failed", error_type="EnvError",
+                                                                  error_cause="boom"), group2) == (0, "failed")
+        group3, (waiting,) = await store.admit_group(run, task, "calculator", 1)
+        with pytest.raises(StoreError, match="expected running"):
+            await store.end_episode_and_group(waiting, EpisodeEnd("completed", reward=1.0), group3)
+        assert (await store.get_episode(waiting)).episode.status == "waiting"
+        assert await store.groups_to_complete(run) == []
 
 
 async def test_filter_and_failed_groups(db_url: str) -> None:
