@@ -118,6 +118,12 @@ class EpisodeRunner:
         """The episode's next write, not yet submitted (its start, or its last completed
         turn): it commits during the next generation, or before the end."""
         self._started = False
+        self.decide_group: int | None = None
+        """The episode's group, to be decided with the episode's end, in its transaction, if no
+        other episode of it is in flight then (set by the scheduler when nothing needs the
+        group's episodes before its decision: `Store.end_episode_and_group`)."""
+        self.group_status: str | None = None
+        """The group's status once decided with the end; None if it was left open."""
 
     async def run(self) -> EpisodeResult:
         """Run the episode; returns how it ended (the store already says so)."""
@@ -157,7 +163,11 @@ class EpisodeRunner:
                         raise
                     log.info("episode %d: %s", self.episode_id, e)
             try:
-                await self.ctx.store.end_episode(self.episode_id, end)
+                if self.decide_group is None:
+                    await self.ctx.store.end_episode(self.episode_id, end)
+                else:
+                    _, self.group_status = await self.ctx.store.end_episode_and_group(
+                        self.episode_id, end, self.decide_group)
             except StoreError as e:
                 if end.error_type != "Interrupted":
                     raise

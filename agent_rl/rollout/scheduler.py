@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +106,11 @@ class Scheduler:
         """The task key of each group this process admitted (for task selection)."""
         self._group_ended = anyio.Event()
         """Set (and replaced) whenever a group of `_pending` has ended."""
+        self._served: tuple[int, float] | None = None
+        """The served version and when the engine said so (`_served_version`)."""
+        self._decide_with_end = False
+        """Whether a group is decided with its last episode's end, in one transaction: when
+        nothing needs its episodes first (`_decided_plainly`)."""
 
     @property
     def stopping(self) -> bool:
@@ -120,6 +126,7 @@ class Scheduler:
         """Admit and run episodes until `max_episodes` have been admitted (None: forever)."""
         store = self.ctx.store
         self.run_id = await store.ensure_run(self.ctx.run_name, self.run_config)
+        self._decide_with_end = self._decided_plainly()
         if self.selection is not None:  # what earlier processes learned of the tasks
             for key, rewards in await store.task_outcomes(self.run_id, self.env_id):
                 self.selection.observe(key, rewards)
@@ -335,24 +342,44 @@ class Scheduler:
         return full
 
     async def _served_version(self) -> int | None:
-        """The policy version the engines serve, or None if none answers."""
+        """The policy version the engines serve, or None if none answers. An answer is reused
+        for `version_poll_s` (what admission waits between two checks anyway): asked for every
+        admitted group, it was a request to the engine per episode with groups of one."""
+        now = time.monotonic()
+        if self._served is not None and now - self._served[1] < self.version_poll_s:
+            return self._served[0]
+        self._served = None
         try:
             info = await self.ctx.client.model_info()
         except (EngineError, OSError) as e:
             log.debug("model_info failed: %s", e)
             return None
-        return policy_version(info.get("weight_version"))
+        self._served = (policy_version(info.get("weight_version")), now)
+        return self._served[0]
+
+    def _decided_plainly(self) -> bool:
+        """Whether a group's decision needs nothing but its episodes' rows: no group reward
+        hook, no task selection, and no zero-variance filter (or groups of one, which it never
+        filters). Its last episode's end then decides it in the same transaction, without a
+        read of the group's episodes (`Store.end_episode_and_group`)."""
+        cfg = self.ctx.cfg
+        hook = type(make(self.env_id, **self.env_kwargs)).group_reward is not Env.group_reward
+        return not hook and self.selection is None and (not cfg.filter_zero_variance or cfg.group_size == 1)
 
     async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None,
                            resume: bool = False) -> None:  # fmt: skip
+        runner: EpisodeRunner | None = None
         try:
             if self.gateway is not None:  # an agent env: its program drives the episode
-                await AgentRunner(self.ctx, self.gateway, episode_id, self.env_id, task, seed,
-                                  self.env_kwargs).run()
+                runner = AgentRunner(self.ctx, self.gateway, episode_id, self.env_id, task, seed,
+                                     self.env_kwargs)
             else:
                 prefix = await recorded_turns(self.ctx.store, episode_id, observations=True) if resume else None
-                await EpisodeRunner(self.ctx, episode_id, self.env_id, task, seed, self.env_kwargs,
-                                    prefix=prefix, resume=resume).run()
+                runner = EpisodeRunner(self.ctx, episode_id, self.env_id, task, seed, self.env_kwargs,
+                                       prefix=prefix, resume=resume)
+            if self._decide_with_end:
+                runner.decide_group = group_id
+            await runner.run()
         except anyio.get_cancelled_exc_class():
             await self._interrupt_unstarted(episode_id)  # a no-op once its runner started
             raise
@@ -364,8 +391,10 @@ class Scheduler:
             self._slots.release()
         self._pending[group_id] -= 1
         if self._pending[group_id] == 0:
-            # Decided before it leaves `_pending`, so `run` does not return with it undecided.
-            await self._complete_group(group_id)
+            # Decided before it leaves `_pending`, so `run` does not return with it undecided
+            # (here, unless its last episode's end decided it already).
+            if runner is None or runner.group_status is None:
+                await self._complete_group(group_id)
             del self._pending[group_id]
             if self.oldest is not None:
                 self.oldest.ended(group_id)
