@@ -4,9 +4,21 @@ the chat agent is test_quickstart_agent.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from agent_rl.app.quickstart.recipe import AGENT_ENV_KWARGS, Options, recipe
+from agent_rl.app.quickstart.recipe import (
+    AGENT_ENV_IDS,
+    AGENT_ENV_KWARGS,
+    ENV_ID,
+    ENV_KWARGS,
+    Options,
+    recipe,
+    sft_demonstrations,
+    write_or_load,
+)
+from agent_rl.config import load_config
 from agent_rl.sdk.agent import AgentEnv
 from agent_rl.sdk.registry import make
 
@@ -19,3 +31,19 @@ def test_each_dialect_runs_its_example_agent(dialect: str, env: str) -> None:
     assert isinstance(make(env, **AGENT_ENV_KWARGS), AgentEnv)  # registered, and builds with them
     with pytest.raises(ValueError):
         Options(agent=True, dialect="grpc")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_an_agent_runs_sft_is_the_sdk_runs(dialect: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SFT stage of `--agent` trains on the SDK run's demonstrations with the SDK run's
+    settings (what lets tests/quickstart share one SFT between the two whole-run tests)."""
+    sdk_opts, agent_opts = Options(), Options(agent=True, dialect=dialect)  # type: ignore[arg-type]
+    sdk = write_or_load(tmp_path / "sdk", sdk_opts)
+    assert sft_demonstrations(sdk_opts, sdk) == (ENV_ID, {})
+    env_id, settings = sft_demonstrations(agent_opts, write_or_load(tmp_path / "agent", agent_opts))
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    agent = load_config(tmp_path / "agent" / "agent-rl.toml")  # as the SFT process reads it
+    assert env_id == ENV_ID and agent.rollout.env == AGENT_ENV_IDS[dialect]
+    assert agent.rollout.model_copy(update={"env": env_id}) == sdk.rollout
+    assert agent.rollout.env_kwargs == ENV_KWARGS and agent.trainer == sdk.trainer

@@ -38,11 +38,11 @@ from agent_rl.app.quickstart.recipe import (
     BASE_MODEL,
     CONFIG_FILE,
     ENV_ID,
-    ENV_KWARGS,
     SFT_MODEL,
     STATE_FILE,
     Options,
     base_model,
+    sft_demonstrations,
     write_or_load,
 )  # fmt: skip
 from agent_rl.store import Store
@@ -226,14 +226,7 @@ class Quickstart:
         shutil.rmtree(SFT_MODEL, ignore_errors=True)
         self.say(f"SFT warm start: {self.opts.sft_steps} steps on {ENV_ID} demonstrations")
         sup = self.supervisor
-        # An agent run's demonstrations are the SDK env's (an agent has no teacher): its kwargs
-        # are the calculator's, plus the teacher's (the environment's settings add to the
-        # file's). A verifiers env names them itself (its `demonstrations`).
-        sft_env, kwargs = ENV_ID, {}
-        if self.opts.env is not None:
-            sft_env = self.opts.env
-        elif self.cfg.rollout.env != ENV_ID:
-            kwargs = {"AGENT_RL_ROLLOUT__ENV_KWARGS": json.dumps(ENV_KWARGS)}
+        sft_env, kwargs = sft_demonstrations(self.opts, self.cfg)
         m = sup.add("sft", agent_rl_command(
             "train", "--sft", "--model", str(BASE_MODEL), "--output", str(SFT_MODEL),
             "--max-steps", str(self.opts.sft_steps), "--env", sft_env),

@@ -16,6 +16,7 @@ Why these numbers (measured on 2 CPU cores; see the README's quickstart section)
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -155,6 +156,21 @@ def recipe(opts: Options, moe: bool = False) -> dict[str, Any]:
             "sft": {"lr": 3e-3, "batch_size": 32, "steps": opts.sft_steps},
         },  # fmt: skip
     }
+
+
+def sft_demonstrations(opts: Options, cfg: Config) -> tuple[str, dict[str, str]]:
+    """The environment whose demonstrations the SFT stage trains on, and the settings its
+    `agent-rl train --sft` process adds to the run's config (as AGENT_RL_* variables).
+
+    An agent run's demonstrations are the SDK env's (an agent has no teacher): the calculator
+    with the calculator's kwargs, the teacher's included (the environment's settings add to the
+    file's), so an agent run's SFT is the SDK run's. A verifiers env names its own (its
+    `demonstrations`)."""
+    if opts.env is not None:
+        return opts.env, {}
+    if cfg.rollout.env != ENV_ID:
+        return ENV_ID, {"AGENT_RL_ROLLOUT__ENV_KWARGS": json.dumps(ENV_KWARGS)}
+    return ENV_ID, {}
 
 
 def verifiers_python() -> str:
