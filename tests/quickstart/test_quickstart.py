@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.quickstart.conftest import SharedSFT
+
 # A whole run: one fleet of processes at a time (tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.one_at_a_time("fleet")]
 
@@ -38,7 +40,9 @@ def _quickstart(workdir: Path, timeout_s: float) -> subprocess.CompletedProcess[
     )  # fmt: skip
 
 
-def test_quickstart_rl_beats_sft_and_the_ledger_balances(engine_venv: Path, tmp_path: Path) -> None:
+def test_quickstart_rl_beats_sft_and_the_ledger_balances(
+    engine_venv: Path, tmp_path: Path, shared_sft: SharedSFT
+) -> None:
     workdir = tmp_path / "qs"
     done = _quickstart(workdir, timeout_s=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -61,6 +65,7 @@ def test_quickstart_rl_beats_sft_and_the_ledger_balances(engine_venv: Path, tmp_
     assert ledger["running"] == ledger["waiting"] == 0
     assert (workdir / "reward_curve.png").stat().st_size > 10_000
     assert "RL improved on SFT" in done.stdout
+    shared_sft.keep(workdir, sft_steps=int(ARGS[ARGS.index("--sft-steps") + 1]))
 
     # A second run resumes: every stage is recorded as done, so it only reports.
     t0 = time.monotonic()

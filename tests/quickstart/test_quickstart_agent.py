@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.quickstart.conftest import SharedSFT
+
 # A whole run: one fleet of processes at a time (tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.one_at_a_time("fleet")]
 
@@ -24,13 +26,19 @@ ARGS = ["--agent", "--sft-steps", "200", "--rl-steps", "40", "--rl-minutes", "3"
         "--eval-samples", "4", "--no-serve-after"]  # fmt: skip
 
 
-def test_quickstart_agent_rl_beats_sft_and_the_ledger_balances(engine_venv: Path, tmp_path: Path) -> None:
+def test_quickstart_agent_rl_beats_sft_and_the_ledger_balances(
+    engine_venv: Path, tmp_path: Path, shared_sft: SharedSFT
+) -> None:
     workdir = tmp_path / "qs"
+    workdir.mkdir()
+    # The SDK quickstart's test, if it ran first, kept its SFT: this run's is the same (conftest.py).
+    seeded = shared_sft.seed(workdir, sft_steps=int(ARGS[ARGS.index("--sft-steps") + 1]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RL_")}
     done = subprocess.run([sys.executable, "-m", "agent_rl.app.cli", "quickstart", "--workdir", str(workdir), *ARGS],
                           env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert 'env = "calculator-agent"' in (workdir / "agent-rl.toml").read_text()
+    assert ("SFT warm start" in done.stdout) != seeded  # a kept SFT is resumed, never redone
     results = json.loads((workdir / "quickstart-results.json").read_text())
     for e in results["evals"].values():
         assert e["episodes"] == 64 * 4 and e["failed"] == 0
