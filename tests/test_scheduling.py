@@ -64,10 +64,12 @@ def suite(tmp_path: Path) -> Path:
 ], ids=["two-grouped", "grouped", "grouped-last", "grouped-first"])  # fmt: skip
 def test_a_group_runs_on_one_worker_and_the_run_ends(suite: Path, selection: list[str]) -> None:
     log = suite / "run.log"
+    # xdist alone among the installed plugins: the others only add each process's start-up.
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", *selection],
-        cwd=suite, env={"PATH": "/usr/bin:/bin", "RUN_LOG": str(log)}, capture_output=True,
-        text=True, timeout=120)  # fmt: skip
+        [sys.executable, "-m", "pytest", "-p", "xdist", "-n", "2", "-q", "-p", "no:cacheprovider",
+         *selection],
+        cwd=suite, env={"PATH": "/usr/bin:/bin", "RUN_LOG": str(log), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     events = sorted((float(t), worker, what) for worker, t, what in
                     (line.split() for line in log.read_text().splitlines()))  # fmt: skip
