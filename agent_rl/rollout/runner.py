@@ -118,6 +118,9 @@ class EpisodeRunner:
         """The episode's next write, not yet submitted (its start, or its last completed
         turn): it commits during the next generation, or before the end."""
         self._started = False
+        self.started = False
+        """Started already (at its admission, `Store.admit_task(start=...)`): `run` does not
+        start it again."""
         self.decide_group: int | None = None
         """The episode's group, to be decided with the episode's end, in its transaction, if no
         other episode of it is in flight then (set by the scheduler when nothing needs the
@@ -127,7 +130,7 @@ class EpisodeRunner:
 
     async def run(self) -> EpisodeResult:
         """Run the episode; returns how it ended (the store already says so)."""
-        self._next_write = self._start
+        self._next_write, self._started = (None, True) if self.started else (self._start, False)
         with telemetry.invoke_agent(self.env_id, self.episode_id, self.ctx.run_name) as span:
             try:
                 with anyio.fail_after(self.ctx.cfg.episode_timeout_s):

@@ -22,6 +22,7 @@ stream continues after the tasks already drawn.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -243,7 +244,9 @@ class Scheduler:
                 self.stats.skipped_tasks += 1
                 index, task = next(tasks)
             seeds = [_seed(cfg.seed, index, i) for i in range(size)]
-            group_id, episodes = await store.admit_task(run_id, self.env_id, task.id, task.data, size, seeds)
+            # Its first episode starts with the admission: it runs at once, in the slot taken.
+            group_id, episodes = await store.admit_task(run_id, self.env_id, task.id, task.data, size,
+                                                        seeds, start=self.ctx.owner)  # fmt: skip
             self._pending[group_id] = size
             if self.oldest is not None:
                 self.oldest.admitted(group_id, served)
@@ -256,7 +259,8 @@ class Scheduler:
 
     async def _start_in_turn(self, tg: anyio.abc.TaskGroup, group_id: int,
                              episodes: list[tuple[int, int]], task: Task) -> None:  # fmt: skip
-        """Start an admitted group's episodes as slots free up (the first slot is held): a
+        """Start an admitted group's episodes as slots free up (the first slot is held, and
+        the first episode was started with the admission, `Store.admit_task(start=...)`): a
         graceful stop does not interrupt this, since they are admitted; a hard one ends
         those not yet started as interrupted, as the running ones end."""
         for i, (eid, seed) in enumerate(episodes):
@@ -267,7 +271,7 @@ class Scheduler:
                     for unstarted, _ in episodes[i:]:
                         await self._interrupt_unstarted(unstarted)
                     raise
-            tg.start_soon(self._run_episode, group_id, eid, task, seed)
+            tg.start_soon(functools.partial(self._run_episode, group_id, eid, task, seed, started=i == 0))
 
     async def _wait_for_oldest_group(self) -> None:
         """Block while one more group could let the trainer step past the oldest group this
@@ -367,7 +371,7 @@ class Scheduler:
         return not hook and self.selection is None and (not cfg.filter_zero_variance or cfg.group_size == 1)
 
     async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None,
-                           resume: bool = False) -> None:  # fmt: skip
+                           resume: bool = False, *, started: bool = False) -> None:  # fmt: skip
         runner: EpisodeRunner | None = None
         try:
             if self.gateway is not None:  # an agent env: its program drives the episode
@@ -377,6 +381,7 @@ class Scheduler:
                 prefix = await recorded_turns(self.ctx.store, episode_id, observations=True) if resume else None
                 runner = EpisodeRunner(self.ctx, episode_id, self.env_id, task, seed, self.env_kwargs,
                                        prefix=prefix, resume=resume)
+            runner.started = started
             if self._decide_with_end:
                 runner.decide_group = group_id
             await runner.run()

@@ -1,10 +1,11 @@
 """Writes that move runs, groups and episodes through their lifecycle.
 
-Admission creates a group and its n episodes as `waiting` in one transaction. The runner then
-starts each episode, appends its turns one transaction each as they complete (a crash loses at
-most the turn in flight), and ends it in exactly one terminal state. Once every episode of a
-group is terminal, the scheduler decides the group: `ready` for the trainer, or `filtered` /
-`failed`. A restarted server resolves episodes left running by a process that died.
+Admission creates a group and its n episodes as `waiting` in one transaction (the scheduler's
+starts the first one in it too: it runs at once). The runner then starts each other episode,
+appends its turns one transaction each as they complete (a crash loses at most the turn in
+flight), and ends it in exactly one terminal state. Once every episode of a group is terminal,
+the scheduler decides the group (with its last episode's end when nothing else is needed):
+`ready` for the trainer, or `filtered` / `failed`. A restarted server resolves episodes left running by a process that died.
 """
 
 from __future__ import annotations
@@ -74,13 +75,17 @@ class LifecycleWrites(StoreBase):
     @write()
     def admit_task(
         self, conn: Connection, run_id: int, env_id: str, key: str, payload: dict[str, Any],
-        size: int, seeds: list[int] | None = None,
+        size: int, seeds: list[int] | None = None, *, start: str | None = None,
     ) -> tuple[int, list[int]]:
         """`add_task` then `admit_group` of that task, in one transaction (the scheduler's
         admission of a drawn task: one commit per group, not two); returns (group id, episode
-        ids)."""
+        ids). With `start` (a serve process), the group's first episode is also started,
+        owned by it (`start_episode`), in the same transaction: the scheduler runs it at once."""
         task_id = _add_task(conn, run_id, env_id, key, payload)
-        return self._admit_group(conn, run_id, task_id, env_id, size, seeds)
+        group_id, episodes = self._admit_group(conn, run_id, task_id, env_id, size, seeds)
+        if start is not None:
+            _START.rowcount(conn, {"eid": episodes[0], "owner": start, "t": now()})
+        return group_id, episodes
 
     @write(durable=False)
     def admit_group(

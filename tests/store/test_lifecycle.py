@@ -112,6 +112,18 @@ async def test_the_last_episodes_end_decides_its_group_in_the_same_transaction(d
         assert await store.groups_to_complete(run) == []
 
 
+async def test_admission_can_start_the_groups_first_episode(db_url: str) -> None:
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        group, eps = await store.admit_task(run, "calculator", "1", {}, 2, [1, 2], start="serve-1")
+        first, second = [(await store.get_episode(e)).episode for e in eps]
+        assert (first.status, first.owner, second.status) == ("running", "serve-1", "waiting")
+        with pytest.raises(StoreError, match="running, expected waiting"):
+            await store.start_episode(eps[0], "serve-2")
+        ledger = await store.ledger(run)
+        assert (ledger.running, ledger.waiting, ledger.admitted) == (1, 1, 2) and ledger.balances()
+
+
 async def test_filter_and_failed_groups(db_url: str) -> None:
     async with await migrated_store(db_url) as store:
         run = await store.ensure_run("r")
