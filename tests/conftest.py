@@ -21,6 +21,7 @@ from tests._databases import fresh_database
 
 if TYPE_CHECKING:
     from agent_rl.engine.launcher import EngineServer
+    from tests._engine_scripts import EngineScripts
 
 
 # Where the tests of each `one_at_a_time` group are: under `-n 2` the scheduler below sends each
@@ -222,6 +223,17 @@ def engine_venv() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return venv
+
+
+@pytest.fixture(scope="session")
+def engine_scripts(engine_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineScripts]:
+    """Scripts run by the engine environment's python with SGLang already imported
+    (tests/_engine_scripts.py): `engine_scripts.run(script, *args)` -> CompletedProcess."""
+    from tests._engine_scripts import EngineScripts
+
+    scripts = EngineScripts(engine_venv, tmp_path_factory.mktemp("engine-scripts"))
+    yield scripts
+    scripts.close()
 
 
 @pytest.fixture(scope="session")

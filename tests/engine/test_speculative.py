@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from agent_rl.engine.launcher import EngineServer
 from agent_rl.kernel.errors import EngineError
+from tests._engine_scripts import EngineScripts
 
 PARSE = """
 import argparse, json, sys
@@ -56,15 +57,13 @@ def drafted_dense(tiny_dense_model: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("kind", ["moe", "dense"])
 def test_gpu_flags_parse_in_sglang(
-    kind: str, drafted_moe: Path, drafted_dense: Path, engine_venv: Path
+    kind: str, drafted_moe: Path, drafted_dense: Path, engine_venv: Path, engine_scripts: EngineScripts
 ) -> None:
     model = drafted_moe if kind == "moe" else drafted_dense
     server = EngineServer(model, venv=engine_venv, device="cuda", speculative_steps=2)
     cmd = server.command("python")
     assert cmd[cmd.index("--speculative-algorithm") + 1] == "EAGLE"
-    python = engine_venv / "bin" / "python"
-    proc = subprocess.run([str(python), "-c", PARSE, *cmd[3:]], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = engine_scripts.run("-c", PARSE, *cmd[3:])
     assert proc.returncode == 0, proc.stderr[-2000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     assert parsed["speculative_algorithm"] == "EAGLE"

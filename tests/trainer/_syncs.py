@@ -6,7 +6,6 @@ what SGLang's own draft class loads from them and from an export (`sglang_draft_
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 
 from agent_rl.config.trainer import WeightSyncConfig
 from agent_rl.sglang.client import EngineClient
+from tests._engine_scripts import EngineScripts
 from tests.trainer._batches import rl_batch
 from trainer.batch import Batch
 from trainer.learner import Learner
@@ -38,7 +38,7 @@ def save_draft_buckets(weights: dict[str, torch.Tensor], path: Path) -> list[lis
 
 
 def sglang_draft_loads(
-    export: Path, engine_venv: Path, out: Path
+    export: Path, engine_scripts: EngineScripts, out: Path
 ) -> dict[str, dict[str, torch.Tensor]]:
     """What SGLang's own draft class for `export` holds after loading each source of weights
     (tests/trainer/_sglang_mtp_draft.py, run in the engine environment on the CPU): the export's
@@ -46,13 +46,8 @@ def sglang_draft_loads(
     sync's draft buckets; by source (`disk`, `target`, `distributed`, `tensor`, ...)."""
     from safetensors.torch import load_file
 
-    from agent_rl.engine.install import engine_env, engine_python
-
     script = Path(__file__).with_name("_sglang_mtp_draft.py")
-    command = [str(engine_python(engine_venv)), str(script), str(export), str(out),
-               str(out / "buckets.pt")]  # fmt: skip
-    run = subprocess.run(command, env=engine_env("cpu"), capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+    run = engine_scripts.run(str(script), str(export), str(out), str(out / "buckets.pt"))
     assert run.returncode == 0, run.stderr[-3000:]
     return {f.stem: load_file(str(f)) for f in out.glob("*.safetensors")}
 

@@ -15,6 +15,7 @@ import torch
 from agent_rl.config import TrainerConfig
 from agent_rl.config.trainer import MtpConfig
 from agent_rl.kernel.errors import ConfigError
+from tests._engine_scripts import EngineScripts
 from tests.trainer._batches import rl_batch
 from trainer import hf_convert
 from trainer.arch import ModelArch, Parallel, check_parallel
@@ -420,7 +421,7 @@ def test_the_trained_eagle_draft_computes_what_its_export_does_in_the_eagle_layo
 
 
 def _sglang_draft_loads(
-    model: Path, engine_venv: Path, tmp_path: Path, **cfg: object
+    model: Path, engine_scripts: EngineScripts, tmp_path: Path, **cfg: object
 ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
     """A learner with two MTP modules after one step: its export, and SGLang's own draft for
     the model (tests/trainer/_sglang_mtp_draft.py, in the engine environment) after loading
@@ -438,17 +439,17 @@ def _sglang_draft_loads(
         export = e.export_hf(tmp_path / "export")
         drafts = save_draft_buckets(e.hf_state_dict(), tmp_path / "buckets.pt")
     assert len(drafts) > 1 and all(hf_convert.is_draft(n) for b in drafts for n in b)
-    return hf_convert.read_safetensors(export), sglang_draft_loads(export, engine_venv, tmp_path)
+    return hf_convert.read_safetensors(export), sglang_draft_loads(export, engine_scripts, tmp_path)
 
 
 def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export_and_of_a_sync(
-    tiny_moe_model: Path, engine_venv: Path, tmp_path: Path
+    tiny_moe_model: Path, engine_scripts: EngineScripts, tmp_path: Path
 ) -> None:
     """SGLang's `Qwen3MoeForCausalLMMTP` gets every parameter from the export's module 0 (the
     embedding and head are the target's, shared at serve time), and so from the buckets of
     both in-memory syncs: every weight sync updates the served draft. The later module's
     `mtp.1.*` weights are skipped, not loaded over module 0."""
-    ours, loaded = _sglang_draft_loads(tiny_moe_model, engine_venv, tmp_path)
+    ours, loaded = _sglang_draft_loads(tiny_moe_model, engine_scripts, tmp_path)
     assert sorted(loaded) == ["disk", "distributed", "tensor"]
     for source, draft in loaded.items():
         _assert_module_0(draft, ours, source)
@@ -457,7 +458,7 @@ def test_sglang_s_own_mtp_draft_loads_every_weight_of_the_export_and_of_a_sync(
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "qwen2-narrow"])
 def test_sglang_s_own_eagle_draft_loads_a_dense_models_draft_from_every_source(
-    kind: str, tiny_dense_model: Path, engine_venv: Path, tmp_path: Path
+    kind: str, tiny_dense_model: Path, engine_scripts: EngineScripts, tmp_path: Path
 ) -> None:
     """A dense model's MTP module is in the EAGLE layout: SGLang's `Qwen2ForCausalLMEagle`,
     built from the export's `draft/` config, gets every parameter but the shared embedding and
@@ -474,7 +475,7 @@ def test_sglang_s_own_eagle_draft_loads_a_dense_models_draft_from_every_source(
     arch = ModelArch.from_hf_dir(model)
     narrow = arch.ffn_hidden_size // 4 if kind.endswith("narrow") else None
     heads = 2 if narrow else None  # the model's 4 query heads, 2 key/value heads
-    ours, loaded = _sglang_draft_loads(model, engine_venv, tmp_path, ffn_hidden_size=narrow,
+    ours, loaded = _sglang_draft_loads(model, engine_scripts, tmp_path, ffn_hidden_size=narrow,
                                        num_attention_heads=heads)  # fmt: skip
     if narrow:
         launch = loaded["launch"]

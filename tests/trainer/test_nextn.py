@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from agent_rl.config import TrainerConfig
 from agent_rl.models import init_model
+from tests._engine_scripts import EngineScripts
 from tests.trainer._batches import rl_batch
 from trainer import hf_convert
 from trainer.arch import ModelArch, Parallel
@@ -151,7 +152,7 @@ def _reference_draft_logits(export: Path, ids: torch.Tensor) -> torch.Tensor:
 
 
 def test_sglang_s_own_nextn_draft_takes_every_weight_of_the_nextn_layer_from_every_source(
-    trained: dict, engine_venv: Path, tmp_path: Path
+    trained: dict, engine_scripts: EngineScripts, tmp_path: Path
 ) -> None:
     """SGLang's NextN class for the family (tests/trainer/_sglang_mtp_draft.py, in the engine
     environment: every parameter NaN, then its own `load_weights`), loading the export's files
@@ -173,7 +174,7 @@ def test_sglang_s_own_nextn_draft_takes_every_weight_of_the_nextn_layer_from_eve
     assert len(drafts) > 1 and sorted(k for b in drafts for k in b) == sorted(nextn)
     targets = [k for b, selector in parts(weights, 64 << 10) if selector == "target" for k, _ in b]
     assert sorted(targets) == sorted(weights.keys() - nextn)
-    loaded = sglang_draft_loads(export, engine_venv, tmp_path)
+    loaded = sglang_draft_loads(export, engine_scripts, tmp_path)
     assert sorted(loaded) == ["disk", "distributed", "target", "tensor"]
     target = loaded.pop("target")
     ours = hf_convert.read_safetensors(export)
