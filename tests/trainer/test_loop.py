@@ -241,7 +241,6 @@ def test_eval_every_evaluates_pinned_versions_beside_training(
     assert second_step.finished_at < eval_span.finished_at
 
 
-@pytest.mark.cpu_exclusive  # its evaluator runs under SCHED_IDLE
 def test_one_evaluator_serves_every_evaluation_and_a_dead_one_is_replaced(
     store_copy: Path, tmp_path: Path, sglang_moe_server: Any, tiny_moe_model: Path,
     restore_engine: None,
@@ -250,10 +249,12 @@ def test_one_evaluator_serves_every_evaluation_and_a_dead_one_is_replaced(
     `eval.router_url`'s engine). SIGKILLed during an evaluation, that evaluation is reported
     failed with how it ended and its weights are removed; the next version due starts a new
     evaluator, which evaluates it. (Versions are published to `Evaluations` directly, with
-    exports copied by hand: the trainer loop adds nothing to this.)"""
+    exports copied by hand: the trainer loop adds nothing to this.) Niced but not under
+    SCHED_IDLE (`cpu_idle = false`), so it needs no idle core: the test above holds the
+    evaluator's priority, and runs alone for it (cpu_exclusive)."""
     cfg = trainer_config(store_copy, tmp_path, sglang_moe_server.url, tiny_moe_model,
                          eval={"every": 1, "tasks": 2, "samples": 2, "env": "calculator",
-                               "router_url": sglang_moe_server.url})
+                               "router_url": sglang_moe_server.url, "cpu_idle": False})
     logs = tmp_path / "logs"
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"log_dir": logs})})
     for version in (1, 2, 3):
