@@ -139,6 +139,12 @@ def engine_env(device: Device, cpu_threads: int = 1) -> dict[str, str]:
         # pages was most of that: allocating and filling 420 MB took 0.11-0.12 s, 0.03 s on
         # huge pages once warm (bench/weight_sync.py in the README for the end-to-end figures).
         env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+        # When a child exits (as each does when stop() signals the group), SGLang's server slept
+        # 5 s "to let GPU activity settle" before a py-spy dump of the schedulers and a CUDA
+        # core dump: on CPU there is no GPU activity or core to dump, and py-spy is not in the
+        # engine environment, so the sleep was all it did; stopping an engine took ~6 s.
+        env.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
+        env.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
     else:
         env.pop("PYTHONPATH", None)
         env.pop("SGLANG_USE_CPU_ENGINE", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -182,3 +183,45 @@ def _ppid(pid: str) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+_REGISTRY_CHECK = """
+import json, sys
+import sglang.srt.models.registry as registry
+models = registry.ModelRegistry.models
+imported = sorted(m for m in sys.modules if m.startswith("sglang.srt.models.")
+                  and m.count(".") == 3 and m != "sglang.srt.models.registry")
+served = models.get("Qwen3MoeForCausalLM")
+everything = registry.import_model_classes("sglang.srt.models")
+cls, arch = registry.ModelRegistry.resolve_model_cls(["LlamaForCausalLM"])
+print(json.dumps({
+    "archs": sorted(models) if len(models) < 10 else None, "imported": imported,
+    "same_class": served is everything.get("Qwen3MoeForCausalLM"),
+    "fallback": [cls.__name__, arch],
+    "supported": len(registry.ModelRegistry.get_supported_archs()), "all": len(everything),
+}))
+"""
+
+
+def test_cpu_model_registry_imports_the_served_architecture_only(
+    engine_venv: Path, tiny_moe_model: Path
+) -> None:
+    """Shim 7: with `--model-path` naming a Qwen3-MoE config, SGLang's registry imports the
+    modules that name it, not all ~250; the class is the one a full import registers, and any
+    other architecture asked for later imports the rest as before."""
+    from agent_rl.engine.install import engine_python
+
+    python = engine_python(engine_venv)
+    argv = ["-", "--model-path", str(tiny_moe_model)]
+    proc = subprocess.run(
+        [str(python), "-c", f"import sys; sys.argv = {argv!r}\n" + _REGISTRY_CHECK],
+        capture_output=True, text=True, env=engine_env("cpu"), timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the modules that name it: qwen3_moe, its MTP head, and models built on it (~5, not ~270)
+    assert got["archs"] is not None and "Qwen3MoeForCausalLM" in got["archs"]
+    assert "sglang.srt.models.qwen3_moe" in got["imported"] and len(got["imported"]) < 20
+    assert got["same_class"] is True
+    assert got["fallback"] == ["LlamaForCausalLM", "LlamaForCausalLM"]
+    assert got["supported"] == got["all"] > 200

@@ -43,6 +43,12 @@ The shims (each shown necessary on a CPU-only host, see docs/engine.md):
    disagree and the engine dies on its first request. Registered for `torch_native`: the
    absorbed MLA path for every forward (queries against the cached latent, which is what the
    cache holds), as SGLang's deterministic mode chooses on the GPU backends.
+7. start-up: SGLang's model registry imports every module under sglang/srt/models (~250) when
+   the scheduler starts, to serve one architecture: 1.2 s of the scheduler's CPU here. Only the
+   modules whose source names an architecture in `--model-path`'s config.json are imported
+   (SGLang's own SGLANG_DISABLED_MODEL_ARCHS, set for that import alone); the registry is left
+   marked as not holding its defaults, so any other architecture asked of it imports them all,
+   as before. The model class served is the same one.
 
 AGENT_RL_ENGINE_COMPAT=0 disables everything; AGENT_RL_ENGINE_COMPAT_VERBOSE=1 logs to stderr.
 """
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import sys
 import types
@@ -346,6 +353,79 @@ def _patch_latent_attention_handler(module: types.ModuleType) -> None:
     _log("latent attention on torch_native: the absorbed MLA path for every forward")
 
 
+# --- 7. the model registry imports the served architecture's modules only -----------------------
+_DISABLED_ARCHS = "SGLANG_DISABLED_MODEL_ARCHS"
+
+
+def _served_architectures() -> list[str]:
+    """The architectures config.json names for this process's `--model-path` (a spawned child's
+    sys.argv is its server's); none when there is no such local file."""
+    argv, path = sys.argv, None
+    for i, arg in enumerate(argv):
+        if arg == "--model-path" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--model-path="):
+            path = arg.partition("=")[2]
+    if path is None:
+        return []
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            archs = json.load(f).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [a for a in archs if isinstance(a, str) and a.isidentifier()]
+
+
+def _around_model_registry(module: types.ModuleType, run: Callable[[], None]) -> None:
+    """SGLang's registry imports every module under sglang/srt/models at import (1.2 s of the
+    scheduler's CPU here, ~270 architectures) to serve one. Those whose source never names the
+    served architectures are skipped through SGLang's own SGLANG_DISABLED_MODEL_ARCHS for that
+    import only; the registry is then marked as not holding its defaults, with its cache
+    cleared, so any other architecture asked of it (a fallback, a multimodal part, a plugin's
+    registration, the list of supported ones) imports all of them as before."""
+    package = sys.modules.get("sglang.srt.models")
+    archs = _served_architectures()
+    if (not archs or package is None or os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE")
+            or os.environ.get(_DISABLED_ARCHS)):
+        run()
+        return
+    try:
+        with open(module.__spec__.origin, encoding="utf-8") as f:  # type: ignore[union-attr]
+            registry_source = f.read()
+    except (AttributeError, TypeError, OSError):
+        registry_source = ""
+    if not all(name in registry_source for name in (
+            "_default_models_loaded", "def import_model_classes", _DISABLED_ARCHS)):
+        _warn("sglang.srt.models.registry drifted (SGLang version?); it imports every model")
+        run()
+        return
+    import pkgutil
+    import re
+
+    named = re.compile(r"\b(?:" + "|".join(map(re.escape, archs)) + r")\b")
+    skipped = []
+    for found in pkgutil.iter_modules(package.__path__):
+        if found.ispkg:
+            continue
+        source = os.path.join(getattr(found.module_finder, "path", ""), found.name + ".py")
+        try:
+            with open(source, encoding="utf-8", errors="replace") as f:
+                if named.search(f.read()):
+                    continue
+        except OSError:
+            continue  # not a plain source file: imported as before
+        skipped.append(found.name)
+    os.environ[_DISABLED_ARCHS] = ",".join(skipped)
+    try:
+        run()
+    finally:
+        del os.environ[_DISABLED_ARCHS]
+    module.import_model_classes.cache_clear()
+    module.ModelRegistry._default_models_loaded = False
+    _log(f"model registry: imported the modules naming {archs} only "
+         f"({len(skipped)} others wait until asked for)")
+
+
 _POST_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
     "sglang.srt.models.deepseek_common.attention_backend_handler":
@@ -357,6 +437,7 @@ if os.environ.get("AGENT_RL_ENGINE_FAST_ATTENTION", "1") != "0":
     _POST_IMPORT["sglang.srt.layers.attention.torch_native_backend"] = _patch_torch_native_backend
 _AROUND_IMPORT: dict[str, Callable[[types.ModuleType, Callable[[], None]], None]] = {
     "torchvision._meta_registrations": _around_torchvision_meta_registrations,
+    "sglang.srt.models.registry": _around_model_registry,
 }
 
 
