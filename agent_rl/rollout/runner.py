@@ -117,9 +117,9 @@ class EpisodeRunner:
         self._next_write: Callable[[], Awaitable[Any]] | None = None
         """The episode's next write, not yet submitted (its start, or its last completed
         turn): it commits during the next generation, or before the end."""
-        self._started = False
         self.started = False
-        """Started already (at its admission, `Store.admit_task(start=...)`): `run` does not
+        """Started in the store by this process: by `run` (`_start`), or already at its
+        admission (`Store.admit_task(start=...)`, the scheduler sets it), when `run` does not
         start it again."""
         self.decide_group: int | None = None
         """The episode's group, to be decided with the episode's end, in its transaction, if no
@@ -130,7 +130,7 @@ class EpisodeRunner:
 
     async def run(self) -> EpisodeResult:
         """Run the episode; returns how it ended (the store already says so)."""
-        self._next_write, self._started = (None, True) if self.started else (self._start, False)
+        self._next_write = None if self.started else self._start
         with telemetry.invoke_agent(self.env_id, self.episode_id, self.ctx.run_name) as span:
             try:
                 with anyio.fail_after(self.ctx.cfg.episode_timeout_s):
@@ -162,7 +162,7 @@ class EpisodeRunner:
                     await write()
                 except StoreError as e:
                     # Not started here (another process runs it): never ended here either.
-                    if not self._started or end.error_type != "Interrupted":
+                    if not self.started or end.error_type != "Interrupted":
                         raise
                     log.info("episode %d: %s", self.episode_id, e)
             try:
@@ -242,7 +242,7 @@ class EpisodeRunner:
 
     async def _start(self) -> None:
         await self.ctx.store.start_episode(self.episode_id, self.ctx.owner)
-        self._started = True
+        self.started = True
 
     async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:
         """`generation` while the episode's pending write commits (`while_writing`)."""
