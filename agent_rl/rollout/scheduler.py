@@ -367,7 +367,7 @@ class Scheduler:
         filters). Its last episode's end then decides it in the same transaction, without a
         read of the group's episodes (`Store.end_episode_and_group`)."""
         cfg = self.ctx.cfg
-        hook = type(make(self.env_id, **self.env_kwargs)).group_reward is not Env.group_reward
+        hook = make(self.env_id, **self.env_kwargs).has_group_reward()
         return not hook and self.selection is None and (not cfg.filter_zero_variance or cfg.group_size == 1)
 
     async def _run_episode(self, group_id: int, episode_id: int, task: Task, seed: int | None,

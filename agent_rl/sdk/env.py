@@ -321,6 +321,10 @@ class Env:
         """Rewards for a finished group of episodes on one task; None keeps their own."""
         return None
 
+    @classmethod
+    def has_group_reward(cls) -> bool:
+        return cls.group_reward is not Env.group_reward
+
 
 # The base class's own hooks are guarded too: a subclass that forgot `score` gets an EnvError.
 for _name in _GUARDED:

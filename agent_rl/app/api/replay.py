@@ -148,7 +148,7 @@ async def _replay(
         reward += result.reward
         terminated, truncated = result.terminated, result.truncated
         ended = terminated or truncated
-    if type(env).group_reward is not Env.group_reward:
+    if env.has_group_reward():
         notes.append(f"{ep.env_id} rewrites rewards per group: the recorded reward may differ")
     if not ended and not cut and ep.error_type is None:
         notes.append("the replayed episode had not ended after the recorded turns")
