@@ -225,3 +225,42 @@ def test_cpu_model_registry_imports_the_served_architecture_only(
     assert got["same_class"] is True
     assert got["fallback"] == ["LlamaForCausalLM", "LlamaForCausalLM"]
     assert got["supported"] == got["all"] > 200
+
+
+def test_cpu_engine_children_are_forked_and_a_dead_scheduler_still_takes_the_engine_down(
+    engine_venv: Path, tiny_dense_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shim 8: SGLang's scheduler and detokenizer are forked from the server, so only the server
+    starts an interpreter (the compat layer's import hooks are installed once, in the server's
+    pid); the engine serves, and a scheduler killed under it still ends the whole engine, which
+    check() reports, as with spawned children."""
+    monkeypatch.setenv("AGENT_RL_ENGINE_COMPAT_VERBOSE", "1")
+    server = EngineServer(tiny_dense_model, venv=engine_venv, log_dir=tmp_path, device="cpu")
+    try:
+        server.start()
+        server.wait_until_healthy()
+        assert server.pid is not None
+        log = server.log_path.read_text()
+        installed = [ln for ln in log.splitlines() if "import hooks installed" in ln]
+        assert installed == [f"[agent-rl engine compat pid={server.pid}] import hooks installed"]
+        children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+        names = sorted(Path(f"/proc/{c}/comm").read_text().strip() for c in children)
+        assert names == ["sglang::detoken", "sglang::schedul"], names  # no resource tracker
+        r = httpx.post(
+            server.url + "/generate",
+            json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+            timeout=60,
+        )
+        assert r.status_code == 200 and len(r.json()["output_ids"]) == 4
+
+        scheduler = next(c for c in children if "schedul" in Path(f"/proc/{c}/comm").read_text())
+        os.kill(int(scheduler), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while server.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with pytest.raises(EngineError, match=r"exited with code"):
+            server.check()
+    finally:
+        server.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.pid, 0)  # nothing of the engine's process group is left

@@ -1,8 +1,8 @@
 """CPU compatibility layer for SGLang 0.5.23, applied at launch in every engine process.
 
 The launcher puts this directory first on the engine's PYTHONPATH, so Python imports this
-`sitecustomize` at interpreter start-up in the server process and in SGLang's scheduler and
-detokenizer children (multiprocessing "spawn" inherits the environment). No installed file is
+`sitecustomize` at interpreter start-up in the server process; SGLang's scheduler and detokenizer
+are forked from it, patches applied (shim 8), or import it too when spawned. No installed file is
 edited; nothing heavy is imported here: the patches wait in import hooks until SGLang imports the
 module they fix. On a GPU host the launcher does not put this directory on the path at all.
 
@@ -49,6 +49,12 @@ The shims (each shown necessary on a CPU-only host, see docs/engine.md):
    (SGLang's own SGLANG_DISABLED_MODEL_ARCHS, set for that import alone); the registry is left
    marked as not holding its defaults, so any other architecture asked of it imports them all,
    as before. The model class served is the same one.
+8. start-up: SGLang spawns its scheduler and detokenizer (multiprocessing "spawn", which CUDA
+   needs), and each fresh interpreter imported torch, transformers and SGLang again, most of an
+   engine start's CPU. On CPU they are forked from the server, which has imported all of it by
+   then (one thread, no CUDA, no OpenMP pool yet); a forked child's SIGQUIT is reset to the
+   default a spawned one has. SGLang's crash signalling is unchanged: a child's parent is still
+   the server. AGENT_RL_ENGINE_FORK=0 turns this one off.
 
 AGENT_RL_ENGINE_COMPAT=0 disables everything; AGENT_RL_ENGINE_COMPAT_VERBOSE=1 logs to stderr.
 """
@@ -426,6 +432,25 @@ def _around_model_registry(module: types.ModuleType, run: Callable[[], None]) ->
          f"({len(skipped)} others wait until asked for)")
 
 
+# --- 8. SGLang's children forked from the server, not spawned -----------------------------------
+def _patch_engine_start_method(module: types.ModuleType) -> None:
+    set_envs_and_config = module._set_envs_and_config
+
+    def then_fork(*args: Any, **kwargs: Any) -> Any:
+        result = set_envs_and_config(*args, **kwargs)  # sets "spawn" for CUDA's sake
+        import multiprocessing
+        import signal
+
+        multiprocessing.set_start_method("fork", force=True)
+        # A spawned child starts with default signal handling; the server's launch-phase SIGQUIT
+        # handler (set just before) is for the server alone.
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGQUIT, signal.SIG_DFL))
+        _log("SGLang's scheduler and detokenizer are forked from the server")
+        return result
+
+    module._set_envs_and_config = then_fork
+
+
 _POST_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
     "sglang.srt.models.deepseek_common.attention_backend_handler":
@@ -433,6 +458,8 @@ _POST_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.sampling.sampling_batch_info": _patch_sampling_batch_info,
     "sglang.srt.layers.sampler": _patch_sampler,
 }
+if os.environ.get("AGENT_RL_ENGINE_FORK", "1") != "0":
+    _POST_IMPORT["sglang.srt.entrypoints.engine"] = _patch_engine_start_method
 if os.environ.get("AGENT_RL_ENGINE_FAST_ATTENTION", "1") != "0":
     _POST_IMPORT["sglang.srt.layers.attention.torch_native_backend"] = _patch_torch_native_backend
 _AROUND_IMPORT: dict[str, Callable[[types.ModuleType, Callable[[], None]], None]] = {
