@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
@@ -45,6 +44,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agent_rl.config.access import HostGuard, HostRule, bearer_matches, one_header
+from agent_rl.kernel import jsonfast
 from agent_rl.rollout import anthropic_wire, responses_wire
 from agent_rl.rollout.gateway import AgentSession, Gateway
 from agent_rl.rollout.gateway_relay import SANDBOX_PORT
@@ -148,14 +148,14 @@ def _refusal(request: Request, e: GatewayError) -> JSONResponse:
 
 async def _body(request: Request) -> Any:
     try:
-        return json.loads(await request.body())
+        return jsonfast.loads(await request.body())
     except (ValueError, UnicodeDecodeError) as e:
         raise GatewayError(400, f"the request body is not JSON: {e}") from e
 
 
 def _json(body: Any) -> Response:
-    """A JSON answer, compact; `json.dumps` directly, as no encoder needs to walk it first."""
-    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+    """A JSON answer, compact; orjson directly, as no encoder needs to walk it first."""
+    return Response(jsonfast.dumps(body), media_type="application/json")
 
 
 def _authorized(gateway: Gateway, request: Request) -> AgentSession:
@@ -247,8 +247,8 @@ async def _named_sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]],
 
 
 def _named(body: dict[str, Any]) -> bytes:
-    return f"event: {body['type']}\ndata: ".encode() + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    return f"event: {body['type']}\ndata: ".encode() + jsonfast.dumps(body) + b"\n\n"
 
 
 def _event(body: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + jsonfast.dumps(body) + b"\n\n"

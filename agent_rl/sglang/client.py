@@ -36,6 +36,7 @@ import aiohttp
 from typing_extensions import Unpack
 
 from agent_rl.sglang.generation import GenerateOptions, Generation, TokenIds, json_body
+from agent_rl.kernel import jsonfast
 from agent_rl.kernel.errors import EngineError, EngineUnavailableError
 from agent_rl.kernel.http1 import NotSent, Upstream, UpstreamFailed, UpstreamResponse
 
@@ -449,7 +450,7 @@ class EngineClient:
                 resp.close()  # a no-op once the body was read and the connection pooled
         if resp.status != 200:
             raise _refusal(self._origin, path, resp.status, data)
-        return _decoded(data.decode(errors="replace"))
+        return _decoded(data)
 
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
         return await self._request("POST", path, body, headers=headers)
@@ -500,14 +501,14 @@ def _not_sent(e: BaseException) -> bool:
     return isinstance(e, aiohttp.ClientConnectorError) and not isinstance(e, aiohttp.ClientSSLError)
 
 
-def _decoded(text: str) -> Any:
+def _decoded(body: str | bytes) -> Any:
     """An answer's body: None when empty, its JSON, or the text itself."""
-    if not text:
+    if not body:
         return None
     try:
-        return json.loads(text)
+        return jsonfast.loads(body)
     except ValueError:
-        return text
+        return body.decode(errors="replace") if isinstance(body, bytes) else body
 
 
 def _sse_data(line: bytes) -> str | None:

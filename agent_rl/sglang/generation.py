@@ -9,7 +9,6 @@ protocol; this module is what its callers and the recorded episodes share.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 from typing_extensions import TypedDict
 
+from agent_rl.kernel import jsonfast
 from agent_rl.kernel.encoding import version_label
 from agent_rl.kernel.errors import EngineError
 
@@ -176,9 +176,9 @@ def json_body(body: dict[str, Any]) -> bytes:
     """A request body's JSON; `input_ids` given as `TokenIds` is spliced in as it is kept."""
     ids = body.get("input_ids")
     if not isinstance(ids, TokenIds):
-        return json.dumps(body).encode()
-    rest = json.dumps({k: v for k, v in body.items() if k != "input_ids"})
-    return ('{"input_ids": ' + ids.json() + (", " + rest[1:] if rest != "{}" else "}")).encode()
+        return jsonfast.dumps(body)
+    rest = jsonfast.dumps({k: v for k, v in body.items() if k != "input_ids"})
+    return b'{"input_ids":' + ids.json().encode() + (b"," + rest[1:] if rest != b"{}" else b"}")
 
 
 def decode_routed_experts(b64: str, rows: int, topk: int | None) -> np.ndarray:
