@@ -107,6 +107,8 @@ class _Prepared:
     started: float
     rid: str
     """The engine request's id (to abort it when the client goes away)."""
+    known: int
+    """How many of `messages` lead with the history kept (an extension's), whose keys are kept."""
 
 
 @dataclass
@@ -400,7 +402,7 @@ class AgentSession:
             params["sampling_seed"] = request_seed(self.runner.seed, self.calls)
         self._tools = tools
         rid = f"agent-{self.episode_id}-call-{self.calls}-{time.monotonic_ns()}"
-        return _Prepared(req, sent, internal, new, tools, pending, params, drift, started, rid)
+        return _Prepared(req, sent, internal, new, tools, pending, params, drift, started, rid, n if extends else 0)
 
     def _options(self, p: _Prepared) -> dict[str, Any]:
         persisted = len(self._conv.ids) - len(p.pending) if self._conv else 0
@@ -545,7 +547,10 @@ class AgentSession:
         reply = a.reply
         ids = gen.output_ids
         self._history = [*p.messages, reply]
-        self._history_keys = [message_key(m) for m in self._history]
+        # An extension's leading messages match the history kept, key for key: only the new
+        # ones and the answer are keyed.
+        self._history_keys = [*self._history_keys[: p.known],
+                              *(message_key(m) for m in self._history[p.known:])]
         self._internal = [*p.internal, answer]
         self._answers[_answer_key(reply)] = answer
         self._last_ids, self._last_text = list(ids), text
