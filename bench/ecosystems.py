@@ -55,6 +55,7 @@ from agent_rl.sdk.agent import AgentEnv
 from agent_rl.sdk.registry import make, register
 from agent_rl.sdk.rewards import Reward
 from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
+from bench._proc import cpu_s
 from envs.verifiers_env.env import PYTHON_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,12 +105,6 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def process_cpu(pid: int) -> float:
-    """A live process's user + system CPU seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -142,12 +137,12 @@ async def side(db: Path, url: str, model: Path, env_id: str, kwargs: dict[str, A
     env.task_source()  # warm: the env server started, the rows listed (cached per process)
     pool = getattr(env, "pool", None)
     server_pid = pool.servers[0].ensure().process.pid if pool is not None else None
-    env_cpu = process_cpu(server_pid) if server_pid else children_cpu()
+    env_cpu = cpu_s(server_pid) if server_pid else children_cpu()
     cpu = time.process_time()
     cfg = config(db, url, model, env_id, kwargs, c)
     summary = await serve(cfg, max_episodes=episodes)
     cpu = time.process_time() - cpu
-    env_cpu = (process_cpu(server_pid) if server_pid else children_cpu()) - env_cpu
+    env_cpu = (cpu_s(server_pid) if server_pid else children_cpu()) - env_cpu
     async with await Store.open(cfg.store) as store:
         rows = await store.list_episodes(run_id=summary.run_id, limit=100_000)
     failed = [e.error_cause for e in rows if e.status not in ("completed", "filtered")]

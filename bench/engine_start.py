@@ -15,37 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from agent_rl.config import load_config
-from agent_rl.engine.launcher import EngineServer
-from agent_rl.models import init_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def group_cpu_s(pgid: int) -> dict[str, float]:
-    """CPU seconds of each live process in the group, by its name (comm) and pid."""
-    out = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            stat = (proc / "stat").read_text() if proc.name.isdigit() else ""
-        except OSError:
-            continue
-        if not stat:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid:
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            out[f"{comm}:{proc.name}"] = sum(int(x) for x in fields[11:15]) / TICKS
-    return out
-
+from agent_rl.config import load_config  # noqa: E402
+from agent_rl.engine.launcher import EngineServer  # noqa: E402
+from agent_rl.models import init_model  # noqa: E402
+from bench._proc import group_cpu_s  # noqa: E402
 
 def one_start(model: Path, venv: Path, log_dir: Path) -> dict:
     server = EngineServer(model, venv=venv, log_dir=log_dir, device="cpu")

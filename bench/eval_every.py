@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.config import Config, RouterConfig, TrainerConfig  # noqa: E402
 from agent_rl.kernel.priority import IDLE_GROUP_NICE, set_group_nice  # noqa: E402
+from bench._proc import tree_cpu_s  # noqa: E402
 from bench._serving import RouterProcess, RouterThread, ServeThread, quickstart_run  # noqa: E402
 from tests._databases import fresh_postgres  # noqa: E402
 
@@ -74,13 +75,6 @@ def config(work: Path, model: Path, train: RouterThread, evals: RouterProcess, p
     )
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its children that ended (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return sum(int(f) for f in fields[11:15]) / tick
-
-
 def own_cpu_s() -> float:
     """User + system CPU seconds of this process (the trainer loop, serve, the training router)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -91,20 +85,6 @@ def machine_idle_s() -> float:
     """Seconds all CPUs spent idle since boot (/proc/stat: idle + iowait)."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     return (int(fields[3]) + int(fields[4])) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of a process and every live descendant (an engine runs a few)."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            total += cpu_s(p)
-            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        todo += [int(c) for c in children]
-    return total
 
 
 def renice(pid: int, nice: int, idle: bool) -> None:

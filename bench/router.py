@@ -27,7 +27,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._proc import cpu_s  # noqa: E402
 
 STUB_DELAY_S = 0.05
 STUB_BODY = json.dumps({"text": "x" * 900, "output_ids": list(range(64)),
@@ -120,14 +125,8 @@ def wait_ready(url: str, probe: str, timeout_s: float = 60.0) -> bool:
     return False
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(url: str, n: int, c: int, pid: int | None) -> dict[str, float]:
-    before = cpu_seconds(pid) if pid else 0.0
+    before = cpu_s(pid) if pid else 0.0
     out = subprocess.run([sys.executable, __file__, "--role", "load", "--url", url,
                           "--n", str(n), "--c", str(c)],
                          capture_output=True, text=True, timeout=600, check=True)
@@ -135,7 +134,7 @@ def measure(url: str, n: int, c: int, pid: int | None) -> dict[str, float]:
     if pid:
         # Includes warm-up requests: an upper bound on the proxy's CPU cost per request.
         warm = min(n, 2 * c + 20)
-        result["cpu_ms_per_req"] = (cpu_seconds(pid) - before) * 1000 / (n + warm)
+        result["cpu_ms_per_req"] = (cpu_s(pid) - before) * 1000 / (n + warm)
     return result
 
 

@@ -49,6 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._proc import cpu_s  # noqa: E402
 from bench._stages import stages  # noqa: E402
 
 POSTGRES = os.environ.get("AGENT_RL_BENCH_POSTGRES_URL",
@@ -123,13 +124,6 @@ def wait_url(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) ->
             raise RuntimeError(f"{log.name} exited: {text[-2000:]}")
         time.sleep(0.1)
     raise RuntimeError(f"{log.name} printed no URL in {timeout_s} s")
-
-
-def cpu_s(pid: int) -> float:
-    import psutil
-
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
 
 
 def count_turns(url: str) -> int:
