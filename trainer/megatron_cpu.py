@@ -14,13 +14,23 @@ forward/backward, MoE alltoall with EP, TP with sequence parallelism, the pipeli
 Megatron DDP and (distributed) optimizer, dist_checkpointing); see ../shared/notes/megatron-cpu for the lab runs.
 
 Call `apply()` before building any megatron module (trainer.model does).
+
+One more, applied at import: megatron's `jit_fuser` decorator is `torch.compile`, and decorating
+with it imports torch's dynamo and inductor, ~3 s of CPU in every trainer process, for fusions
+the CPU paths never call (and which inductor would compile with a C++ compiler if they did).
+`eager_fusions()` (installed by `import trainer`, before any megatron import) calls megatron's
+own `disable_jit_fuser()` as soon as `megatron.core.jit` has run, when CUDA is absent: those
+functions run as written, in eager torch, as later megatron releases do on non-CUDA devices.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.abc
+import importlib.machinery
 import sys
+import types
 from typing import Any
 
 import torch
@@ -39,6 +49,33 @@ def apply() -> list[str]:
     _tied_embeddings()
     _latent_attention()
     return APPLIED
+
+
+def eager_fusions() -> None:
+    """Disable megatron's torch.compile fusions on CPU as megatron.core.jit is imported (see the
+    module's docstring); a no-op once it has been imported."""
+    if "megatron.core.jit" not in sys.modules and not any(
+        isinstance(f, _EagerFusionsFinder) for f in sys.meta_path
+    ):
+        sys.meta_path.insert(0, _EagerFusionsFinder())
+
+
+class _EagerFusionsFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "megatron.core.jit":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def run_then_disable(module: types.ModuleType) -> None:
+            run(module)
+            if not torch.cuda.is_available():
+                module.disable_jit_fuser()
+
+        spec.loader.exec_module = run_then_disable  # type: ignore[method-assign]
+        return spec
 
 
 def mtp_decoder_layer() -> str:
