@@ -507,8 +507,12 @@ def _decoded(body: str | bytes) -> Any:
         return None
     try:
         return jsonfast.loads(body)
-    except ValueError:
-        return body.decode(errors="replace") if isinstance(body, bytes) else body
+    except ValueError:  # not JSON, or not UTF-8: parsed as its text with replacement characters
+        text = body.decode(errors="replace") if isinstance(body, bytes) else body
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
 
 
 def _sse_data(line: bytes) -> str | None:

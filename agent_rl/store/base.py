@@ -185,12 +185,12 @@ class StoreBase:
 
     async def close(self) -> None:
         def close() -> None:
+            self._batches.shutdown(wait=True)  # a batch in flight ends first, on its connection
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
             self.db.dispose()
 
-        self._batches.shutdown(wait=False)  # no batch is in flight once the store's users are done
         await anyio.to_thread.run_sync(close)
 
     async def __aenter__(self: S) -> S:
