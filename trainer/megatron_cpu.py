@@ -16,8 +16,9 @@ Megatron DDP and (distributed) optimizer, dist_checkpointing); see ../shared/not
 Call `apply()` before building any megatron module (trainer.model does).
 
 One more, applied at import: megatron's `jit_fuser` decorator is `torch.compile`, and decorating
-with it imports torch's dynamo and inductor, ~3 s of CPU in every trainer process, for fusions
-the CPU paths never call (and which inductor would compile with a C++ compiler if they did).
+with it imports torch's dynamo and inductor, ~3 s of CPU in every trainer process (0.16; 0.19's
+inference-only MoE router imports them with its own `@torch.compile`), for fusions the CPU
+paths never call (and which inductor would compile with a C++ compiler if they did).
 `eager_fusions()` (installed by `import trainer`, before any megatron import) calls megatron's
 own `disable_jit_fuser()` as soon as `megatron.core.jit` has run, when CUDA is absent: those
 functions run as written, in eager torch, as later megatron releases do on non-CUDA devices.

@@ -117,21 +117,24 @@ def test_parallel_sizes_are_checked(tiny_dense_model: Path) -> None:
         Learner(tiny_dense_model, TrainerConfig(parallel={"pp": 2}, mtp={"layers": 1}))  # before any process group
 
 
-def test_megatron_fusions_run_eagerly_on_cpu_and_torch_compile_is_never_imported() -> None:
-    """`import trainer` keeps megatron's `jit_fuser` (torch.compile) off on CPU: a process that
-    imports the trainer's learner and loop never imports torch's dynamo or inductor
-    (~3 s of CPU per trainer process), and megatron's own fused functions are plain ones."""
+def test_megatron_fusions_run_eagerly_on_cpu() -> None:
+    """`import trainer` keeps megatron's `jit_fuser` (torch.compile) off on CPU: megatron's own
+    fused functions are plain ones, and a process that imports the trainer's learner and loop
+    never imports torch's dynamo or inductor (~3 s of CPU per trainer process). That last holds
+    for megatron-core 0.16 (Python 3.11); 0.19's inference-only MoE router decorates with
+    torch.compile itself, so there dynamo is imported all the same."""
     code = (
         "import json, sys\n"
         "import trainer.learner, trainer.loop\n"
         "import megatron.core.jit as jit\n"
-        "from megatron.core.fusions import fused_bias_gelu, fused_bias_swiglu\n"
+        "from megatron.core.package_info import __version__\n"
         "print(json.dumps({'dynamo': 'torch._dynamo' in sys.modules,\n"
         "                  'inductor': 'torch._inductor' in sys.modules,\n"
-        "                  'fuser': jit.jit_fuser is jit.noop_decorator,\n"
-        "                  'plain': type(fused_bias_gelu.bias_gelu).__name__}))\n"
+        "                  'fuser': jit.jit_fuser is jit.noop_decorator, 'version': __version__}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got == {"dynamo": False, "inductor": False, "fuser": True, "plain": "function"}
+    assert got["fuser"] is True
+    if got["version"].startswith("0.16."):
+        assert (got["dynamo"], got["inductor"]) == (False, False)
