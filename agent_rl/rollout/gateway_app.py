@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
@@ -220,6 +221,7 @@ async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> As
         try:
             async for c in rest:
                 yield _event(c)
+                await _let_the_watch_run()
         except GatewayError as e:  # after the headers: the error is the stream's last event
             yield _event(e.body())
             return
@@ -238,12 +240,22 @@ async def _named_sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]],
         try:
             async for event in rest:
                 yield _named(event)
+                await _let_the_watch_run()
         except GatewayError as e:
             yield _named(anthropic_wire.error_body(e) if anthropic else
                          {"type": "error", "code": e.code, "message": e.message, "param": e.param})  # fmt: skip
     finally:
         with anyio.CancelScope(shield=True):
             await rest.aclose()  # type: ignore[attr-defined]
+
+
+async def _let_the_watch_run() -> None:
+    """A checkpoint between a stream's events, before the next is asked for (the last ask keeps
+    the call): the event loop reads the client's close and `_Stream`'s watch cancels the stream.
+    Without it, a stream whose engine output is all buffered already (serve starved of CPU
+    while the engine wrote) ran to its end without yielding, and kept a call its client had
+    abandoned after the first event."""
+    await anyio.lowlevel.checkpoint()
 
 
 def _named(body: dict[str, Any]) -> bytes:

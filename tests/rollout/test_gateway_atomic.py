@@ -174,3 +174,43 @@ def test_a_call_either_completes_and_is_recorded_or_leaves_the_episode_as_it_was
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         anyio.run(_run_plans, Path(tmp) / "store.db", sglang_moe_server.url, tiny_moe_model, plans)
+
+
+def test_a_stream_whose_events_are_all_buffered_still_stops_when_its_client_is_gone() -> None:
+    """The race behind a cut stream kept as a turn (seen once with the machine at load ~10):
+    serve starved of CPU while the engine wrote, so the whole answer was buffered; uvicorn's
+    writes to the closed connection return at once, and a stream that never yielded ran to its
+    end, keeping the call, before its watch could read the close. Fault injection, since a real
+    client and engine cannot be made to hit that window: the call's events are all ready (they
+    never wait), the first is sent, and the client is gone from then on; the stream must stop,
+    its call closed, before the call is kept (the ask after its last event)."""
+    from agent_rl.rollout.gateway_app import _sse, _Stream
+
+    asked: list[int] = []
+    closed: list[bool] = []
+
+    async def call() -> Any:  # what `AgentSession.stream` does: kept on the ask after the last
+        try:
+            for i in range(1, 2000):
+                asked.append(i)
+                yield {"i": i}
+            asked.append(2000)  # the call kept here
+        finally:
+            closed.append(True)
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:  # uvicorn's, once the client went away
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}  # the close, read as soon as the loop gets to it
+
+    async def run() -> None:
+        rest = call()
+        response = _Stream(_sse({"i": 0}, rest), media_type="text/event-stream")
+        await response({"type": "http"}, receive, send)
+
+    anyio.run(run)
+    assert closed == [True]
+    assert 2000 not in asked and len(asked) < 10, len(asked)  # stopped within a few events
