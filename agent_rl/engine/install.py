@@ -106,10 +106,7 @@ def install_engine(
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", "-q"]
     if device == "cpu":
         echo("installing SGLang and its pinned dependencies (CPU; a few minutes on first install)")
-        # --no-compile: pip byte-compiles all ~17,000 modules (~60 s of CPU), and an engine
-        # imports ~700 of them; the import check below compiles and caches those.
-        _run([*pip, "--no-deps", "--no-compile", "-r", str(requirements_file())],
-             "install the engine requirements")
+        _run([*pip, "--no-deps", "-r", str(requirements_file())], "install the engine requirements")
     else:
         echo(f"installing stock sglang=={SGLANG_VERSION} with its CUDA dependencies")
         _run([*pip, f"sglang=={SGLANG_VERSION}"], "install sglang")
