@@ -110,6 +110,7 @@ async def serve(cfg: Config, *, max_episodes: int | None = None, with_api: bool 
     store = await Store.open(cfg.store, create=True)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(store.close)
+        await store.warm()
         tg = await stack.enter_async_context(anyio.create_task_group())
         # Its tasks (engine supervision, the API, the SIGTERM watch) are cancelled only once
         # everything entered after it has closed: cancelling earlier would cancel those closes

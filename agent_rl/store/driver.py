@@ -20,6 +20,10 @@ the execution goes around SQLAlchemy. What that gives up, and how it is kept:
   retries, in-doubt commits) sees what it sees from `execute`;
 - events: SQLAlchemy's `before_cursor_execute` does not fire for these statements (count them
   with the driver's own hooks, e.g. sqlite3's trace callback).
+
+A statement compiles at its first use for a dialect, 1-2 ms each; `compile_all(dialect)` compiles
+every one made so far at once (a serving process's start, `Store.warm`), so that its first
+episodes do not pay for them one by one.
 """
 
 from __future__ import annotations
@@ -64,6 +68,11 @@ class DriverStatement:
         self.statement = statement
         self.column_keys = list(column_keys) if column_keys is not None else None
         self._compiled: weakref.WeakKeyDictionary[Dialect, _Compiled] = weakref.WeakKeyDictionary()
+        _MADE.add(self)
+
+    def compiled_for(self, dialect: Dialect) -> bool:
+        """Whether it is compiled for `dialect` already."""
+        return dialect in self._compiled
 
     def one_or_none(self, conn: Connection, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Run it with `params`; the first row it returns (a RETURNING statement), or None."""
@@ -127,6 +136,19 @@ class DriverStatement:
                 processors.append((name, process))
         positions = tuple(c.positiontup) if c.positiontup is not None else None
         return _Compiled(c.string, base, tuple(processors), positions)
+
+
+_MADE: weakref.WeakSet[DriverStatement] = weakref.WeakSet()
+"""Every statement made (the store's are module-level: made once, at import)."""
+
+
+def compile_all(dialect: Dialect) -> int:
+    """Compile every statement made so far for `dialect` (those compiled already are kept);
+    returns how many there are."""
+    statements = list(_MADE)
+    for statement in statements:
+        statement._for(dialect)
+    return len(statements)
 
 
 def run_sql(conn: Connection, sql: str) -> None:

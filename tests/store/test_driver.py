@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import Connection, bindparam, insert, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from agent_rl.store import Store
+from agent_rl.store import EpisodeEnd, Store
 from agent_rl.store.base import is_transient
 from agent_rl.store.driver import DriverStatement
 from agent_rl.store.models import EpisodeRow, MessageRow
 from tests._databases import fresh_database
-from tests.store.helpers import migrated_store
+from tests.store.helpers import make_turn, migrated_store
 
 pytestmark = pytest.mark.anyio
 
@@ -148,3 +148,40 @@ def test_statements_it_cannot_run_faithfully_are_refused() -> None:
         update(EpisodeRow).where(EpisodeRow.status.in_(("waiting", "running"))).values(owner="x"))
     with pytest.raises(TypeError, match="Connection.execute"):
         expanding._for(create_engine("sqlite://").dialect)
+
+
+async def test_a_warmed_store_compiles_nothing_on_an_episodes_path(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """`Store.warm` (serve's start) compiles every statement of the store for its database, so
+    an episode's writes and reads (admission, turns, its end and its group's, the version
+    check) compile none: before, each of a dozen compiled at its first use (1-2 ms apiece)
+    during serve's first episodes."""
+    store = await migrated_store(db_url)
+    try:
+        await store.warm()
+        dialect = store.db.dialect
+        import agent_rl.store.lifecycle as lifecycle
+        import agent_rl.store.queries as queries
+
+        hot = [v for m in (lifecycle, queries) for v in vars(m).values() if isinstance(v, DriverStatement)]
+        hot += [v for m in (lifecycle,) for d in vars(m).values() if isinstance(d, dict)
+                for v in d.values() if isinstance(v, DriverStatement)]  # fmt: skip
+        assert len(hot) >= 10 and all(s.compiled_for(dialect) for s in hot)
+
+        compiled: list[str] = []
+        original = DriverStatement._compile
+
+        def record(self: DriverStatement, d: object) -> object:
+            compiled.append(str(self.statement))
+            return original(self, d)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(DriverStatement, "_compile", record)
+        run = await store.ensure_run("warm")
+        await store.latest_version(run)
+        group, (episode,) = await store.admit_task(run, "calculator", "t", {}, 1, [7], start="serve-1")
+        await store.append_turn(episode, make_turn(1))
+        end = EpisodeEnd("completed", reward=1.0, turn=make_turn(2))
+        assert await store.end_episode_and_group(episode, end, group) == (2, "ready")
+        assert compiled == []
+    finally:
+        await store.close()
