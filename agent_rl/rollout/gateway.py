@@ -203,10 +203,17 @@ class AgentSession:
         return record
 
     async def _commit(self) -> None:
-        """Write the turn held back, if any (the caller holds `_write`)."""
+        """Write the turn held back, if any (the caller holds `_write`).
+
+        Committed without its own fsync (`durable=False`: SQLite's `NORMAL`, which a crash of
+        the process does not lose, unlike one of the machine): an agent's episode cannot be
+        resumed (`AgentEnv.resumable`), so after a machine crash it fails as interrupted
+        whatever turns it kept, and the durable commit of its end makes every turn before it
+        durable too (the WAL is written in order). That fsync was an eighth of serve's CPU per
+        call (bench/gateway.py)."""
         record, self._unwritten = self._unwritten, None
         if record is not None:
-            await self.ctx.store.append_turn(self.episode_id, record)
+            await self.ctx.store.append_turn(self.episode_id, record, durable=False)
 
     async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:
         """`generation` while the previous call's turn commits (`runner.while_writing`)."""

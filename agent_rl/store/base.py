@@ -443,11 +443,13 @@ def write(
     """Make `def m(self, conn, ...)` an async method running in one write transaction.
 
     `durable=False` is for bookkeeping that a later durable commit covers (see
-    `agent_rl.store.db`)."""
+    `agent_rl.store.db`); a caller may pass `durable=` to the method to decide for one call."""
+
+    default = durable
 
     def decorate(fn: Callable[Concatenate[Any, Connection, P], R]) -> Callable[Concatenate[Any, P], Any]:
         @functools.wraps(fn)
-        async def method(self: StoreBase, *args: P.args, **kwargs: P.kwargs) -> R:
+        async def method(self: StoreBase, *args: Any, durable: bool = default, **kwargs: Any) -> R:
             return await self.run_in_transaction(
                 lambda conn: fn(self, conn, *args, **kwargs), write=True, durable=durable,
                 name=fn.__name__,

@@ -4,8 +4,9 @@
 SQLite runs in WAL mode with a busy timeout. Transactions that carry data (turns, terminal
 states, trainer commits) run with `synchronous=FULL`: once committed they survive a crash of the
 process or the machine. Bookkeeping transitions whose loss on power failure is harmless
-(admission, start, heartbeats, claims) run with `NORMAL`: they survive a process crash, and the
-WAL is sequential, so the next FULL commit makes them durable too. PostgreSQL uses psycopg 3.
+(admission, start, heartbeats, claims, an agent's turns before its end: see the gateway) run
+with `NORMAL`: they survive a process crash, and the WAL is sequential, so the next FULL commit
+makes them durable too. PostgreSQL uses psycopg 3.
 """
 
 from __future__ import annotations

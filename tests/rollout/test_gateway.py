@@ -349,6 +349,29 @@ async def test_openai_client_with_tools_and_logprobs(tmp_path: Path, memorized, 
                 assert response.usage.prompt_tokens == turn.span_start + turn.num_prompt_tokens
 
 
+async def test_an_agents_turns_commit_without_an_fsync_and_its_end_with_one(
+        tmp_path: Path, memorized, tiny_moe_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The gateway writes an agent's turns `durable=False` (SQLite's NORMAL: no fsync of their
+    own) and the episode's end durably: an agent episode cannot be resumed, so a machine crash
+    fails it whatever it kept, and its end's commit makes the turns before it durable."""
+    writes: list[tuple[str, bool]] = []
+    run_in_transaction = Store.run_in_transaction
+
+    async def spy(self: Store, fn: Any, *, write: bool, durable: bool = True, name: str = "") -> Any:
+        if write:
+            writes.append((name, durable))
+        return await run_in_transaction(self, fn, write=write, durable=durable, name=name)
+
+    monkeypatch.setattr(Store, "run_in_transaction", spy)
+    async with Tap(memorized.url).running() as tap:
+        _, summary = await _serve(tmp_path, tap, tiny_moe_model, "test-openai-tools", episodes=1)
+    assert summary.completed == 1
+    turns = [durable for name, durable in writes if name == "append_turn"]
+    ends = [durable for name, durable in writes if name.startswith("end_episode")]
+    assert turns == [False], writes  # the first of its two calls; the second lands with the end
+    assert ends == [True], writes
+
+
 async def test_openai_client_streaming(tmp_path: Path, memorized, tiny_moe_model: Path) -> None:
     async with Tap(memorized.url).running() as tap:
         cfg, summary = await _serve(tmp_path, tap, tiny_moe_model, "test-openai-stream")
