@@ -370,6 +370,8 @@ async def test_an_agents_turns_commit_without_an_fsync_and_its_end_with_one(
     ends = [durable for name, durable in writes if name.startswith("end_episode")]
     assert turns == [False], writes  # the first of its two calls; the second lands with the end
     assert ends == [True], writes
+    # Its admission is bookkeeping too: lost in a machine crash only with all of the above.
+    assert [durable for name, durable in writes if name == "admit_task"] == [False], writes
 
 
 async def test_openai_client_streaming(tmp_path: Path, memorized, tiny_moe_model: Path) -> None:
