@@ -316,26 +316,18 @@ class Queries(StoreBase):
     def audit(self, conn: Connection, run_id: int) -> Audit:
         """Check the run's bookkeeping from the rows themselves (see `Audit`)."""
         ledger = _ledger(conn, run_id)
-        run = EpisodeRow.run_id == run_id
-        count = lambda *cond: int(conn.scalar(select(func.count()).select_from(EpisodeRow).where(run, *cond)))  # noqa: E731
-        sizes = conn.execute(
-            select(GroupRow.size, func.count(EpisodeRow.id)).select_from(GroupRow)
-            .outerjoin(EpisodeRow, EpisodeRow.group_id == GroupRow.id)
-            .where(GroupRow.run_id == run_id, GroupRow.status != "open").group_by(GroupRow.id, GroupRow.size)
-        ).all()
+        sizes = conn.execute(_AUDIT_SIZES, {"run": run_id}).all()
         published = 0
-        for (metrics,) in conn.execute(
-            select(PolicyVersionRow.metrics).where(PolicyVersionRow.run_id == run_id)
-        ):
+        for (metrics,) in conn.execute(_AUDIT_PUBLISHED, {"run": run_id}):
             published += int((metrics or {}).get("episodes", 0))
+        failed, filtered, trained = conn.execute(_AUDIT_FLAWS, {"run": run_id}).one()
         return Audit(
             ledger=ledger,
             lost=sum(max(size - n, 0) for size, n in sizes),
             not_terminal=ledger.waiting + ledger.running,
-            failed_without_cause=count(EpisodeRow.status == "failed",
-                                       or_(EpisodeRow.error_type.is_(None), EpisodeRow.error_cause.is_(None))),
-            filtered_without_reason=count(EpisodeRow.status == "filtered", EpisodeRow.filter_reason.is_(None)),
-            trained_without_step=count(EpisodeRow.status == "trained", EpisodeRow.trained_step.is_(None)),
+            failed_without_cause=int(failed or 0),
+            filtered_without_reason=int(filtered or 0),
+            trained_without_step=int(trained or 0),
             trained_by_steps=published,
         )
 
@@ -464,14 +456,45 @@ def _row_by_id(conn: Connection, table: type[TaskRow | GroupRow | RunRow], row_i
     return dict(row)
 
 
+# The ledger's and the audit's statements, built once (a statement built per call costs its cache
+# key each time, more than these queries' execution: the lifecycle's state machine test audits
+# after each of its thousands of steps, and serve's summary and the API read the ledger).
+_LEDGER_ROWS = {
+    (by_run, by_owner): select(EpisodeRow.status, RunRow.kind, func.count(), func.avg(EpisodeRow.reward))
+    .join(RunRow, RunRow.id == EpisodeRow.run_id)
+    .where(*([EpisodeRow.run_id == bindparam("run")] if by_run else []),
+           *([EpisodeRow.owner == bindparam("owner")] if by_owner else []))
+    .group_by(EpisodeRow.status, RunRow.kind)
+    for by_run in (False, True) for by_owner in (False, True)
+}  # fmt: skip
+_ADMITTED = {
+    by_run: select(func.coalesce(func.sum(GroupRow.size), 0))
+    .where(*([GroupRow.run_id == bindparam("run")] if by_run else []))
+    for by_run in (False, True)
+}  # fmt: skip
+_AUDIT_SIZES = (
+    select(GroupRow.size, func.count(EpisodeRow.id)).select_from(GroupRow)
+    .outerjoin(EpisodeRow, EpisodeRow.group_id == GroupRow.id)
+    .where(GroupRow.run_id == bindparam("run"), GroupRow.status != "open").group_by(GroupRow.id, GroupRow.size)
+)  # fmt: skip
+_AUDIT_PUBLISHED = select(PolicyVersionRow.metrics).where(PolicyVersionRow.run_id == bindparam("run"))
+
+
+def _count_where(*cond: Any) -> Any:
+    return func.sum(case((and_(*cond), 1), else_=0))
+
+
+_AUDIT_FLAWS = select(
+    _count_where(EpisodeRow.status == "failed",
+                 or_(EpisodeRow.error_type.is_(None), EpisodeRow.error_cause.is_(None))),
+    _count_where(EpisodeRow.status == "filtered", EpisodeRow.filter_reason.is_(None)),
+    _count_where(EpisodeRow.status == "trained", EpisodeRow.trained_step.is_(None)),
+).where(EpisodeRow.run_id == bindparam("run"))  # fmt: skip
+
+
 def _ledger(conn: Connection, run_id: int | None, owner: str | None = None) -> Ledger:
-    cond = [] if run_id is None else [EpisodeRow.run_id == run_id]
-    if owner is not None:
-        cond.append(EpisodeRow.owner == owner)
-    rows = conn.execute(
-        select(EpisodeRow.status, RunRow.kind, func.count(), func.avg(EpisodeRow.reward))
-        .join(RunRow, RunRow.id == EpisodeRow.run_id).where(*cond).group_by(EpisodeRow.status, RunRow.kind)
-    ).all()
+    params = {"run": run_id, "owner": owner}
+    rows = conn.execute(_LEDGER_ROWS[run_id is not None, owner is not None], params).all()
     counts: dict[str, int] = {}
     for status, kind, n, _ in rows:
         # No trainer consumes an evaluation run: its ended episodes are scored, not in flight.
@@ -482,8 +505,7 @@ def _ledger(conn: Connection, run_id: int | None, owner: str | None = None) -> L
     mean = sum(n * r for n, r in rewarded) / total if total else None
     if owner is None:
         # Counted from the groups as admitted, not from the episode rows: a lost row shows.
-        group_cond = [] if run_id is None else [GroupRow.run_id == run_id]
-        admitted = int(conn.scalar(select(func.coalesce(func.sum(GroupRow.size), 0)).where(*group_cond)))
+        admitted = int(conn.scalar(_ADMITTED[run_id is not None], params))
     else:
         admitted = sum(counts.values())  # the episodes it ran: its share of admission
     return Ledger(admitted=admitted, mean_reward=mean, **counts)
