@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.engine import install
-from agent_rl.engine.install import STAMP_FILE, engine_python, install_engine, requirements_file
+from agent_rl.engine.install import STAMP_FILE, engine_env, engine_python, install_engine, requirements_file
 from agent_rl.kernel.errors import EngineError
 
 
@@ -69,3 +69,27 @@ def test_no_python311_on_path_is_a_clear_error(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setattr(sys, "version_info", (3, 12, 0, "final", 0))
     with pytest.raises(EngineError, match="needs CPython 3.11.*--python"):
         install._base_python()
+
+
+def test_no_engine_start_compiles_the_engines_modules_from_source(engine_venv: Path) -> None:
+    """The install leaves bytecode for every module an engine imports: where
+    PYTHONDONTWRITEBYTECODE is set (CI images, many containers) an engine process never writes
+    it, so without it each start compiled SGLang, transformers and torch from source again (an
+    install without pip's compile step once made every engine test 1.5-2x slower)."""
+    code = (
+        "import importlib._bootstrap_external as b, sys\n"
+        "compiled = []\n"
+        "source_to_code = b.SourceLoader.source_to_code\n"
+        "def counting(self, data, path, *, _optimize=-1):\n"
+        "    compiled.append(path)\n"
+        "    return source_to_code(self, data, path, _optimize=_optimize)\n"
+        "b.SourceLoader.source_to_code = counting\n"
+        "import sglang.launch_server, sglang.srt.managers.scheduler\n"
+        "print('\\n'.join(p for p in compiled if p.startswith(sys.prefix)))\n"
+    )
+    env = {**engine_env("cpu"), "PYTHONDONTWRITEBYTECODE": "1"}
+    out = subprocess.run([str(engine_python(engine_venv)), "-c", code], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    from_source = out.stdout.split()
+    assert not from_source, f"{len(from_source)} modules compiled from source, e.g. {from_source[:3]}"
