@@ -144,11 +144,16 @@ _MADE: weakref.WeakSet[DriverStatement] = weakref.WeakSet()
 
 def compile_all(dialect: Dialect) -> int:
     """Compile every statement made so far for `dialect` (those compiled already are kept);
-    returns how many there are."""
-    statements = list(_MADE)
-    for statement in statements:
-        statement._for(dialect)
-    return len(statements)
+    returns how many it compiled. One that cannot be (refused for `execute`, or not for this
+    database) is left to raise at its own use, as it would have."""
+    compiled = 0
+    for statement in list(_MADE):
+        try:
+            statement._for(dialect)
+        except Exception:
+            continue
+        compiled += 1
+    return compiled
 
 
 def run_sql(conn: Connection, sql: str) -> None:

@@ -158,8 +158,12 @@ async def test_a_warmed_store_compiles_nothing_on_an_episodes_path(
     during serve's first episodes."""
     store = await migrated_store(db_url)
     try:
+        # A statement that cannot compile for the database is left to raise at its use.
+        refused = DriverStatement(
+            update(EpisodeRow).where(EpisodeRow.status.in_(("waiting", "running"))).values(owner="x"))
         await store.warm()
         dialect = store.db.dialect
+        assert not refused.compiled_for(dialect)
         import agent_rl.store.lifecycle as lifecycle
         import agent_rl.store.queries as queries
 
