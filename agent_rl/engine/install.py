@@ -113,7 +113,7 @@ def install_engine(
         echo(f"installing stock sglang=={SGLANG_VERSION} with its CUDA dependencies")
         _run([*pip, f"sglang=={SGLANG_VERSION}"], "install sglang")
     echo("compiling its bytecode")
-    _compile_bytecode(py)
+    _compile_bytecode(py, venv / "lib")
 
     echo("checking that the engine imports")
     _smoke_test(py, device)
@@ -155,8 +155,8 @@ def engine_env(device: Device, cpu_threads: int = 1) -> dict[str, str]:
     return env
 
 
-def _compile_bytecode(py: str) -> None:
-    """Compile every module of the environment to bytecode, on every core.
+def _compile_bytecode(py: str, lib: Path) -> None:
+    """Compile every module under the environment's `lib` to bytecode, on every core.
 
     pip compiles what it installs one file at a time (about a minute of the install for torch,
     transformers and SGLang); `compileall -j 0` does the same work in parallel. The bytecode
@@ -164,12 +164,8 @@ def _compile_bytecode(py: str) -> None:
     process never writes it, so each start would compile SGLang, transformers and torch from
     source again. A file that does not compile (test data shipped as .py) is left as it is, as
     pip leaves it."""
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
-    if not site:
-        raise EngineError(f"could not find the engine environment's site-packages ({py})")
     try:
-        proc = subprocess.run([py, "-m", "compileall", "-q", "-q", "-j", "0", site],
+        proc = subprocess.run([py, "-m", "compileall", "-q", "-q", "-j", "0", str(lib)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     except OSError as e:
         raise EngineError(f"could not compile the engine environment's bytecode: {e}") from e

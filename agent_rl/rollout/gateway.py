@@ -209,8 +209,8 @@ class AgentSession:
         the process does not lose, unlike one of the machine): an agent's episode cannot be
         resumed (`AgentEnv.resumable`), so after a machine crash it fails as interrupted
         whatever turns it kept, and the durable commit of its end makes every turn before it
-        durable too (the WAL is written in order). That fsync was an eighth of serve's CPU per
-        call (bench/gateway.py)."""
+        durable too (the WAL is written in order). The fsync is ~0.1 ms of CPU per commit
+        (docs/benchmarks.md, bench/gateway.py)."""
         record, self._unwritten = self._unwritten, None
         if record is not None:
             await self.ctx.store.append_turn(self.episode_id, record, durable=False)

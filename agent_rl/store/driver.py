@@ -28,6 +28,7 @@ episodes do not pay for them one by one.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -142,18 +143,13 @@ _MADE: weakref.WeakSet[DriverStatement] = weakref.WeakSet()
 """Every statement made (the store's are module-level: made once, at import)."""
 
 
-def compile_all(dialect: Dialect) -> int:
-    """Compile every statement made so far for `dialect` (those compiled already are kept);
-    returns how many it compiled. One that cannot be (refused for `execute`, or not for this
-    database) is left to raise at its own use, as it would have."""
-    compiled = 0
+def compile_all(dialect: Dialect) -> None:
+    """Compile every statement made so far for `dialect` (those compiled already are kept). One
+    that cannot be (refused for `execute`, or not for this database) is left to raise at its own
+    use, as it would have."""
     for statement in list(_MADE):
-        try:
+        with contextlib.suppress(Exception):
             statement._for(dialect)
-        except Exception:
-            continue
-        compiled += 1
-    return compiled
 
 
 def run_sql(conn: Connection, sql: str) -> None:
