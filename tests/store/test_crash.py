@@ -48,6 +48,9 @@ async def test_sigkill_while_writing(db_url: str) -> None:
             assert tokens == expected
             if e.status == "completed":
                 assert e.num_turns == TURNS and e.reward == 1.0
+            elif e.status == "waiting":
+                # Killed between its admission and its start: admitted, never run.
+                assert e.num_turns == 0
             else:
                 assert e.status == "running"
         interrupted = await store.resolve_interrupted(owner="writer")
