@@ -33,6 +33,8 @@ the whole batch, and each caller's retry reruns its own transaction.
 The batches run on one thread of the store's own, and on SQLite on one connection kept for them
 (the writes are serialized anyway): anyio's `to_thread` hop and a pool checkout, its execution
 options and its reset on return cost more CPU per transaction than the BEGIN and the COMMIT.
+On SQLite that thread also brings the text search index up to date after a batch, at most once
+a second (`search.catch_up`), once the batch's writers are woken.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from agent_rl.config import StoreConfig
 from agent_rl.config.secrets import redact_text, redact_url
 from agent_rl.kernel.errors import StoreError
+from agent_rl.store import search
 from agent_rl.store.db import BEGIN_OPTION, SYNC_OPTION, create_database, database_url, is_sqlite
 from agent_rl.store.driver import compile_all
 from agent_rl.store.models import SCHEMA_REVISION
@@ -149,6 +152,8 @@ class StoreBase:
         """The thread the group commit's batches run on, one at a time."""
         self._writer: Connection | None = None
         """SQLite: the connection the batches run on, kept between them (`_write_connection`)."""
+        self._index_due = 0.0
+        """SQLite: when the batches' thread next catches the text index up (`_index_messages`)."""
 
     @classmethod
     async def open(cls: type[S], cfg: StoreConfig, *, check: bool = True, create: bool = False) -> S:
@@ -313,6 +318,7 @@ class StoreBase:
             except BaseException as e:  # not a write's own failure (those are kept on it): a bug
                 error = e
             loop.call_soon_threadsafe(_resolve, done, error)
+            self._index_messages()  # its writers are on their way meanwhile
 
         self._batches.submit(run)
         with anyio.CancelScope(shield=True):
@@ -354,6 +360,19 @@ class StoreBase:
                 j.result = self._attempt(j.fn, True, j.durable)
             except Exception as e:
                 j.error = e
+
+    def _index_messages(self) -> None:
+        """Batches' thread, SQLite: the text index takes the messages written since it last
+        did, at most every `search.INDEX_EVERY_S` (`search.catch_up`; a search catches it up
+        itself, so a failure here only leaves it to the next)."""
+        if not self.sqlite or time.monotonic() < self._index_due:
+            return
+        self._index_due = time.monotonic() + search.INDEX_EVERY_S
+        try:
+            self._attempt(search.catch_up, True, False)
+        except Exception as e:
+            log.warning("the text index's catch-up failed (the next one or a search retries): %s",
+                        one_line(e))
 
     def _write_connection(self, durable: bool) -> Connection:
         """SQLite: the batches' connection, opened once (again if it was invalidated), its

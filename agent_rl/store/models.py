@@ -31,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0006"
 """The Alembic revision these models are the head of (tests/store/test_migrations.py checks
 it); a store opens only on a database at this revision."""
 ID_MAX = 2**31 - 1
@@ -42,8 +42,10 @@ INT_MIN = -(2**31)
 MESSAGE_SEARCH = "messages_fts"
 """Text search over `messages.content`, outside the models because neither backend's kind is
 a table or index SQLAlchemy describes (revision 0003): on SQLite the FTS5 table of this name
-(trigram tokenizer, kept in sync by triggers), on PostgreSQL the pg_trgm GIN index
-`messages_fts_trgm`. Schema comparisons leave out every object whose name starts with it."""
+(trigram tokenizer) and `messages_fts_state`, how far it has indexed (revision 0006: new
+messages are indexed in batches, `agent_rl.store.search.catch_up`), on PostgreSQL the pg_trgm
+GIN index `messages_fts_trgm`. Schema comparisons leave out every object whose name starts
+with it."""
 
 EPISODE_STATUSES = ("waiting", "running", "completed", "trained", "filtered", "failed")
 TERMINAL_EPISODE_STATUSES = ("completed", "trained", "filtered", "failed")

@@ -94,8 +94,17 @@ class Queries(StoreBase):
         ).mappings().all()
         return [dict(r) for r in rows]
 
+    async def list_episodes(self, **filters: Any) -> list[EpisodeSummary]:
+        """`_list_episodes(**filters)`. A text search on SQLite first brings the text index up
+        to date (`search.catch_up`: new messages are indexed in batches), so it finds every
+        message written before it."""
+        if filters.get("text") and self.sqlite:
+            await self.run_in_transaction(search.catch_up, write=True, durable=False,
+                                          name="catch_up")
+        return await self._list_episodes(**filters)  # type: ignore[no-any-return]
+
     @read
-    def list_episodes(
+    def _list_episodes(
         self,
         conn: Connection,
         *,

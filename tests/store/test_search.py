@@ -1,17 +1,23 @@
 """Text search over messages (`list_episodes(text=...)`, the API's `q`) through each database's
 own index (revision 0003): SQLite's FTS5 trigram table, PostgreSQL's pg_trgm GIN index. The
 matches are the ILIKE substring matches they replace, the index is what the query plan uses,
-and the FTS5 table follows inserts and deletes. PostgreSQL's pattern is written into the SQL
+and the FTS5 table follows inserts (in batches, revision 0006: a search still finds every
+message written before it) and deletes. PostgreSQL's pattern is written into the SQL
 (a bound one got a generic plan that scanned), so quotes and backslashes are in the cases."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import anyio
 import pytest
+from alembic import command
 from sqlalchemy import text as sql
 
+from agent_rl.config import StoreConfig
 from agent_rl.store import MessageRecord, Store, search
+from agent_rl.store.migrate import alembic_config, upgrade
 from tests.store.helpers import make_turn, migrated_store
 
 pytestmark = pytest.mark.anyio
@@ -110,3 +116,112 @@ async def test_the_sqlite_index_follows_inserts_and_deletes(tmp_path: Path) -> N
             check.close()
         assert await store.list_episodes(text="alpha") == []
         assert [e.id for e in await store.list_episodes(text="DELTA")] == first
+
+
+def indexed(store: Store, text: str) -> int:
+    """SQLite: messages the FTS5 table itself matches (no catch-up first)."""
+    with store.db.connect() as conn:
+        phrase = '"' + text + '"'
+        return int(conn.scalar(sql("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH :q"),
+                               {"q": phrase}) or 0)
+
+
+def integrity_check(store: Store) -> None:
+    """FTS5's own check that its index is exactly the messages' (it raises otherwise)."""
+    with store.db.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO messages_fts(messages_fts, rank) VALUES ('integrity-check', 1)").close()
+
+
+async def test_a_write_leaves_the_index_to_a_batch_and_a_search_finds_it_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite: a turn's messages are not indexed in its own transaction (a trigger per message
+    cost each turn's write a trip through FTS5), yet a search right after it finds them."""
+    monkeypatch.setattr(search, "INDEX_EVERY_S", 3600.0)  # the writer's catch-up: its first batch only
+    async with await migrated_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        run = await store.ensure_run("batched")
+        await episodes_with(store, run, ["alpha one"])
+        later = await episodes_with(store, run, ["bravo two"])
+        assert indexed(store, "bravo") == 0
+        assert [e.id for e in await store.list_episodes(text="BRAVO")] == later
+        assert indexed(store, "bravo") == 1
+        integrity_check(store)
+
+
+async def test_the_writer_catches_the_index_up_after_its_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(search, "INDEX_EVERY_S", 0.0)
+    async with await migrated_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        run = await store.ensure_run("writer")
+        await episodes_with(store, run, ["charlie three"])
+        deadline = time.monotonic() + 10
+        while indexed(store, "charlie") == 0:  # the catch-up runs once the writers are woken
+            assert time.monotonic() < deadline, "the writer never indexed the new messages"
+            await anyio.sleep(0.01)
+        integrity_check(store)
+
+
+async def test_deletes_and_updates_keep_the_batched_index_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages deleted or rewritten before and after they were indexed, and new messages
+    given the ids of deleted ones (SQLite reuses the largest ids): the index stays exactly the
+    messages, and every search finds what is there."""
+    monkeypatch.setattr(search, "INDEX_EVERY_S", 3600.0)
+    async with await migrated_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        run = await store.ensure_run("keep")
+        other = await store.ensure_run("other")
+        kept = await episodes_with(store, run, ["alpha kept"])
+        await episodes_with(store, other, ["alpha gone"])
+        assert len(await store.list_episodes(text="alpha")) == 2  # indexed now
+        rewritten = await episodes_with(store, run, ["foxtrot unindexed"])
+        await episodes_with(store, other, ["echo unindexed"])
+        with store.db.begin() as conn:
+            conn.execute(sql("DELETE FROM runs WHERE id = :r"), {"r": other})  # indexed and not
+            conn.execute(sql("UPDATE messages SET content = 'golf' WHERE content LIKE 'foxtrot%'"))
+            conn.execute(sql("UPDATE messages SET content = 'hotel' WHERE content = 'alpha kept'"))
+        assert await store.list_episodes(text="echo") == []
+        assert await store.list_episodes(text="alpha") == []
+        assert [e.id for e in await store.list_episodes(text="golf")] == rewritten
+        assert [e.id for e in await store.list_episodes(text="hotel")] == kept
+        integrity_check(store)
+
+        last = await store.ensure_run("last")
+        await episodes_with(store, last, ["juliet largest"])
+        assert len(await store.list_episodes(text="juliet")) == 1  # indexed: the largest ids
+        with store.db.begin() as conn:
+            largest = conn.scalar(sql("SELECT max(id) FROM messages"))
+            conn.execute(sql("DELETE FROM runs WHERE id = :r"), {"r": last})
+        reused = await episodes_with(store, run, ["india reused"])
+        with store.db.connect() as conn:
+            assert conn.scalar(sql("SELECT max(id) FROM messages")) == largest  # ids reused
+        assert [e.id for e in await store.list_episodes(text="india")] == reused
+        assert await store.list_episodes(text="juliet") == []
+        integrity_check(store)
+
+
+async def test_the_batched_index_migrates_both_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up from 0005 (a trigger per message), every message stays found; back down, the
+    messages not yet indexed are indexed, and each new one is again as it is written."""
+    monkeypatch.setattr(search, "INDEX_EVERY_S", 3600.0)
+    cfg = StoreConfig(url=f"sqlite:///{tmp_path / 'store.db'}")
+    alembic = alembic_config(cfg)
+    await anyio.to_thread.run_sync(lambda: command.upgrade(alembic, "0005"))
+    async with await Store.open(cfg, check=False) as store:  # 0006 changes no model
+        before = await episodes_with(store, await store.ensure_run("old"), ["juliet before"])
+    await upgrade(cfg)
+    async with await Store.open(cfg) as store:
+        run = await store.ensure_run("new")
+        assert [e.id for e in await store.list_episodes(text="juliet")] == before
+        after = await episodes_with(store, run, ["kilo after"])
+        assert indexed(store, "kilo") == 0
+    await anyio.to_thread.run_sync(lambda: command.downgrade(alembic, "0005"))
+    async with await Store.open(cfg, check=False) as store:  # (its writer's catch-up: refused)
+        assert after and indexed(store, "kilo") == 1
+        await episodes_with(store, run, ["lima down"])
+        assert indexed(store, "lima") == 1  # 0003's trigger, as the row is inserted
+        integrity_check(store)
