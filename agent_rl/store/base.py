@@ -365,9 +365,10 @@ class StoreBase:
         """Batches' thread, SQLite: the text index takes the messages written since it last
         did, at most every `search.INDEX_EVERY_S` (`search.catch_up`; a search catches it up
         itself, so a failure here only leaves it to the next)."""
-        if not self.sqlite or time.monotonic() < self._index_due:
+        now = time.monotonic()
+        if not self.sqlite or now < self._index_due:
             return
-        self._index_due = time.monotonic() + search.INDEX_EVERY_S
+        self._index_due = now + search.INDEX_EVERY_S
         try:
             self._attempt(search.catch_up, True, False)
         except Exception as e:
