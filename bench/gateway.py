@@ -38,8 +38,10 @@ before (its CPU then counts as serve's), to compare with figures taken that way.
 
 Last line: RESULT {"p50_ratio_c1", "p50_ratio_c16", "cpu_ms_per_call_c16": {dialect: ms},
 "p50_ratio_c16_by_dialect", "agents_cpu_ms_per_call_c16", "agents_in_serve", "tokens_exact",
-"load_average", ...}; targets on a quiet machine: p50 ratio <= 1.1 at 16, CPU <= 1.5 ms per
-call for each dialect.
+"load_average", ...}; with `--dialect all`, `p50_ratio_c16` is the largest of the dialects'
+ratios (the other `*_c16` figures outside the per-dialect maps are the last dialect's, as
+each dialect's own lines print them); targets on a quiet machine: p50 ratio <= 1.1 at 16, CPU
+<= 1.5 ms per call for each dialect.
 
     python bench/gateway.py [--episodes 48] [--calls 4] [--tokens 16] [--rounds 5] [--dialect all]
                             [--agents-in-serve]
@@ -368,6 +370,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if not args.agents_in_serve:
             await AGENTS.close()
     result["cpu_ms_per_call_c16"] = per_dialect
+    if len(dialects) > 1:  # the target holds for every dialect: the headline is the worst one's
+        result["p50_ratio_c16"] = max(result["p50_ratio_c16_by_dialect"].values())
     result["agents_in_serve"] = args.agents_in_serve
     result["tokens_exact"] = exact
     result["load_average"] = [min(loads), max(loads)]
