@@ -32,7 +32,7 @@ async def run_quickstart(
 ) -> dict[str, Any]:
     """Run (or resume) the quickstart in `workdir`; returns the summary it reports."""
     from agent_rl.app.quickstart.pipeline import Quickstart, export_path
-    from agent_rl.app.quickstart.recipe import BASE_MODEL, SFT_MODEL
+    from agent_rl.app.quickstart.recipe import BASE_MODEL, SFT_MODEL, check_agent_client
     from agent_rl.app.quickstart.report import (
         PLOT_FILE,
         RESULTS_FILE,
@@ -43,6 +43,7 @@ async def run_quickstart(
     )
     from agent_rl.store import Store
 
+    check_agent_client(opts)
     qs = Quickstart(opts, workdir, console)
     async with qs.running():
         evals = {"base": await qs.eval_stage("base", BASE_MODEL, None)}

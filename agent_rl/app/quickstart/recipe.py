@@ -16,6 +16,7 @@ Why these numbers (measured on 2 CPU cores; see the README's quickstart section)
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import secrets
@@ -44,6 +45,8 @@ AGENT_ENV_IDS = {"chat": AGENT_ENV_ID, "responses": "calculator-agent-responses"
                  "messages": "calculator-agent-anthropic"}  # fmt: skip
 """`--agent --dialect`: the same agent written against the gateway's other dialects
 (envs/calculator_agent/dialects.py: `responses.create`, Anthropic's client)."""
+AGENT_CLIENTS = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
+"""The client library each dialect's agent is written with (the `[agents]` extra installs them)."""
 AGENT_ENV_KWARGS: dict[str, Any] = {
     "tools_in_prompt": False, "min_terms": 3, "max_terms": 3, "max_digits": 1, "max_turns": 3,
 }
@@ -185,6 +188,21 @@ def verifiers_python() -> str:
                           f"set {PYTHON_VAR} to its Python (python -m venv .venv-verifiers && "
                           ".venv-verifiers/bin/pip install verifiers==0.4.0)")
     return str(python.absolute())
+
+
+def check_agent_client(opts: Options) -> None:
+    """`--agent`: the client its agent is written with must be installed, or every episode
+    would fail on its import; said before anything starts."""
+    if not opts.agent or opts.env is not None:
+        return
+    dialect = opts.dialect
+    client = AGENT_CLIENTS[dialect]
+    try:
+        importlib.import_module(client)
+    except ImportError as e:
+        raise ConfigError(f"--agent --dialect {dialect}: the example agent is written with the "
+                          f"{client} client, which is not installed ({e}): "
+                          "pip install -e '.[agents]'") from e
 
 
 def write_or_load(workdir: Path, opts: Options, moe: bool = False) -> Config:
