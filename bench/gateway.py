@@ -31,7 +31,9 @@ prompt (the direct call's greedy output for the same prompt ids equals the store
 
 `--dialect messages|responses` has the agents call Anthropic's `/v1/messages` (content blocks
 sent back) or OpenAI's `/v1/responses` (each call continuing the previous response by
-`previous_response_id`) instead; `--dialect all` measures each of the three at 16.
+`previous_response_id`) instead; `--dialect all` measures each of the three at 16, their
+rounds in turn (chat's round r, messages', responses', then round r + 1), so the machine's
+drift over the run meets every dialect alike.
 
 `--agents-in-serve` runs the agents' client in serve's process instead, as this bench did
 before (its CPU then counts as serve's), to compare with figures taken that way.
@@ -328,43 +330,54 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     episodes = {1: max(args.episodes // 4, 4), 16: args.episodes}
     dialects = ["chat", "messages", "responses"] if args.dialect == "all" else [args.dialect]
     per_dialect: dict[str, float] = {}
+    # The series of one group take their rounds in turn (each dialect's round r, then each one's
+    # round r + 1, ...): the machine's speed drifts over minutes, and a series measured after
+    # another read higher for that alone (with the dialects one after the other, the first one's
+    # ratio was the lowest in most runs, whichever dialect went first).
+    groups = [[(d, 16) for d in dialects]] if len(dialects) > 1 else [[(dialects[0], 1)], [(dialects[0], 16)]]
     try:
-        for dialect, c in [(d, c) for d in dialects for c in ((16,) if len(dialects) > 1 else (1, 16))]:
-            DIALECT[0] = dialect
-            gw, direct, gw_cpu, direct_cpu, overhead, agent_cpu = [], [], [], [], [], []
+        for group in groups:
+            measured: dict[tuple[str, int], dict[str, list[float]]] = {
+                series: {k: [] for k in ("gw", "direct", "gw_cpu", "direct_cpu", "overhead", "agent_cpu")}
+                for series in group
+            }  # fmt: skip
             for r in range(args.rounds):
-                loads.append(load_average())
-                run, db = f"{dialect}-c{c}-r{r}", work / f"{dialect}-c{c}-r{r}.db"
-                lat, cpu, agents, engine_calls = await gateway_round(db, engine.url, model,
-                                                                     episodes[c], c, run)
-                gw.append(statistics.median(lat))
-                overhead.append(gw[-1] - statistics.median(engine_calls))
-                gw_cpu.append(cpu)
-                agent_cpu.append(agents)
-                calls = await stored_calls(db, run)
-                lat, cpu, same = await direct_round(engine.url, calls, c)
-                direct.append(statistics.median(lat))
-                direct_cpu.append(cpu)
-                exact &= same
-                loads.append(load_average())
-                print(f"{dialect} c={c} round {r} (load {loads[-2]:.1f}-{loads[-1]:.1f}): "
-                      f"gateway p50 {gw[-1] * 1e3:.1f} ms "
-                      f"({gw_cpu[-1] * 1e3:.2f} ms serve CPU/call, "
-                      f"agents {agent_cpu[-1] * 1e3:.2f}, "
-                      f"{overhead[-1] * 1e3:+.1f} ms over its engine calls' p50), "
-                      f"direct p50 {direct[-1] * 1e3:.1f} ms ({direct_cpu[-1] * 1e3:.1f} ms CPU/call), "
-                      f"tokens exact: {same}", flush=True)  # fmt: skip
-            # Each round's ratio pairs sides that ran back to back on the same machine load.
-            result[f"p50_ratio_c{c}"] = round(statistics.median(g / d for g, d in zip(gw, direct)), 3)
-            result[f"gateway_p50_ms_c{c}"] = round(statistics.median(gw) * 1e3, 1)
-            result[f"direct_p50_ms_c{c}"] = round(statistics.median(direct) * 1e3, 1)
-            result[f"gateway_overhead_ms_c{c}"] = round(statistics.median(overhead) * 1e3, 1)
-            result[f"gateway_cpu_ms_per_call_c{c}"] = round(statistics.median(gw_cpu) * 1e3, 2)
-            result[f"direct_cpu_ms_per_call_c{c}"] = round(statistics.median(direct_cpu) * 1e3, 2)
-            result[f"agents_cpu_ms_per_call_c{c}"] = round(statistics.median(agent_cpu) * 1e3, 2)
-            if c == 16:
-                per_dialect[dialect] = result[f"gateway_cpu_ms_per_call_c{c}"]
-                result.setdefault("p50_ratio_c16_by_dialect", {})[dialect] = result["p50_ratio_c16"]
+                for dialect, c in group:
+                    m = measured[(dialect, c)]
+                    DIALECT[0] = dialect
+                    loads.append(load_average())
+                    run, db = f"{dialect}-c{c}-r{r}", work / f"{dialect}-c{c}-r{r}.db"
+                    lat, cpu, agents, engine_calls = await gateway_round(db, engine.url, model,
+                                                                         episodes[c], c, run)
+                    m["gw"].append(statistics.median(lat))
+                    m["overhead"].append(m["gw"][-1] - statistics.median(engine_calls))
+                    m["gw_cpu"].append(cpu)
+                    m["agent_cpu"].append(agents)
+                    calls = await stored_calls(db, run)
+                    lat, cpu, same = await direct_round(engine.url, calls, c)
+                    m["direct"].append(statistics.median(lat))
+                    m["direct_cpu"].append(cpu)
+                    exact &= same
+                    loads.append(load_average())
+                    print(f"{dialect} c={c} round {r} (load {loads[-2]:.1f}-{loads[-1]:.1f}): "
+                          f"gateway p50 {m['gw'][-1] * 1e3:.1f} ms "
+                          f"({m['gw_cpu'][-1] * 1e3:.2f} ms serve CPU/call, "
+                          f"agents {m['agent_cpu'][-1] * 1e3:.2f}, "
+                          f"{m['overhead'][-1] * 1e3:+.1f} ms over its engine calls' p50), "
+                          f"direct p50 {m['direct'][-1] * 1e3:.1f} ms ({m['direct_cpu'][-1] * 1e3:.1f} ms CPU/call), "
+                          f"tokens exact: {same}", flush=True)  # fmt: skip
+            for (dialect, c), m in measured.items():
+                # Each round's ratio pairs sides that ran back to back on the same machine load.
+                result[f"p50_ratio_c{c}"] = round(statistics.median(g / d for g, d in zip(m["gw"], m["direct"])), 3)
+                result[f"gateway_p50_ms_c{c}"] = round(statistics.median(m["gw"]) * 1e3, 1)
+                result[f"direct_p50_ms_c{c}"] = round(statistics.median(m["direct"]) * 1e3, 1)
+                result[f"gateway_overhead_ms_c{c}"] = round(statistics.median(m["overhead"]) * 1e3, 1)
+                result[f"gateway_cpu_ms_per_call_c{c}"] = round(statistics.median(m["gw_cpu"]) * 1e3, 2)
+                result[f"direct_cpu_ms_per_call_c{c}"] = round(statistics.median(m["direct_cpu"]) * 1e3, 2)
+                result[f"agents_cpu_ms_per_call_c{c}"] = round(statistics.median(m["agent_cpu"]) * 1e3, 2)
+                if c == 16:
+                    per_dialect[dialect] = result[f"gateway_cpu_ms_per_call_c{c}"]
+                    result.setdefault("p50_ratio_c16_by_dialect", {})[dialect] = result["p50_ratio_c16"]
     finally:
         engine.stop()
         if not args.agents_in_serve:
