@@ -195,12 +195,11 @@ def check_agent_client(opts: Options) -> None:
     would fail on its import; said before anything starts."""
     if not opts.agent or opts.env is not None:
         return
-    dialect = opts.dialect
-    client = AGENT_CLIENTS[dialect]
+    client = AGENT_CLIENTS[opts.dialect]
     try:
         importlib.import_module(client)
     except ImportError as e:
-        raise ConfigError(f"--agent --dialect {dialect}: the example agent is written with the "
+        raise ConfigError(f"--agent --dialect {opts.dialect}: the example agent is written with the "
                           f"{client} client, which is not installed ({e}): "
                           "pip install -e '.[agents]'") from e
 
