@@ -137,6 +137,13 @@ class RolloutConfig(Section):
     127.0.0.1 and [::1] (`name` on any port, `name:port` on that one, `*` any): what agents
     call it by behind a proxy or by a DNS name. Other Hosts get 421 (DNS rebinding)."""
 
+    gateway_write_s: float = Field(default=5.0, ge=0)
+    """How long an agent episode's kept calls may wait in serve's memory before their turns are
+    written: together, during a call once the oldest has waited this long, and the rest with
+    the episode's end, in its transaction. An agent episode cannot be resumed, so a crash loses
+    nothing a write would have saved; what waits is the store's view of a running episode
+    (docs/agents.md). 0: each call's turn is written during the next call."""
+
     decode_table: Path | None = None
     """bench/decode.py's `--out` file: `agent-rl audit` compares the run's decode throughput
     with its cell for the run's completion length and concurrency."""

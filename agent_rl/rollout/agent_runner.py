@@ -50,8 +50,8 @@ class AgentRunner(EpisodeRunner):
                  task: Task, seed: int | None, env_kwargs: dict[str, Any] | None = None) -> None:  # fmt: skip
         super().__init__(ctx, episode_id, env_id, task, seed, env_kwargs)
         self.gateway = gateway
-        self._last_turn: TurnRecord | None = None
-        """The last kept call's turn, taken from the closed session: written with the end."""
+        self._held: list[TurnRecord] = []
+        """The kept calls' turns the closed session had not written: written with the end."""
 
     async def _run(self) -> EpisodeEnd:
         env = make(self.env_id, **self.env_kwargs)
@@ -80,16 +80,15 @@ class AgentRunner(EpisodeRunner):
                 self.gateway.forget(session)
 
     async def _close(self, session: AgentSession) -> None:
-        """No call of the agent is kept from now on; its last kept turn is held for the end."""
-        turn = await session.close()
-        if turn is not None:
-            self._last_turn = turn
+        """No call of the agent is kept from now on; its turns not written yet wait for the end."""
+        self._held += await session.close()
 
     async def _end(self, end: EpisodeEnd) -> EpisodeResult:
-        """The last kept call's turn lands with the episode's terminal state, in one
-        transaction (one commit less per episode than writing it on its own first)."""
-        if self._last_turn is not None and end.turn is None:
-            end.turn, self._last_turn = self._last_turn, None
+        """The kept calls' turns the session held land with the episode's terminal state, in
+        one transaction (`AgentSession`: no commit of their own)."""
+        if self._held and end.turn is None:
+            *end.unwritten, end.turn = self._held
+            self._held = []
         return await super()._end(end)
 
     @staticmethod

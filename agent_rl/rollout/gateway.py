@@ -35,9 +35,14 @@ Every dialect (OpenAI chat completions here, Anthropic Messages in `anthropic_wi
 `ChatRequest` and goes through `answer` (not streamed) or `pieces` (streamed): one recording
 path, only the answer's shape differs.
 
-A call's turn is answered first and committed while the episode's next call generates (as the
-runner does for an SDK env's turns), so no call waits for the store; writes land in order, the
-last one with the episode's end, in the same transaction. A write that fails fails the next call.
+A call's turn is answered first and held in memory, and the held turns are written together
+(`rollout.gateway_write_s`): during a call's generation once the oldest has waited that long or
+they hold `HELD_TOKENS` tokens, and the rest with the episode's end, in its transaction. No call
+waits for the store, writes land in order, and a write that fails fails the call it ran in. An
+agent episode cannot be resumed (`AgentEnv.resumable`): a crash fails it as interrupted whatever
+turns it kept, so holding them loses nothing a write would have saved; only the store's view of
+a running episode lags. A write per turn cost a commit, a task and a hop to the store's thread
+on every call (bench/gateway.py: a call should cost serve what an SDK turn costs).
 """
 
 from __future__ import annotations
@@ -86,6 +91,10 @@ ABORT_WAIT_S = 2.0
 
 ENDED_KEYS_KEPT = 100_000
 """Keys of ended episodes remembered, so that a late call gets 409 rather than 404."""
+
+HELD_TOKENS = 65_536
+"""Tokens of held turns (`rollout.gateway_write_s`) past which they are written at the next
+call, however recent: what an episode keeps in memory (routed experts included) stays bounded."""
 
 
 @dataclass
@@ -174,9 +183,11 @@ class AgentSession:
         self._last_text = ""
         self.responses: dict[str, list[dict[str, Any]]] = {}
         """The conversation of each Responses answer kept, by its id (`previous_response_id`)."""
-        self._unwritten: TurnRecord | None = None
-        """The last answered call's turn, committed during the next call's generation (the
-        episode's last one with its end: `close`)."""
+        self._held: list[TurnRecord] = []
+        """Kept calls' turns not written yet, in order (see the module docstring)."""
+        self._held_since = 0.0
+        """When the oldest of `_held` was kept (`time.monotonic`)."""
+        self._held_tokens = 0
         # A semaphore, not a lock: a streamed call starts in the request's task and goes on in
         # the response's, and a lock belongs to the task that took it. fast_acquire: taking
         # one nobody holds (the usual case: an agent makes one call at a time) does not yield
@@ -192,32 +203,39 @@ class AgentSession:
         """The last call's conversation with its answer, in OpenAI's shape."""
         return [dict(m) for m in self._history]
 
-    async def close(self) -> TurnRecord | None:
-        """No call is kept from now on. Returns the last kept call's turn, not written yet (None
-        once taken): the episode's end writes it with its terminal state, in one transaction. A
-        turn committing meanwhile (during a call in flight) lands first."""
+    async def close(self) -> list[TurnRecord]:
+        """No call is kept from now on. Returns the kept calls' turns not written yet (none
+        once taken): the episode's end writes them with its terminal state, in one
+        transaction. Turns being written meanwhile (during a call in flight) land first."""
         with anyio.CancelScope(shield=True):
             async with self._write:
                 self.closed = True
-                record, self._unwritten = self._unwritten, None
-        return record
+                records, self._held = self._held, []
+        return records
+
+    def _write_due(self) -> bool:
+        """Whether the held turns are to be written during this call (see the module docstring)."""
+        if not self._held:
+            return False
+        return (time.monotonic() - self._held_since >= self.ctx.cfg.gateway_write_s
+                or self._held_tokens >= HELD_TOKENS)  # fmt: skip
 
     async def _commit(self) -> None:
-        """Write the turn held back, if any (the caller holds `_write`).
+        """Write the held turns, if any, in one transaction (the caller holds `_write`).
 
         Committed without its own fsync (`durable=False`: SQLite's `NORMAL`, which a crash of
         the process does not lose, unlike one of the machine): an agent's episode cannot be
-        resumed (`AgentEnv.resumable`), so after a machine crash it fails as interrupted
-        whatever turns it kept, and the durable commit of its end makes every turn before it
-        durable too (the WAL is written in order). The fsync is ~0.1 ms of CPU per commit
-        (docs/benchmarks.md, bench/gateway.py)."""
-        record, self._unwritten = self._unwritten, None
-        if record is not None:
-            await self.ctx.store.append_turn(self.episode_id, record, durable=False)
+        resumed, so after a machine crash it fails as interrupted whatever turns it kept, and
+        the durable commit of its end makes every turn before it durable too (the WAL is
+        written in order). The fsync is ~0.1 ms of CPU per commit (docs/benchmarks.md,
+        bench/gateway.py)."""
+        records, self._held, self._held_tokens = self._held, [], 0
+        if records:
+            await self.ctx.store.append_turns(self.episode_id, records, durable=False)
 
     async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:
-        """`generation` while the previous call's turn commits (`runner.while_writing`)."""
-        if self._unwritten is None:
+        """`generation`, while the held turns are written if they are due (`runner.while_writing`)."""
+        if not self._write_due():
             return await generation
 
         async def commit() -> None:
@@ -253,11 +271,12 @@ class AgentSession:
             saved, kept = self._save(), False
             try:
                 p = self._prepare(req)
-                # Committed before the first chunk (a failure is then an error, not a cut stream):
+                # Written before the first chunk (a failure is then an error, not a cut stream):
                 # a generator cannot hold a task group across its yields to overlap the two.
-                with anyio.CancelScope(shield=True):
-                    async with self._write:
-                        await self._commit()
+                if self._write_due():
+                    with anyio.CancelScope(shield=True):
+                        async with self._write:
+                            await self._commit()
                 gen: Generation | None = None
                 async with aclosing(self._generate_stream(p)) as generations:
                     async for gen in generations:
@@ -544,7 +563,10 @@ class AgentSession:
         if self.closed:  # `close` took the last turn for the end already: this one would be lost
             raise GatewayError(409, f"episode {self.episode_id} ended during this call",
                                code="episode_ended")
-        self._unwritten = record  # committed during the next call's generation, or with the end
+        if not self._held:
+            self._held_since = time.monotonic()
+        self._held.append(record)  # written during a later call's generation, or with the end
+        self._held_tokens += len(record.tokens)
         self.calls += 1
         self.engine_error = None
         if p.drift:

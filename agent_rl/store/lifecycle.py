@@ -140,6 +140,14 @@ class LifecycleWrites(StoreBase):
         return self._end(conn, episode_id, end) - 1
 
     @write()
+    def append_turns(self, conn: Connection, episode_id: int, turns: list[TurnRecord]) -> int:
+        """Persist turns in order, atomically (an agent's held turns, `AgentSession`); returns
+        the last one's index."""
+        if not turns:
+            raise ValueError("append_turns needs at least one turn")
+        return [self._append(conn, episode_id, turn) for turn in turns][-1]
+
+    @write()
     def add_messages(self, conn: Connection, episode_id: int, messages: list[MessageRecord]) -> None:
         """Record messages outside a turn (e.g. the environment's final observation)."""
         self._add_messages(conn, episode_id, messages)
@@ -177,6 +185,8 @@ class LifecycleWrites(StoreBase):
         self._end(conn, episode_id, EpisodeEnd("failed", error_type=error_type, error_cause=cause))
 
     def _end(self, conn: Connection, episode_id: int, end: EpisodeEnd) -> int:
+        for turn in end.unwritten:
+            self._append(conn, episode_id, turn)
         if end.turn is not None:
             self._append(conn, episode_id, end.turn)
         if end.messages:

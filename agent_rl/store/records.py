@@ -71,6 +71,8 @@ class EpisodeEnd:
     error_cause: str | None = None
     turn: TurnRecord | None = None
     """The last turn, when it is written together with the end."""
+    unwritten: list[TurnRecord] = field(default_factory=list)
+    """Turns before `turn` not written yet (an agent's held turns), written first, in order."""
     messages: list[MessageRecord] = field(default_factory=list)
     """Observations after the last turn (not part of any generation)."""
 

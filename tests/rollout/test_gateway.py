@@ -349,11 +349,15 @@ async def test_openai_client_with_tools_and_logprobs(tmp_path: Path, memorized, 
                 assert response.usage.prompt_tokens == turn.span_start + turn.num_prompt_tokens
 
 
+@pytest.mark.parametrize("write_s", [0.0, 60.0])
 async def test_an_agents_turns_commit_without_an_fsync_and_its_end_with_one(
-        tmp_path: Path, memorized, tiny_moe_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        tmp_path: Path, memorized, tiny_moe_model: Path, monkeypatch: pytest.MonkeyPatch,
+        write_s: float) -> None:  # fmt: skip
     """The gateway writes an agent's turns `durable=False` (SQLite's NORMAL: no fsync of their
     own) and the episode's end durably: an agent episode cannot be resumed, so a machine crash
-    fails it whatever it kept, and its end's commit makes the turns before it durable."""
+    fails it whatever it kept, and its end's commit makes the turns before it durable. Held
+    (`rollout.gateway_write_s`), its turns have no commit of their own at all: they land with
+    the end."""
     writes: list[tuple[str, bool]] = []
     run_in_transaction = Store.run_in_transaction
 
@@ -364,12 +368,18 @@ async def test_an_agents_turns_commit_without_an_fsync_and_its_end_with_one(
 
     monkeypatch.setattr(Store, "run_in_transaction", spy)
     async with Tap(memorized.url).running() as tap:
-        _, summary = await _serve(tmp_path, tap, tiny_moe_model, "test-openai-tools", episodes=1)
+        cfg, summary = await _serve(tmp_path, tap, tiny_moe_model, "test-openai-tools", episodes=1,
+                                    gateway_write_s=write_s)
     assert summary.completed == 1
-    turns = [durable for name, durable in writes if name == "append_turn"]
+    turns = [durable for name, durable in writes if name == "append_turns"]
     ends = [durable for name, durable in writes if name.startswith("end_episode")]
-    assert turns == [False], writes  # the first of its two calls; the second lands with the end
+    # Written at once, the first of its two calls is written during the second, which lands
+    # with the end; held, both land with the end.
+    assert turns == ([False] if write_s == 0 else []), writes
     assert ends == [True], writes
+    async with await Store.open(cfg.store) as store:
+        (e,) = await store.list_episodes(run_id=summary.run_id)
+        assert e.num_turns == 2
     # Its admission is bookkeeping too: lost in a machine crash only with all of the above.
     assert [durable for name, durable in writes if name == "admit_task"] == [False], writes
 

@@ -20,6 +20,7 @@ import pytest
 
 from agent_rl.sdk.agent import AgentEnv
 from agent_rl.sdk.registry import register
+from agent_rl.rollout import gateway
 from agent_rl.rollout.agent_runner import run_command
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.app.serve import serve
@@ -464,21 +465,28 @@ class CommitsAgent(_Agent):
         return "done"
 
 
+@pytest.mark.parametrize(("write_s", "held_tokens", "stored"),
+                         [(0.0, gateway.HELD_TOKENS, [0, 1]), (60.0, gateway.HELD_TOKENS, [0, 0]),
+                          (60.0, 1, [0, 1])])  # fmt: skip
 async def test_a_call_is_answered_before_its_turn_commits_and_every_turn_lands(
-    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, monkeypatch: pytest.MonkeyPatch,
+    write_s: float, held_tokens: int, stored: list[int],
 ) -> None:
-    """A call's turn commits during the episode's next call (the agent does not wait for the
-    store), the last one when the episode closes: after the first answer nothing is stored,
-    after the second the first turn is, and the ended episode holds both, token for token."""
+    """A call's turn is written during a later call (the agent does not wait for the store),
+    the last ones when the episode closes. With `rollout.gateway_write_s = 0`, during the next
+    call: after the first answer nothing is stored, after the second the first turn is. Held
+    for longer than the episode lasts, nothing is stored before its end, unless the held turns
+    reach `HELD_TOKENS`. Either way the ended episode holds both, token for token."""
+    monkeypatch.setattr(gateway, "HELD_TOKENS", held_tokens)
     OUTCOMES["store"] = serve_config(f"sqlite:///{tmp_path / 'store.db'}", sglang_moe_server.url,
                                      tiny_moe_model, env="test-agent-commits").store  # fmt: skip
     renderer = ChatRenderer(tiny_moe_model)
     async with Tap(sglang_moe_server.url).running() as tap:
         cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-commits",
-                                   episodes=1, group_size=1)
+                                   episodes=1, group_size=1, gateway_write_s=write_s)
         (e,) = episodes
         assert e.status in ("completed", "filtered") and e.num_turns == 2, e.error_cause
-        assert OUTCOMES["commits"] == [0, 1]
+        assert OUTCOMES["commits"] == stored
         async with await Store.open(cfg.store) as store:
             await check_agent_episode(store, renderer, tap, e.id, [])
 

@@ -231,3 +231,34 @@ async def test_an_evaluation_runs_ended_episodes_are_scored_not_in_flight(db_url
         everything = await store.ledger()
         assert (everything.scored, everything.completed) == (2, 2) and everything.balances()
         assert (await store.audit(run)).problems(finished=False) == []
+
+
+async def test_held_turns_land_in_order_in_one_write_and_with_the_end(db_url: str) -> None:
+    """`append_turns` (an agent's held turns) writes several turns in order, in one
+    transaction; an end's `unwritten` turns land before its `turn`, in the end's transaction.
+    The stored episode is the same as one written a turn at a time."""
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        task = await store.add_task(run, "calculator", "1", {})
+        _, (held, one_by_one) = await store.admit_group(run, task, "calculator", 2)
+        for e in (held, one_by_one):
+            await store.start_episode(e, "s")
+        turns = [make_turn(i, version=i) for i in range(1, 6)]
+        with pytest.raises(ValueError, match="at least one turn"):
+            await store.append_turns(held, [])
+        assert await store.append_turns(held, turns[:2], durable=False) == 1
+        assert await store.end_episode(held, EpisodeEnd("completed", reward=1.0, turn=turns[4],
+                                                        unwritten=turns[2:4])) == 5  # fmt: skip
+        for t in turns[:4]:
+            await store.append_turn(one_by_one, t)
+        await store.end_episode(one_by_one, EpisodeEnd("completed", reward=1.0, turn=turns[4]))
+        a, b = await store.get_episode(held), await store.get_episode(one_by_one)
+        assert [t.index for t in a.turns] == list(range(5))
+        assert [(t.span_start, t.num_tokens) for t in a.turns] == [(t.span_start, t.num_tokens) for t in b.turns]
+        ta, tb = await store.episode_tokens(held), await store.episode_tokens(one_by_one)
+        assert (ta.token_ids == tb.token_ids).all() and (ta.versions == tb.versions).all()
+        assert (a.episode.min_version, a.episode.max_version) == (1, 5)
+        # An ended episode refuses held turns as it refuses one.
+        with pytest.raises(StoreError, match="not running"):
+            await store.append_turns(held, [make_turn(9)])
+        assert (await store.get_episode(held)).episode.num_turns == 5
