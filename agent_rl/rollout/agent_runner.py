@@ -86,9 +86,10 @@ class AgentRunner(EpisodeRunner):
     async def _end(self, end: EpisodeEnd) -> EpisodeResult:
         """The kept calls' turns the session held land with the episode's terminal state, in
         one transaction (`AgentSession`: no commit of their own)."""
-        if self._held and end.turn is None:
-            *end.unwritten, end.turn = self._held
-            self._held = []
+        held, self._held = self._held, []
+        if held and end.turn is None:
+            *held, end.turn = held
+        end.unwritten = [*held, *end.unwritten]
         return await super()._end(end)
 
     @staticmethod
