@@ -219,6 +219,7 @@ class Scheduler:
         assert run_id is not None
         n = cfg.group_size
         tasks = self._tasks(await store.count_tasks(run_id, self.env_id))
+        drawn: tuple[int, Task] | None = None  # a task whose admission was refused: tried again
         while (budget is None or budget > 0) and not self._stopping:
             size = n if budget is None else min(n, budget)
             held = False
@@ -237,16 +238,29 @@ class Scheduler:
                 if held:
                     self._slots.release()
                 return
-            index, task = next(tasks)
-            while self.selection is not None and not self.selection.admit(task.id):
-                # Recorded as drawn (no group), so a restart continues the stream after it.
-                await store.add_task(run_id, self.env_id, task.id, task.data)
-                self.stats.skipped_tasks += 1
-                index, task = next(tasks)
+            if drawn is None:
+                drawn = next(tasks)
+                while self.selection is not None and not self.selection.admit(drawn[1].id):
+                    # Recorded as drawn (no group), so a restart continues the stream after it.
+                    await store.add_task(run_id, self.env_id, drawn[1].id, drawn[1].data)
+                    self.stats.skipped_tasks += 1
+                    drawn = next(tasks)
+            index, task = drawn
             seeds = [_seed(cfg.seed, index, i) for i in range(size)]
             # Its first episode starts with the admission: it runs at once, in the slot taken.
-            group_id, episodes = await store.admit_task(run_id, self.env_id, task.id, task.data, size,
-                                                        seeds, start=self.ctx.owner)  # fmt: skip
+            # The served version is checked against the newest in the same transaction.
+            admitted = await store.admit_task(run_id, self.env_id, task.id, task.data, size, seeds,
+                                              start=self.ctx.owner, served_version=served,
+                                              max_staleness=self.max_staleness)  # fmt: skip
+            if admitted is None:  # the trainer published a version since the check: wait again
+                self.stats.waits_for_staleness += 1
+                self._slots.release()
+                with anyio.CancelScope() as self._admission_wait:
+                    await anyio.sleep(self.version_poll_s)
+                self._admission_wait = None
+                continue
+            drawn = None
+            group_id, episodes = admitted
             self._pending[group_id] = size
             if self.oldest is not None:
                 self.oldest.admitted(group_id, served)
@@ -309,16 +323,20 @@ class Scheduler:
         them have finished and wait for it (what is admitted now would age past the bound
         before its turn), or while no engine answers (a
         crashed engine being restarted): new episodes wait instead of failing one after another.
-        Returns the served version."""
+        Returns the served version. Without a queue bound the newest version is not read here:
+        the admission checks the served version against it in its own transaction
+        (`Store.admit_task(served_version=...)`; a read per admission cost as much CPU as a
+        call's turn write, with groups of one)."""
         unavailable = False
+        bounded = bool(self.max_queued_groups or self.max_ready_groups)
         while True:
-            latest = await self.ctx.store.latest_version(self.run_id)  # type: ignore[arg-type]
+            latest = await self.ctx.store.latest_version(self.run_id) if bounded else None  # type: ignore[arg-type]
             served = await self._served_version()
             if served is None:
                 if not unavailable:
                     log.warning("no engine answers; admission waits for one")
                     unavailable = True
-            elif served < latest - self.max_staleness or await self._at_capacity(latest):
+            elif latest is not None and (served < latest - self.max_staleness or await self._at_capacity(latest)):
                 self.stats.waits_for_staleness += 1
             else:
                 if unavailable:

@@ -33,6 +33,7 @@ from agent_rl.store.models import (
     TurnRow,
 )
 from agent_rl.store.records import EpisodeEnd, MessageRecord, TurnRecord
+from agent_rl.store.queries import _LATEST_VERSION
 
 if TYPE_CHECKING:
     import numpy as np
@@ -76,14 +77,22 @@ class LifecycleWrites(StoreBase):
     def admit_task(
         self, conn: Connection, run_id: int, env_id: str, key: str, payload: dict[str, Any],
         size: int, seeds: list[int] | None = None, *, start: str | None = None,
-    ) -> tuple[int, list[int]]:
+        served_version: int | None = None, max_staleness: int = 0,
+    ) -> tuple[int, list[int]] | None:
         """`add_task` then `admit_group` of that task, in one transaction (the scheduler's
         admission of a drawn task: one commit per group, not two); returns (group id, episode
         ids). With `start` (a serve process), the group's first episode is also started,
         owned by it (`start_episode`), in the same transaction: the scheduler runs it at once.
+        With `served_version` (the policy version the engines serve), nothing is admitted and
+        None returned if it is more than `max_staleness` versions behind the run's newest: the
+        staleness check and the admission are one transaction, without a read of their own.
         Bookkeeping, as `admit_group` and `start_episode` are (`agent_rl.store.db`): lost in
         a crash of the machine only with everything written after it, the episode's own turns
         included, so a restart draws the task again."""
+        if served_version is not None:
+            latest = _LATEST_VERSION.scalar(conn, {"run": run_id})
+            if served_version < (latest or 0) - max_staleness:
+                return None
         task_id = _add_task(conn, run_id, env_id, key, payload)
         group_id, episodes = self._admit_group(conn, run_id, task_id, env_id, size, seeds)
         if start is not None:

@@ -19,10 +19,15 @@ from tests.rollout.conftest import serve_config
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.parametrize("max_queued_groups", [None, 0])
 async def test_admission_bounded_none_discarded(tmp_path: Path, sglang_moe_server, tiny_moe_model: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                max_queued_groups: int | None) -> None:  # fmt: skip
+    """With a queue bound (the default) admission reads the newest version before it admits;
+    without one (0) the admission's own transaction checks it (`Store.admit_task`)."""
     cfg = serve_config(f"sqlite:///{tmp_path / 'store.db'}", sglang_moe_server.url, tiny_moe_model,
-                       max_staleness=1, max_concurrent_episodes=2, max_new_tokens=32)
+                       max_staleness=1, max_concurrent_episodes=2, max_new_tokens=32,
+                       max_queued_groups=max_queued_groups)
     await upgrade(cfg.store)
     schedulers: list[Scheduler] = []
     original_init = Scheduler.__init__

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.kernel.errors import NotFoundError, StoreError
-from agent_rl.store import EpisodeEnd, MessageRecord
+from agent_rl.store import Claim, EpisodeEnd, MessageRecord
 from tests.store.helpers import completed_group, make_turn, migrated_store
 
 pytestmark = pytest.mark.anyio
@@ -122,6 +122,22 @@ async def test_admission_can_start_the_groups_first_episode(db_url: str) -> None
             await store.start_episode(eps[0], "serve-2")
         ledger = await store.ledger(run)
         assert (ledger.running, ledger.waiting, ledger.admitted) == (1, 1, 2) and ledger.balances()
+
+
+async def test_admission_refuses_a_served_version_past_the_bound_in_its_transaction(db_url: str) -> None:
+    """`admit_task(served_version=...)` admits nothing, and returns None, while the served
+    version is more than `max_staleness` behind the run's newest; within it, it admits."""
+    async with await migrated_store(db_url) as store:
+        run = await store.ensure_run("r")
+        await store.commit(Claim("none", "trainer", 0.0, []), run, step=1, version=3)
+        assert await store.admit_task(run, "calculator", "1", {}, 2, [1, 2], start="s",
+                                      served_version=1, max_staleness=1) is None  # fmt: skip
+        ledger = await store.ledger(run)
+        assert ledger.admitted == 0 and await store.count_tasks(run, "calculator") == 0
+        admitted = await store.admit_task(run, "calculator", "1", {}, 2, [1, 2], start="s",
+                                          served_version=2, max_staleness=1)  # fmt: skip
+        assert admitted is not None and len(admitted[1]) == 2
+        assert (await store.ledger(run)).admitted == 2
 
 
 async def test_filter_and_failed_groups(db_url: str) -> None:
