@@ -38,11 +38,12 @@ path, only the answer's shape differs.
 A call's turn is answered first and held in memory, and the held turns are written together
 (`rollout.gateway_write_s`): during a call's generation once the oldest has waited that long or
 they hold `HELD_TOKENS` tokens, and the rest with the episode's end, in its transaction. No call
-waits for the store, writes land in order, and a write that fails fails the call it ran in. An
-agent episode cannot be resumed (`AgentEnv.resumable`): a crash fails it as interrupted whatever
-turns it kept, so holding them loses nothing a write would have saved; only the store's view of
-a running episode lags. A write per turn cost a commit, a task and a hop to the store's thread
-on every call (bench/gateway.py: a call should cost serve what an SDK turn costs).
+waits for the store, writes land in order, and a write that fails fails the call it ran in (its
+turns stay held for the next write, or the end's). An agent episode cannot be resumed
+(`AgentEnv.resumable`): a crash fails it as interrupted whatever turns it kept, so holding them
+loses nothing a write would have saved; only the store's view of a running episode lags. A
+write per turn cost a commit, a task and a hop to the store's thread on every call
+(bench/gateway.py: a call should cost serve what an SDK turn costs).
 """
 
 from __future__ import annotations
@@ -229,9 +230,15 @@ class AgentSession:
         the durable commit of its end makes every turn before it durable too (the WAL is
         written in order). The fsync is ~0.1 ms of CPU per commit (docs/benchmarks.md,
         bench/gateway.py)."""
-        records, self._held, self._held_tokens = self._held, [], 0
-        if records:
+        records, tokens = self._held, self._held_tokens
+        if not records:
+            return
+        self._held, self._held_tokens = [], 0
+        try:
             await self.ctx.store.append_turns(self.episode_id, records, durable=False)
+        except BaseException:  # none of them landed: the next write, or the end's, takes them
+            self._held, self._held_tokens = [*records, *self._held], tokens + self._held_tokens
+            raise
 
     async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:
         """`generation`, while the held turns are written if they are due (`runner.while_writing`)."""

@@ -25,6 +25,7 @@ from agent_rl.rollout.agent_runner import run_command
 from agent_rl.rollout.render import ChatRenderer
 from agent_rl.app.serve import serve
 from agent_rl.store import Store
+from agent_rl.store.base import StoreFault
 from agent_rl.sdk.tasks import ListTasks, Task, TaskSource
 from tests.rollout.conftest import serve_config
 from tests.rollout.gateway_helpers import QUESTION, Tap, check_agent_episode
@@ -487,6 +488,55 @@ async def test_a_call_is_answered_before_its_turn_commits_and_every_turn_lands(
         (e,) = episodes
         assert e.status in ("completed", "filtered") and e.num_turns == 2, e.error_cause
         assert OUTCOMES["commits"] == stored
+        async with await Store.open(cfg.store) as store:
+            await check_agent_episode(store, renderer, tap, e.id, [])
+
+
+@register("test-agent-write-fails")
+class WriteFailsAgent(_Agent):
+    """Three calls, each extending the one before; a call that fails is made again."""
+
+    async def run(self, base_url: str, api_key: str, task: Task) -> str:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+        failed = []
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+            for k in range(3):
+                for _ in range(2):
+                    try:
+                        answer = await client.chat.completions.create(model="policy", messages=messages)
+                        break
+                    except openai.InternalServerError as e:
+                        failed.append((k, e.status_code))
+                messages += [answer.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "user", "content": f"And {k}+{k}?"}]  # fmt: skip
+        OUTCOMES["failed"] = failed
+        return "done"
+
+
+async def test_a_held_write_that_fails_fails_its_call_and_its_turns_land_later(
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The held turns' write that fails (injected: the store refuses it once) fails the call it
+    ran in, which leaves the episode as it was; the turns stay held, so the next write takes
+    them, and the ended episode holds every kept call, token for token."""
+    append_turns = Store.append_turns
+    attempts: list[int] = []
+
+    async def refuse_once(self: Store, episode_id: int, turns: Any, **kwargs: Any) -> int:
+        attempts.append(len(turns))
+        if len(attempts) == 1:
+            raise StoreFault("injected: the database refused the write", transient=False)
+        return await append_turns(self, episode_id, turns, **kwargs)
+
+    monkeypatch.setattr(Store, "append_turns", refuse_once)
+    renderer = ChatRenderer(tiny_moe_model)
+    async with Tap(sglang_moe_server.url).running() as tap:
+        cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-write-fails",
+                                   episodes=1, group_size=1, gateway_write_s=0.0)
+        (e,) = episodes
+        assert e.status in ("completed", "filtered") and e.num_turns == 3, e.error_cause
+        assert OUTCOMES["failed"] == [(1, 500)]  # the second call, in which the first turn's write ran
+        assert attempts == [1, 1, 1]  # the first turn, again (the second call made again), the second
         async with await Store.open(cfg.store) as store:
             await check_agent_episode(store, renderer, tap, e.id, [])
 
