@@ -186,9 +186,6 @@ class AgentSession:
         """The conversation of each Responses answer kept, by its id (`previous_response_id`)."""
         self._held: list[TurnRecord] = []
         """Kept calls' turns not written yet, in order (see the module docstring)."""
-        self._held_since = 0.0
-        """When the oldest of `_held` was kept (`time.monotonic`)."""
-        self._held_tokens = 0
         # A semaphore, not a lock: a streamed call starts in the request's task and goes on in
         # the response's, and a lock belongs to the task that took it. fast_acquire: taking
         # one nobody holds (the usual case: an agent makes one call at a time) does not yield
@@ -218,8 +215,8 @@ class AgentSession:
         """Whether the held turns are to be written during this call (see the module docstring)."""
         if not self._held:
             return False
-        return (time.monotonic() - self._held_since >= self.ctx.cfg.gateway_write_s
-                or self._held_tokens >= HELD_TOKENS)  # fmt: skip
+        return (time.time() - self._held[0].finished_at >= self.ctx.cfg.gateway_write_s
+                or sum(len(r.tokens) for r in self._held) >= HELD_TOKENS)  # fmt: skip
 
     async def _commit(self) -> None:
         """Write the held turns, if any, in one transaction (the caller holds `_write`).
@@ -230,14 +227,13 @@ class AgentSession:
         the durable commit of its end makes every turn before it durable too (the WAL is
         written in order). The fsync is ~0.1 ms of CPU per commit (docs/benchmarks.md,
         bench/gateway.py)."""
-        records, tokens = self._held, self._held_tokens
+        records, self._held = self._held, []
         if not records:
             return
-        self._held, self._held_tokens = [], 0
         try:
             await self.ctx.store.append_turns(self.episode_id, records, durable=False)
         except BaseException:  # none of them landed: the next write, or the end's, takes them
-            self._held, self._held_tokens = [*records, *self._held], tokens + self._held_tokens
+            self._held[:0] = records
             raise
 
     async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:
@@ -570,10 +566,7 @@ class AgentSession:
         if self.closed:  # `close` took the last turn for the end already: this one would be lost
             raise GatewayError(409, f"episode {self.episode_id} ended during this call",
                                code="episode_ended")
-        if not self._held:
-            self._held_since = time.monotonic()
         self._held.append(record)  # written during a later call's generation, or with the end
-        self._held_tokens += len(record.tokens)
         self.calls += 1
         self.engine_error = None
         if p.drift:

@@ -330,13 +330,13 @@ class Scheduler:
         unavailable = False
         bounded = bool(self.max_queued_groups or self.max_ready_groups)
         while True:
-            latest = await self.ctx.store.latest_version(self.run_id) if bounded else None  # type: ignore[arg-type]
+            latest = await self.ctx.store.latest_version(self.run_id) if bounded else 0  # type: ignore[arg-type]
             served = await self._served_version()
             if served is None:
                 if not unavailable:
                     log.warning("no engine answers; admission waits for one")
                     unavailable = True
-            elif latest is not None and (served < latest - self.max_staleness or await self._at_capacity(latest)):
+            elif bounded and (served < latest - self.max_staleness or await self._at_capacity(latest)):
                 self.stats.waits_for_staleness += 1
             else:
                 if unavailable:

@@ -33,7 +33,7 @@ from agent_rl.store.models import (
     TurnRow,
 )
 from agent_rl.store.records import EpisodeEnd, MessageRecord, TurnRecord
-from agent_rl.store.queries import _LATEST_VERSION
+from agent_rl.store.queries import LATEST_VERSION
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,7 +90,7 @@ class LifecycleWrites(StoreBase):
         a crash of the machine only with everything written after it, the episode's own turns
         included, so a restart draws the task again."""
         if served_version is not None:
-            latest = _LATEST_VERSION.scalar(conn, {"run": run_id})
+            latest = LATEST_VERSION.scalar(conn, {"run": run_id})
             if served_version < (latest or 0) - max_staleness:
                 return None
         task_id = _add_task(conn, run_id, env_id, key, payload)
@@ -154,7 +154,9 @@ class LifecycleWrites(StoreBase):
         the last one's index."""
         if not turns:
             raise ValueError("append_turns needs at least one turn")
-        return [self._append(conn, episode_id, turn) for turn in turns][-1]
+        for turn in turns:
+            index = self._append(conn, episode_id, turn)
+        return index
 
     @write()
     def add_messages(self, conn: Connection, episode_id: int, messages: list[MessageRecord]) -> None:

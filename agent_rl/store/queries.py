@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 _SUMMARY_COLUMNS = [getattr(EpisodeRow, f.name) for f in fields(EpisodeSummary)]
 # The reads every episode makes, built once: a statement built per call cost ~10x its execution
 # (SQLAlchemy derives a new statement's cache key on each run; ~1.3 ms for a summary's columns).
-_LATEST_VERSION = DriverStatement(
+LATEST_VERSION = DriverStatement(
     select(func.max(PolicyVersionRow.version)).where(PolicyVersionRow.run_id == bindparam("run")))
 _GROUP_EPISODES = (select(*_SUMMARY_COLUMNS).where(EpisodeRow.group_id == bindparam("gid"))
                    .order_by(EpisodeRow.index))
@@ -84,7 +84,7 @@ class Queries(StoreBase):
     @read
     def latest_version(self, conn: Connection, run_id: int) -> int:
         """The newest published policy version of the run (0 before any training)."""
-        v = _LATEST_VERSION.scalar(conn, {"run": run_id})
+        v = LATEST_VERSION.scalar(conn, {"run": run_id})
         return int(v) if v is not None else 0
 
     @read
