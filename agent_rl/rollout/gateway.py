@@ -63,7 +63,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from agent_rl.kernel import telemetry
 from agent_rl.sglang.generation import Generation
-from agent_rl.kernel.errors import EngineError, EngineUnavailableError
+from agent_rl.kernel.errors import EngineError, EngineUnavailableError, StoreError
 from agent_rl.sdk.messages import AssistantTurn, Message
 from agent_rl.rollout.openai_wire import (
     ChatRequest,
@@ -232,8 +232,12 @@ class AgentSession:
             return
         try:
             await self.ctx.store.append_turns(self.episode_id, records, durable=False)
-        except BaseException:  # none of them landed: the next write, or the end's, takes them
+        except BaseException as e:  # none of them landed: the next write, or the end's, takes them
             self._held[:0] = records
+            if isinstance(e, StoreError):  # the client's call was fine: a 503 it may make again
+                raise GatewayError(503, f"the store could not record this episode's earlier calls ({e}); "
+                                        "this call was not kept and can be made again",
+                                   type="server_error", code="store_unavailable") from e  # fmt: skip
             raise
 
     async def _while_writing(self, generation: Awaitable[Generation]) -> Generation:

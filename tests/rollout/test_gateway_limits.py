@@ -494,7 +494,10 @@ async def test_a_call_is_answered_before_its_turn_commits_and_every_turn_lands(
 
 @register("test-agent-write-fails")
 class WriteFailsAgent(_Agent):
-    """Three calls, each extending the one before; a call that fails is made again."""
+    """Three calls, each extending the one before (streamed with `stream`); a call that fails
+    is made again."""
+
+    stream = False
 
     async def run(self, base_url: str, api_key: str, task: Task) -> str:
         messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
@@ -503,22 +506,29 @@ class WriteFailsAgent(_Agent):
             for k in range(3):
                 for _ in range(2):
                     try:
-                        answer = await client.chat.completions.create(model="policy", messages=messages)
+                        if self.stream:
+                            chunks = await client.chat.completions.create(model="policy", messages=messages, stream=True)
+                            content = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+                            reply = {"role": "assistant", "content": content}
+                        else:
+                            answer = await client.chat.completions.create(model="policy", messages=messages)
+                            reply = answer.choices[0].message.model_dump(exclude_none=True)
                         break
                     except openai.InternalServerError as e:
-                        failed.append((k, e.status_code))
-                messages += [answer.choices[0].message.model_dump(exclude_none=True),
-                             {"role": "user", "content": f"And {k}+{k}?"}]  # fmt: skip
+                        failed.append((k, e.status_code, e.body["code"], e.body["type"]))  # type: ignore[index]
+                messages += [reply, {"role": "user", "content": f"And {k}+{k}?"}]
         OUTCOMES["failed"] = failed
         return "done"
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_held_write_that_fails_fails_its_call_and_its_turns_land_later(
-    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sglang_moe_server, tiny_moe_model: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
 ) -> None:
     """The held turns' write that fails (injected: the store refuses it once) fails the call it
-    ran in, which leaves the episode as it was; the turns stay held, so the next write takes
-    them, and the ended episode holds every kept call, token for token."""
+    ran in with a 503 in OpenAI's shape (before any byte of a stream), which leaves the episode
+    as it was; the turns stay held, so the next write takes them, and the ended episode holds
+    every kept call, token for token."""
     append_turns = Store.append_turns
     attempts: list[int] = []
 
@@ -529,13 +539,15 @@ async def test_a_held_write_that_fails_fails_its_call_and_its_turns_land_later(
         return await append_turns(self, episode_id, turns, **kwargs)
 
     monkeypatch.setattr(Store, "append_turns", refuse_once)
+    monkeypatch.setattr(WriteFailsAgent, "stream", stream)
     renderer = ChatRenderer(tiny_moe_model)
     async with Tap(sglang_moe_server.url).running() as tap:
         cfg, episodes = await _run(tmp_path, tap.url, tiny_moe_model, "test-agent-write-fails",
                                    episodes=1, group_size=1, gateway_write_s=0.0)
         (e,) = episodes
         assert e.status in ("completed", "filtered") and e.num_turns == 3, e.error_cause
-        assert OUTCOMES["failed"] == [(1, 500)]  # the second call, in which the first turn's write ran
+        # The second call, in which the first turn's write ran.
+        assert OUTCOMES["failed"] == [(1, 503, "store_unavailable", "server_error")]
         assert attempts == [1, 1, 1]  # the first turn, again (the second call made again), the second
         async with await Store.open(cfg.store) as store:
             await check_agent_episode(store, renderer, tap, e.id, [])
