@@ -1,10 +1,10 @@
-"""The agent gateway's episodes: each OpenAI chat-completions call becomes one recorded turn.
+"""The agent gateway's episodes: each call, in any of its dialects, becomes one recorded turn.
 
 One `AgentSession` per running agent episode, reachable only under its own key
 (`/agents/{key}/v1`, the key being the API key too). A call is rendered, generated and
 persisted exactly as the episode runner does it for an SDK env (token-in/token-out through the
 router with the episode as the session key, logprobs, the policy version of every token,
-routed experts for MoE), and answered in OpenAI's shape with the tool calls parsed by
+routed experts for MoE), and answered in the call's dialect with the tool calls parsed by
 `agent_rl.sdk.tool_calls`:
 
 - **Extension** (the usual case): the request's messages are the previous call's messages, its
@@ -31,9 +31,10 @@ engine request is aborted: the app cancels the call when its client goes away), 
 and a request the engine refuses (a forced tool call's schema its constrained decoding cannot
 compile: 400) leave nothing behind, and the next call's prompt is the kept calls' tokens.
 
-Every dialect (OpenAI chat completions here, Anthropic Messages in `anthropic_wire`) builds a
-`ChatRequest` and goes through `answer` (not streamed) or `pieces` (streamed): one recording
-path, only the answer's shape differs.
+Every dialect (OpenAI chat completions in `openai_wire`, Anthropic Messages in
+`anthropic_wire`, OpenAI Responses in `responses_wire`) builds a `ChatRequest` and goes through
+`answer` (not streamed) or `pieces` (streamed): one recording path, only the answer's shape
+differs.
 
 A call's turn is answered first and held in memory, and the held turns are written together
 (`rollout.gateway_write_s`): during a call's generation once the oldest has waited that long or
@@ -69,16 +70,16 @@ from agent_rl.rollout.openai_wire import (
     ChatRequest,
     FinishReason,
     GatewayError,
-    chunk,
-    completion_body,
-    reply_message,
+    answer_key,
     message_key,
+    note_calls,
+    reply_message,
+    streamable,
     to_message,
-    tool_call,
 )
 from agent_rl.rollout.render import Conversation
 from agent_rl.store import MessageRecord, ToolCallRecord, TurnRecord
-from agent_rl.sdk.tool_calls import CLOSE, OPEN, parse_completion
+from agent_rl.sdk.tool_calls import parse_completion
 
 from agent_rl.rollout.runner import request_seed, while_writing
 
@@ -297,57 +298,22 @@ class AgentSession:
                 if not kept:
                     self._restore(saved)
 
-    async def complete(self, req: ChatRequest) -> dict[str, Any]:
-        """One chat-completions call, not streamed: its OpenAI completion body."""
-        a = await self.answer(req)
-        logprobs = self._logprobs(a.gen) if req.logprobs else None
-        return completion_body(a.cid, self._model(req), a.reply, a.finish, logprobs, a.usage)
-
-    async def stream(self, req: ChatRequest) -> AsyncIterator[dict[str, Any]]:
-        """One chat-completions call, streamed: OpenAI chunks, the content as it is generated
-        (text that may open a tool call is held back until it is known), then the tool calls,
-        the finish reason and, with `stream_options.include_usage`, the usage."""
-        cid, model, sent, logged = f"chatcmpl-{self.episode_id}-{self.calls}", self._model(req), "", 0
-        async with aclosing(self.pieces(req)) as pieces:
-            async for piece in pieces:
-                if piece is None:
-                    yield chunk(cid, model, {"role": "assistant", "content": ""})
-                elif isinstance(piece, Generation):
-                    visible = self.visible(piece)
-                    logprobs = self._logprobs(piece, logged) if req.logprobs else None
-                    logged = len(piece.output_ids)
-                    if len(visible) > len(sent) or logprobs:
-                        yield chunk(cid, model, {"content": visible[len(sent):]}, logprobs=logprobs)
-                        sent = visible
-                else:
-                    content = piece.reply["content"] or ""
-                    delta: dict[str, Any] = {}
-                    if content.startswith(sent) and len(content) > len(sent):
-                        delta["content"] = content[len(sent):]
-                    if piece.turn.tool_calls:
-                        delta["tool_calls"] = [{"index": i, **tool_call(c)} for i, c in enumerate(piece.turn.tool_calls)]
-                    if delta:
-                        yield chunk(cid, model, delta)
-                    yield chunk(cid, model, {}, finish=piece.finish)
-                    if (req.stream_options or {}).get("include_usage"):
-                        yield chunk(cid, model, {}, usage=piece.usage, choices=False)
-
     def prompt_tokens(self) -> int:
         """The carried prompt's length (during a call: the prompt it generates after)."""
         return len(self._conv.ids) if self._conv is not None else 0
 
     def visible(self, gen: Generation) -> str:
-        """The part of a generation so far that is surely content (`_streamable`)."""
-        return _streamable(self.ctx.renderer.decode(gen.output_ids), self.ctx.renderer.eos_text)
+        """The part of a generation so far that is surely content (`openai_wire.streamable`)."""
+        return streamable(self.ctx.renderer.decode(gen.output_ids), self.ctx.renderer.eos_text)
 
     def count_tokens(self, req: ChatRequest) -> int:
         """The tokens of `req` rendered as a fresh prompt (the episode is not touched)."""
         internal: list[Message] = []
         names: dict[str, str] = {}
         for i, m in enumerate(req.messages):
-            ours = self._answers.get(_answer_key(m))
+            ours = self._answers.get(answer_key(m))
             internal.append(to_message(m, i, names) if ours is None else ours)
-            _note_calls(m, names)
+            note_calls(m, names)
         renderer = self.ctx.renderer
         return len(renderer.encode(renderer.render(internal, req.function_tools())))
 
@@ -397,16 +363,16 @@ class AgentSession:
         if extends:
             assert self._conv is not None
             for m in self._history:
-                _note_calls(m, names)
+                note_calls(m, names)
             new = [to_message(m, n + i, names) for i, m in enumerate(sent[n:])]
             internal = self._internal + new
             pending, drift = self._conv.add_turn(self._last_ids, internal, text=self._last_text)
         else:
             internal = []
             for i, m in enumerate(sent):
-                ours = self._answers.get(_answer_key(m))
+                ours = self._answers.get(answer_key(m))
                 internal.append(to_message(m, i, names) if ours is None else ours)
-                _note_calls(m, names)
+                note_calls(m, names)
             new = list(internal)
             if self._conv is not None:  # the segment that ends: its tokens count in the budget
                 self._spent += len(self._conv.ids) + len(self._last_ids)
@@ -585,32 +551,11 @@ class AgentSession:
         self._history_keys = [*self._history_keys[: p.known],
                               *(message_key(m) for m in self._history[p.known:])]
         self._internal = [*p.internal, answer]
-        self._answers[_answer_key(reply)] = answer
+        self._answers[answer_key(reply)] = answer
         self._last_ids, self._last_text = list(ids), text
         length = gen.finish_reason is not None and gen.finish_reason.type == "length"
         if length and self._spent + len(self._conv.ids) + len(ids) >= self.ctx.cfg.max_tokens:
             self.truncated = "max_tokens"
-
-    # ------------------------------------------------------------------ shapes
-
-    def _model(self, req: ChatRequest) -> str:
-        return req.model or self.ctx.model_name
-
-    def _logprobs(self, gen: Generation, start: int = 0) -> list[dict[str, Any]]:
-        """OpenAI's `logprobs.content` for output tokens from `start` on."""
-        decode = self.ctx.renderer.decode
-        tops = gen.meta_info.get("output_top_logprobs") or []
-        out = []
-        assert gen.logprobs is not None
-        for i in range(start, len(gen.output_ids)):
-            token = decode([gen.output_ids[i]])
-            top = tops[i] if i < len(tops) and tops[i] else []
-            out.append({
-                "token": token, "logprob": gen.logprobs[i], "bytes": list(token.encode()),
-                "top_logprobs": [{"token": (t := decode([int(x[1])])), "logprob": float(x[0]),
-                                  "bytes": list(t.encode())} for x in top],
-            })  # fmt: skip
-        return out
 
 
 def _refused_schema(message: str) -> bool:
@@ -618,39 +563,6 @@ def _refused_schema(message: str) -> bool:
     schema that xgrammar cannot compile, e.g. a `$ref` to a missing definition): the client's
     request is at fault, not the engine."""
     return "grammar" in message.lower() and ("compile" in message.lower() or "invalid" in message.lower())
-
-
-def _note_calls(m: dict[str, Any], names: dict[str, str]) -> None:
-    """Remember the tool names of a message's calls by id (tool messages name their tool)."""
-    for c in m.get("tool_calls") or []:
-        fn = c.get("function") if isinstance(c, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            names[str(c.get("id") or "")] = fn["name"]
-
-
-def _answer_key(m: dict[str, Any]) -> str:
-    """What identifies an answer the gateway gave, in the shape a client sends it back."""
-    if m.get("role") != "assistant":
-        return ""
-    calls = [c.get("id") for c in m.get("tool_calls") or [] if isinstance(c, dict)]
-    if calls:
-        return "calls:" + ",".join(str(c) for c in calls)
-    content = m.get("content")
-    return "text:" + content.strip() if isinstance(content, str) else ""
-
-
-def _streamable(text: str, eos: str) -> str:
-    """The prefix of a completion that is surely content: before any tool-call tag, without a
-    trailing piece that may be the start of one or of the end-of-turn text, and stripped as the
-    final content is."""
-    cut = min((i for i in (text.find(OPEN), text.find(CLOSE)) if i >= 0), default=len(text))
-    text = text[:cut]
-    for marker in (OPEN, CLOSE, eos):
-        for k in range(min(len(marker), len(text)), 0, -1):
-            if text.endswith(marker[:k]):
-                text = text[:-k]
-                break
-    return text.strip() if text.strip() else ""
 
 
 def _limit(cfg: Any, why: str) -> str:

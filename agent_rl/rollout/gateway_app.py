@@ -46,7 +46,7 @@ from starlette.routing import Route
 
 from agent_rl.config.access import HostGuard, HostRule, bearer_matches, one_header
 from agent_rl.kernel import jsonfast
-from agent_rl.rollout import anthropic_wire, responses_wire
+from agent_rl.rollout import anthropic_wire, openai_wire, responses_wire
 from agent_rl.rollout.gateway import AgentSession, Gateway
 from agent_rl.rollout.gateway_relay import SANDBOX_PORT
 from agent_rl.rollout.openai_wire import ChatRequest, GatewayError
@@ -79,8 +79,8 @@ def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequen
         session = _authorized(gateway, request)
         req = ChatRequest.parse(await _body(request))
         if not req.stream:
-            return _json(await until_disconnected(request, session.complete(req)) or {})
-        chunks = session.stream(req)
+            return _json(await until_disconnected(request, openai_wire.complete(session, req)) or {})
+        chunks = openai_wire.stream(session, req)
         first = await anext(chunks)  # refusals (budget, 409, a bad message) come before any byte
         return _Stream(_sse(first, chunks), media_type="text/event-stream")
 

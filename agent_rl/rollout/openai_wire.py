@@ -4,21 +4,29 @@ What comes in: `ChatRequest` (the fields the gateway honours; others a client se
 `user`, `metadata` or `parallel_tool_calls`, are accepted and ignored) and its messages, turned
 into the SDK's chat messages for the chat template (`to_message`). What goes out: the
 completion and its stream chunks in OpenAI's shape (`completion_body`, `chunk`), and errors
-as `{"error": {"message", "type", "param", "code"}}` (`GatewayError`).
+as `{"error": {"message", "type", "param", "code"}}` (`GatewayError`). A call is made through
+the gateway's one recording path (`AgentSession.answer` / `pieces`) and answered here
+(`complete`, `stream`), as `anthropic_wire` and `responses_wire` answer theirs.
 
-Everything here is pure data; the token work is `agent_rl.rollout.gateway`'s.
+The rest is pure data; the token work is `agent_rl.rollout.gateway`'s.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_rl.sdk.messages import AssistantTurn, Message, ToolCall
 from agent_rl.sdk.tool_calls import CLOSE, OPEN
+from agent_rl.sglang.generation import Generation
+
+if TYPE_CHECKING:
+    from agent_rl.rollout.gateway import AgentSession
 
 
 MAX_JSON_WHITESPACE = 4
@@ -249,6 +257,25 @@ def message_key(m: dict[str, Any]) -> tuple[Any, ...]:
     return role, content.strip(), tuple(calls), m.get("tool_call_id")
 
 
+def note_calls(m: dict[str, Any], names: dict[str, str]) -> None:
+    """Remember the tool names of a message's calls by id (tool messages name their tool)."""
+    for c in m.get("tool_calls") or []:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            names[str(c.get("id") or "")] = fn["name"]
+
+
+def answer_key(m: dict[str, Any]) -> str:
+    """What identifies an answer the gateway gave, in the shape a client sends it back."""
+    if m.get("role") != "assistant":
+        return ""
+    calls = [c.get("id") for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+    if calls:
+        return "calls:" + ",".join(str(c) for c in calls)
+    content = m.get("content")
+    return "text:" + content.strip() if isinstance(content, str) else ""
+
+
 def reply_message(turn: AssistantTurn) -> dict[str, Any]:
     """The assistant message of a completion in OpenAI's shape: the text outside tool-call
     blocks (a malformed block is left in it, as the model wrote it) and the well-formed calls,
@@ -293,3 +320,71 @@ def chunk(cid: str, model: str, delta: dict[str, Any], *, finish: FinishReason |
     if usage is not None:
         body["usage"] = usage
     return body
+
+
+def streamable(text: str, eos: str) -> str:
+    """The prefix of a completion that is surely content: before any tool-call tag, without a
+    trailing piece that may be the start of one or of the end-of-turn text, and stripped as the
+    final content is."""
+    cut = min((i for i in (text.find(OPEN), text.find(CLOSE)) if i >= 0), default=len(text))
+    text = text[:cut]
+    for marker in (OPEN, CLOSE, eos):
+        for k in range(min(len(marker), len(text)), 0, -1):
+            if text.endswith(marker[:k]):
+                text = text[:-k]
+                break
+    return text.strip() if text.strip() else ""
+
+
+def logprobs_content(decode: Callable[[list[int]], str], gen: Generation, start: int = 0) -> list[dict[str, Any]]:
+    """OpenAI's `logprobs.content` for output tokens from `start` on."""
+    tops = gen.meta_info.get("output_top_logprobs") or []
+    out = []
+    assert gen.logprobs is not None
+    for i in range(start, len(gen.output_ids)):
+        token = decode([gen.output_ids[i]])
+        top = tops[i] if i < len(tops) and tops[i] else []
+        out.append({
+            "token": token, "logprob": gen.logprobs[i], "bytes": list(token.encode()),
+            "top_logprobs": [{"token": (t := decode([int(x[1])])), "logprob": float(x[0]),
+                              "bytes": list(t.encode())} for x in top],
+        })  # fmt: skip
+    return out
+
+
+async def complete(session: AgentSession, req: ChatRequest) -> dict[str, Any]:
+    """One chat-completions call, not streamed: its OpenAI completion body."""
+    a = await session.answer(req)
+    logprobs = logprobs_content(session.ctx.renderer.decode, a.gen) if req.logprobs else None
+    return completion_body(a.cid, req.model or session.ctx.model_name, a.reply, a.finish, logprobs, a.usage)
+
+
+async def stream(session: AgentSession, req: ChatRequest) -> AsyncIterator[dict[str, Any]]:
+    """One chat-completions call, streamed: OpenAI chunks, the content as it is generated
+    (text that may open a tool call is held back until it is known), then the tool calls,
+    the finish reason and, with `stream_options.include_usage`, the usage."""
+    cid, model = f"chatcmpl-{session.episode_id}-{session.calls}", req.model or session.ctx.model_name
+    sent, logged = "", 0
+    async with aclosing(session.pieces(req)) as pieces:
+        async for piece in pieces:
+            if piece is None:
+                yield chunk(cid, model, {"role": "assistant", "content": ""})
+            elif isinstance(piece, Generation):
+                visible = session.visible(piece)
+                logprobs = logprobs_content(session.ctx.renderer.decode, piece, logged) if req.logprobs else None
+                logged = len(piece.output_ids)
+                if len(visible) > len(sent) or logprobs:
+                    yield chunk(cid, model, {"content": visible[len(sent):]}, logprobs=logprobs)
+                    sent = visible
+            else:
+                content = piece.reply["content"] or ""
+                delta: dict[str, Any] = {}
+                if content.startswith(sent) and len(content) > len(sent):
+                    delta["content"] = content[len(sent):]
+                if piece.turn.tool_calls:
+                    delta["tool_calls"] = [{"index": i, **tool_call(c)} for i, c in enumerate(piece.turn.tool_calls)]
+                if delta:
+                    yield chunk(cid, model, delta)
+                yield chunk(cid, model, {}, finish=piece.finish)
+                if (req.stream_options or {}).get("include_usage"):
+                    yield chunk(cid, model, {}, usage=piece.usage, choices=False)

@@ -6,8 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.rollout.gateway import _answer_key, _streamable
-from agent_rl.rollout.openai_wire import ChatRequest, GatewayError, reply_message, same_message, to_message
+from agent_rl.rollout.openai_wire import (
+    ChatRequest,
+    GatewayError,
+    answer_key,
+    reply_message,
+    same_message,
+    streamable,
+    to_message,
+)
 from agent_rl.sdk.tool_calls import parse_completion
 
 USER = {"role": "user", "content": "hi"}
@@ -57,7 +64,7 @@ def test_an_answer_echoed_back_is_recognised_however_the_client_serialises_it() 
         {"id": "call_0_0", "type": "function", "function": {"name": "calc", "arguments": '{"expression":"2+3"}'}}]}
     echoed = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_0_0", "type": "function", "function": {"name": "calc", "arguments": '{"expression": "2+3"}'}}]}
-    assert same_message(echoed, ours) and _answer_key(echoed) == _answer_key(ours)
+    assert same_message(echoed, ours) and answer_key(echoed) == answer_key(ours)
     edited = {**echoed, "tool_calls": [{**echoed["tool_calls"][0], "function": {"name": "calc", "arguments": "{}"}}]}
     assert not same_message(edited, ours)
 
@@ -68,15 +75,15 @@ def test_a_malformed_call_stays_in_the_content() -> None:
     assert "tool_calls" not in message and message["content"].endswith('<tool_call>{"name": </tool_call>')
 
 
-@pytest.mark.parametrize(("text", "streamable"), [
+@pytest.mark.parametrize(("text", "expected"), [
     ("The answer", "The answer"),
     ("The answer is 5.<|im_e", "The answer is 5."),
     ("Let me <tool_", "Let me"),
     ("Let me <tool_call>{\"name\"", "Let me"),
     ("\n  5 ", "5"),
 ])  # fmt: skip
-def test_streaming_holds_back_what_may_open_a_tag(text: str, streamable: str) -> None:
-    assert _streamable(text, "<|im_end|>") == streamable
+def test_streaming_holds_back_what_may_open_a_tag(text: str, expected: str) -> None:
+    assert streamable(text, "<|im_end|>") == expected
 
 
 def test_tool_choice_is_checked_against_the_tools_and_becomes_a_structural_tag() -> None:
