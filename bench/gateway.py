@@ -13,11 +13,12 @@ ran in serve's process before and was ~15% of what was counted there). Direct si
 stored prompt ids of each of those calls sent to the engine's `/generate` with the same
 sampling parameters and options (logprobs, routed experts), from this process (its client
 is aiohttp too), episodes at the same concurrency and each one's calls in order. The engine's
-prefix cache is flushed before each side. Rounds (5 by default: on 2 cores shared with the
-engine, one round's ratio swings 0.8-1.25 with how the engine's batches form) alternate
-gateway and direct; a ratio is the median over rounds of the round's gateway p50 over its
-direct p50 (the two sides of a round meet the same machine load), the other figures are
-medians over rounds. CPU is per call, from the first episode's hand-off to the last one's
+prefix cache is flushed before each side. Rounds (9 by default: on 2 cores shared with the
+engine, one round's ratio swings 0.9-1.2 with how the engine's batches form, a standard
+deviation of ~0.08 around ~1.03-1.05 in 45 quiet rounds, so the median of 5 rounds still moved
+by ~0.05 from run to run) alternate gateway and direct; a ratio is the median over rounds of
+the round's gateway p50 over its direct p50 (the two sides of a round meet the same machine
+load), the other figures are medians over rounds. CPU is per call, from the first episode's hand-off to the last one's
 answer: serve's process (serve, the gateway, the store; the engine is a process of its own)
 as `cpu_ms_per_call_*`, the agents' process beside it as `agents_cpu_ms_per_call_*`. Each
 round prints the machine's 1-minute load average before and after it (the machine is shared:
@@ -45,7 +46,7 @@ ratios (the other `*_c16` figures outside the per-dialect maps are the last dial
 each dialect's own lines print them); targets on a quiet machine: p50 ratio <= 1.1 at 16, CPU
 <= 1.5 ms per call for each dialect.
 
-    python bench/gateway.py [--episodes 48] [--calls 4] [--tokens 16] [--rounds 5] [--dialect all]
+    python bench/gateway.py [--episodes 48] [--calls 4] [--tokens 16] [--rounds 9] [--dialect all]
                             [--agents-in-serve]
 """
 
@@ -400,7 +401,7 @@ if __name__ == "__main__":
                         help="episodes per round at concurrency 16 (a quarter of it at 1)")
     parser.add_argument("--calls", type=int, default=4, help="calls per episode")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of every call")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--dialect", choices=["chat", "messages", "responses", "all"], default="chat",
                         help="the API the agents call; all: each of them, at concurrency 16")
     parser.add_argument("--agents-in-serve", action="store_true",
