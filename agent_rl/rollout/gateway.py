@@ -31,7 +31,7 @@ engine request is aborted: the app cancels the call when its client goes away), 
 and a request the engine refuses (a forced tool call's schema its constrained decoding cannot
 compile: 400) leave nothing behind, and the next call's prompt is the kept calls' tokens.
 
-Every dialect (OpenAI chat completions in `openai_wire`, Anthropic Messages in
+Every dialect (OpenAI chat completions in `chat_completions`, Anthropic Messages in
 `anthropic_wire`, OpenAI Responses in `responses_wire`) builds a `ChatRequest` and goes through
 `answer` (not streamed) or `pieces` (streamed): one recording path, only the answer's shape
 differs.

@@ -46,7 +46,7 @@ from starlette.routing import Route
 
 from agent_rl.config.access import HostGuard, HostRule, bearer_matches, one_header
 from agent_rl.kernel import jsonfast
-from agent_rl.rollout import anthropic_wire, openai_wire, responses_wire
+from agent_rl.rollout import anthropic_wire, chat_completions, responses_wire
 from agent_rl.rollout.gateway import AgentSession, Gateway
 from agent_rl.rollout.gateway_relay import SANDBOX_PORT
 from agent_rl.rollout.openai_wire import ChatRequest, GatewayError
@@ -75,12 +75,12 @@ def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequen
         return _json({"object": "list", "data": [{"id": gateway.model_name, "object": "model",
                                                   "created": int(time.time()), "owned_by": "agent-rl"}]})  # fmt: skip
 
-    async def chat_completions(request: Request) -> Response:
+    async def completions(request: Request) -> Response:
         session = _authorized(gateway, request)
         req = ChatRequest.parse(await _body(request))
         if not req.stream:
-            return _json(await until_disconnected(request, openai_wire.complete(session, req)) or {})
-        chunks = openai_wire.stream(session, req)
+            return _json(await until_disconnected(request, chat_completions.complete(session, req)) or {})
+        chunks = chat_completions.stream(session, req)
         first = await anext(chunks)  # refusals (budget, 409, a bad message) come before any byte
         return _Stream(_sse(first, chunks), media_type="text/event-stream")
 
@@ -119,7 +119,7 @@ def gateway_app(gateway: Gateway, host: str = "127.0.0.1", allowed_hosts: Sequen
     # Anthropic's client appends /v1/messages to its base URL: the episode's base URL with or
     # without its /v1 reaches the same route.
     routes = [Route(f"{base}/models", models, methods=["GET"]),
-              Route(f"{base}/chat/completions", chat_completions, methods=["POST"]),
+              Route(f"{base}/chat/completions", completions, methods=["POST"]),
               Route(f"{base}/responses", responses, methods=["POST"])]  # fmt: skip
     for prefix in (base, f"{base}/v1"):
         routes += [Route(f"{prefix}/messages", messages, methods=["POST"]),

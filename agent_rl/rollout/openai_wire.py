@@ -4,29 +4,24 @@ What comes in: `ChatRequest` (the fields the gateway honours; others a client se
 `user`, `metadata` or `parallel_tool_calls`, are accepted and ignored) and its messages, turned
 into the SDK's chat messages for the chat template (`to_message`). What goes out: the
 completion and its stream chunks in OpenAI's shape (`completion_body`, `chunk`), and errors
-as `{"error": {"message", "type", "param", "code"}}` (`GatewayError`). A call is made through
-the gateway's one recording path (`AgentSession.answer` / `pieces`) and answered here
-(`complete`, `stream`), as `anthropic_wire` and `responses_wire` answer theirs.
+as `{"error": {"message", "type", "param", "code"}}` (`GatewayError`).
 
-The rest is pure data; the token work is `agent_rl.rollout.gateway`'s.
+Everything here is pure data; the token work is `agent_rl.rollout.gateway`'s, and a call is
+answered in this shape by `agent_rl.rollout.chat_completions`.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_rl.sdk.messages import AssistantTurn, Message, ToolCall
 from agent_rl.sdk.tool_calls import CLOSE, OPEN
 from agent_rl.sglang.generation import Generation
-
-if TYPE_CHECKING:
-    from agent_rl.rollout.gateway import AgentSession
 
 
 MAX_JSON_WHITESPACE = 4
@@ -351,40 +346,3 @@ def logprobs_content(decode: Callable[[list[int]], str], gen: Generation, start:
         })  # fmt: skip
     return out
 
-
-async def complete(session: AgentSession, req: ChatRequest) -> dict[str, Any]:
-    """One chat-completions call, not streamed: its OpenAI completion body."""
-    a = await session.answer(req)
-    logprobs = logprobs_content(session.ctx.renderer.decode, a.gen) if req.logprobs else None
-    return completion_body(a.cid, req.model or session.ctx.model_name, a.reply, a.finish, logprobs, a.usage)
-
-
-async def stream(session: AgentSession, req: ChatRequest) -> AsyncIterator[dict[str, Any]]:
-    """One chat-completions call, streamed: OpenAI chunks, the content as it is generated
-    (text that may open a tool call is held back until it is known), then the tool calls,
-    the finish reason and, with `stream_options.include_usage`, the usage."""
-    cid, model = f"chatcmpl-{session.episode_id}-{session.calls}", req.model or session.ctx.model_name
-    sent, logged = "", 0
-    async with aclosing(session.pieces(req)) as pieces:
-        async for piece in pieces:
-            if piece is None:
-                yield chunk(cid, model, {"role": "assistant", "content": ""})
-            elif isinstance(piece, Generation):
-                visible = session.visible(piece)
-                logprobs = logprobs_content(session.ctx.renderer.decode, piece, logged) if req.logprobs else None
-                logged = len(piece.output_ids)
-                if len(visible) > len(sent) or logprobs:
-                    yield chunk(cid, model, {"content": visible[len(sent):]}, logprobs=logprobs)
-                    sent = visible
-            else:
-                content = piece.reply["content"] or ""
-                delta: dict[str, Any] = {}
-                if content.startswith(sent) and len(content) > len(sent):
-                    delta["content"] = content[len(sent):]
-                if piece.turn.tool_calls:
-                    delta["tool_calls"] = [{"index": i, **tool_call(c)} for i, c in enumerate(piece.turn.tool_calls)]
-                if delta:
-                    yield chunk(cid, model, delta)
-                yield chunk(cid, model, {}, finish=piece.finish)
-                if (req.stream_options or {}).get("include_usage"):
-                    yield chunk(cid, model, {}, usage=piece.usage, choices=False)
