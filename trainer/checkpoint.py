@@ -37,8 +37,10 @@ WATCH_INTERVAL_S = 1.0
 _manager: SyncManager | None = None
 
 
-def save(module: torch.nn.Module, optimizer: Any, step: int, directory: str | Path) -> Path:
-    """Write `module`, `optimizer` and `step` into `directory/step_N`; return that path."""
+def save(module: torch.nn.Module, optimizer: Any, step: int, directory: str | Path,
+         keep: int | None = None) -> Path:
+    """Write `module`, `optimizer` and `step` into `directory/step_N`; return that path. With
+    `keep`, only the newest `keep` checkpoints stay once it is complete (`prune`)."""
     from megatron.core import dist_checkpointing
 
     final = Path(directory) / f"step_{step:08d}"
@@ -53,8 +55,25 @@ def save(module: torch.nn.Module, optimizer: Any, step: int, directory: str | Pa
     if dist.get_rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
+        if keep is not None:
+            prune(directory, keep)
     dist.barrier()
     return final
+
+
+def prune(directory: str | Path, keep: int) -> list[Path]:
+    """Delete every complete checkpoint under `directory` but the newest `keep`; return those
+    deleted. Each is first renamed `step_N.tmp`, so one half deleted (a crash meanwhile) is
+    never taken for a checkpoint, and the next save of that step clears it."""
+    if keep < 1:
+        raise ValueError("keep at least one checkpoint")
+    old = _complete(directory)[:-keep]
+    for path in old:
+        doomed = path.with_name(path.name + ".tmp")
+        shutil.rmtree(doomed, ignore_errors=True)
+        path.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    return old
 
 
 def load(module: torch.nn.Module, optimizer: Any, path: str | Path) -> int:
@@ -91,10 +110,15 @@ def load(module: torch.nn.Module, optimizer: Any, path: str | Path) -> int:
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
     """The newest complete `step_N` directory under `directory`, if any."""
-    steps = sorted(
+    steps = _complete(directory)
+    return steps[-1] if steps else None
+
+
+def _complete(directory: str | Path) -> list[Path]:
+    """The complete `step_N` directories under `directory`, oldest first."""
+    return sorted(
         p for p in Path(directory).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
     )
-    return steps[-1] if steps else None
 
 
 def _sharded_state(

@@ -439,9 +439,10 @@ class Learner:
 
     # ----- persistence -----------------------------------------------------------------------
 
-    def save_checkpoint(self, directory: str | Path) -> Path:
-        """Write model + optimizer + step into `directory/step_N` (trainer.checkpoint)."""
-        return checkpoint.save(self.module, self.optimizer, self.step, directory)
+    def save_checkpoint(self, directory: str | Path, keep: int | None = None) -> Path:
+        """Write model + optimizer + step into `directory/step_N` (trainer.checkpoint); with
+        `keep`, older checkpoints than the newest `keep` are deleted."""
+        return checkpoint.save(self.module, self.optimizer, self.step, directory, keep)
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Restore model, optimizer and step from a `save_checkpoint` directory; return the step."""

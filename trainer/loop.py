@@ -13,12 +13,12 @@ Each step (`step_once`):
    (trainer/weight_sync/): an in-memory mode pushes them every step; every `export_every` steps
    they are exported as HF safetensors and the sync takes the export (disk: every engine loads
    it); every `eval.every` versions one is evaluated in a process of its own (trainer/evals.py).
-Every `checkpoint_every` steps and at shutdown a dist_checkpointing checkpoint is written. A
-restart resumes from the latest checkpoint; versions continue from the store's latest, and
-groups a dead trainer held return to the store when its lease expires (commits are by claim id,
-so no episode is trained twice). If a commit loses its lease, the step's data is discarded
-(logged), and while it waits for data the loop brings engines that lag back to the newest
-version.
+Every `checkpoint_every` steps and at shutdown a dist_checkpointing checkpoint is written (the
+newest `keep_checkpoints` stay, when set). A restart resumes from the latest checkpoint;
+versions continue from the store's latest, and groups a dead trainer held return to the store
+when its lease expires (commits are by claim id, so no episode is trained twice). If a commit
+loses its lease, the step's data is discarded (logged), and while it waits for data the loop
+brings engines that lag back to the newest version.
 
 Multi-rank (torchrun): every rank steps; only rank 0 talks to the store and the router, and
 broadcasts each step's data to the others.
@@ -411,7 +411,7 @@ class TrainLoop:
             self._tb.flush()
 
     def _checkpoint(self) -> Path:
-        path = self.learner.save_checkpoint(self.tcfg.checkpoint_dir)
+        path = self.learner.save_checkpoint(self.tcfg.checkpoint_dir, self.tcfg.keep_checkpoints)
         self._last_checkpoint_step = self.learner.step
         return path
 

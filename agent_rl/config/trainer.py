@@ -294,6 +294,10 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(default=10, ge=1)
     """Checkpoint every k optimizer steps (and at shutdown)."""
 
+    keep_checkpoints: int | None = Field(default=None, ge=1)
+    """Keep the newest k checkpoints, deleting older ones once a newer one is complete (a
+    checkpoint holds the optimizer's state too: ~4x the weights' size); unset: every one."""
+
     export_dir: Path = Path("runs/exports")
     """Where HF safetensors exports for the engines go (one folder per policy version)."""
 

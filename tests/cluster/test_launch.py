@@ -267,8 +267,8 @@ def _run_config(workdir: Path, model: Path, store_url: str, address: str) -> Pat
         trainer={
             "model": str(model), "groups_per_step": 2, "micro_batch_size": 8, "max_staleness": 2,
             "export_every": 1, "checkpoint_every": 1, "claim_lease_s": 10.0, "data_poll_s": 0.5,
-            "checkpoint_dir": "runs/checkpoints", "export_dir": "runs/exports",
-            "tensorboard_dir": "runs/tensorboard",
+            "checkpoint_dir": "runs/checkpoints", "keep_checkpoints": 2,
+            "export_dir": "runs/exports", "tensorboard_dir": "runs/tensorboard",
         },
         cluster={
             "address": address, "accelerator": ACCEL, "engines": 2, "serves": 2,
@@ -378,6 +378,9 @@ def test_a_launched_run_trains_and_survives_losing_nodes(
         assert rows == [[n, "stopped"] for n in names], out
         # The trainer stopped at a step's end (its checkpoint written) and printed its summary.
         assert "now policy version" in (tmp_path / "runs/logs/train-0.log").read_text()
+        # A checkpoint every step, the two newest kept (resumed from above, the last at the stop).
+        kept = sorted(p.name for p in (tmp_path / "runs/checkpoints").iterdir())
+        assert len(kept) == 2 and not any(n.endswith(".tmp") for n in kept), kept
         code, out = _run_cli(config, "db", "audit", "--finished")
         assert code == 0, out
         assert "lost=0" in out and "1 runs audited, 0 with problems" in out, out

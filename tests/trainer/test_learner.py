@@ -129,6 +129,23 @@ def test_checkpoint_resume_gives_identical_steps(
     assert torch.equal(expected_lp, resumed_lp)
 
 
+def test_keep_checkpoints_deletes_all_but_the_newest(tiny_dense_model: Path, tmp_path: Path) -> None:
+    vocab = ModelArch.from_hf_dir(tiny_dense_model).vocab_size
+    batch = rl_batch(vocab, size=4)
+    ckpt = tmp_path / "ckpt"
+    with learner(tiny_dense_model, TrainerConfig(micro_batch_size=4)) as e:
+        saved = []
+        for _ in range(3):
+            e.rl_step(batch)
+            saved.append(e.save_checkpoint(ckpt, keep=2))
+    assert sorted(ckpt.iterdir()) == saved[1:]
+    # A deletion cut short (a crash) leaves `step_N.tmp`, never taken for a checkpoint.
+    (ckpt / f"{saved[0].name}.tmp").mkdir()
+    assert latest_checkpoint(ckpt) == saved[2]
+    with learner(tiny_dense_model, TrainerConfig(micro_batch_size=4)) as e:
+        assert e.load_checkpoint(latest_checkpoint(ckpt)) == 3
+
+
 def test_export_is_loaded_by_transformers_with_the_trained_weights(
     tiny_moe_model: Path, tmp_path: Path
 ) -> None:

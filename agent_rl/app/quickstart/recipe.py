@@ -154,7 +154,8 @@ def recipe(opts: Options, moe: bool = False) -> dict[str, Any]:
             "model": str(SFT_MODEL), "seed": opts.seed, "groups_per_step": 8,
             "micro_batch_size": 32, "max_staleness": 2, "export_every": 1, "checkpoint_every": 5,
             "claim_lease_s": 30.0, "data_poll_s": 0.5, "checkpoint_dir": "runs/checkpoints",
-            "export_dir": "runs/exports", "tensorboard_dir": "runs/tensorboard",
+            "keep_checkpoints": 2, "export_dir": "runs/exports",
+            "tensorboard_dir": "runs/tensorboard",
             "optim": {"lr": 1e-4},
             "sft": {"lr": 3e-3, "batch_size": 32, "steps": opts.sft_steps},
         },  # fmt: skip
