@@ -64,15 +64,20 @@ def save(module: torch.nn.Module, optimizer: Any, step: int, directory: str | Pa
 def prune(directory: str | Path, keep: int) -> list[Path]:
     """Delete every complete checkpoint under `directory` but the newest `keep`; return those
     deleted. Each is first renamed `step_N.tmp`, so one half deleted (a crash meanwhile) is
-    never taken for a checkpoint, and the next save of that step clears it."""
+    never taken for a checkpoint; such leftovers older than the newest checkpoint (of a deletion
+    or a save cut short) go too. Only right after a save, where no other save is under way."""
     if keep < 1:
         raise ValueError("keep at least one checkpoint")
-    old = _complete(directory)[:-keep]
+    complete = _complete(directory)
+    old = complete[:-keep]
     for path in old:
         doomed = path.with_name(path.name + ".tmp")
         shutil.rmtree(doomed, ignore_errors=True)
         path.rename(doomed)
         shutil.rmtree(doomed, ignore_errors=True)
+    for left in Path(directory).glob("step_*.tmp"):
+        if complete and left.name.removesuffix(".tmp") < complete[-1].name:
+            shutil.rmtree(left, ignore_errors=True)
     return old
 
 

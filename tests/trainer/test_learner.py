@@ -139,11 +139,16 @@ def test_keep_checkpoints_deletes_all_but_the_newest(tiny_dense_model: Path, tmp
             e.rl_step(batch)
             saved.append(e.save_checkpoint(ckpt, keep=2))
     assert sorted(ckpt.iterdir()) == saved[1:]
-    # A deletion cut short (a crash) leaves `step_N.tmp`, never taken for a checkpoint.
-    (ckpt / f"{saved[0].name}.tmp").mkdir()
+    # A deletion cut short (a crash) leaves `step_N.tmp`, never taken for a checkpoint, and
+    # the next save's pruning removes it.
+    cut_short = ckpt / f"{saved[0].name}.tmp"
+    cut_short.mkdir()
     assert latest_checkpoint(ckpt) == saved[2]
     with learner(tiny_dense_model, TrainerConfig(micro_batch_size=4)) as e:
         assert e.load_checkpoint(latest_checkpoint(ckpt)) == 3
+        e.rl_step(batch)
+        saved.append(e.save_checkpoint(ckpt, keep=2))
+    assert sorted(ckpt.iterdir()) == saved[2:] and not cut_short.exists()
 
 
 def test_export_is_loaded_by_transformers_with_the_trained_weights(
